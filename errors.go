@@ -1,0 +1,137 @@
+package idemkv
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// The sentinel errors of idemkv. Every error the server returns wraps exactly one of
+// them; each has one wire code (SPEC section 2) and one HTTP status. The client maps a
+// wire code back to the same sentinel, so errors.Is works on both sides of the wire.
+var (
+	ErrInvalidArgument     = errors.New("idemkv: invalid argument")
+	ErrUnauthenticated     = errors.New("idemkv: unauthenticated")
+	ErrPermissionDenied    = errors.New("idemkv: permission denied")
+	ErrNotFound            = errors.New("idemkv: not found")
+	ErrFenced              = errors.New("idemkv: fenced")
+	ErrFingerprintMismatch = errors.New("idemkv: fingerprint mismatch")
+	ErrNotPending          = errors.New("idemkv: not pending")
+	ErrPayloadTooLarge     = errors.New("idemkv: payload too large")
+	// ErrUnavailable: no leader, shutting down, or the outcome of a write is unknown
+	// (a timeout or lost leadership after the command was proposed). Every write of
+	// idemkv is safe to retry, so the answer is the same: try again.
+	ErrUnavailable = errors.New("idemkv: unavailable")
+	ErrInternal    = errors.New("idemkv: internal error")
+)
+
+// Wire codes, in the order of SPEC section 2.
+const (
+	CodeInvalidArgument     = "invalid_argument"
+	CodeUnauthenticated     = "unauthenticated"
+	CodePermissionDenied    = "permission_denied"
+	CodeNotFound            = "not_found"
+	CodeFenced              = "fenced"
+	CodeFingerprintMismatch = "fingerprint_mismatch"
+	CodeNotPending          = "not_pending"
+	CodePayloadTooLarge     = "payload_too_large"
+	CodeUnavailable         = "unavailable"
+	CodeInternal            = "internal"
+)
+
+var codes = []struct {
+	code   string
+	err    error
+	status int
+}{
+	{CodeInvalidArgument, ErrInvalidArgument, http.StatusBadRequest},
+	{CodeUnauthenticated, ErrUnauthenticated, http.StatusUnauthorized},
+	{CodePermissionDenied, ErrPermissionDenied, http.StatusForbidden},
+	{CodeNotFound, ErrNotFound, http.StatusNotFound},
+	{CodeFenced, ErrFenced, http.StatusConflict},
+	{CodeFingerprintMismatch, ErrFingerprintMismatch, http.StatusConflict},
+	{CodeNotPending, ErrNotPending, http.StatusConflict},
+	{CodePayloadTooLarge, ErrPayloadTooLarge, http.StatusRequestEntityTooLarge},
+	{CodeUnavailable, ErrUnavailable, http.StatusServiceUnavailable},
+	{CodeInternal, ErrInternal, http.StatusInternalServerError},
+}
+
+// Error is an error with a wire code, a message for people and, for invalid
+// arguments, the JSON field at fault. It unwraps to its sentinel.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+func (e *Error) Error() string {
+	if e.Field != "" {
+		return fmt.Sprintf("idemkv: %s: %s (field %s)", e.Code, e.Message, e.Field)
+	}
+	return fmt.Sprintf("idemkv: %s: %s", e.Code, e.Message)
+}
+
+// Unwrap returns the sentinel of e's code.
+func (e *Error) Unwrap() error { return SentinelOf(e.Code) }
+
+// Errorf returns an *Error whose code is that of sentinel.
+func Errorf(sentinel error, format string, args ...any) error {
+	return &Error{Code: CodeOf(sentinel), Message: fmt.Sprintf(format, args...)}
+}
+
+// Invalid returns an invalid_argument error naming field.
+func Invalid(field, format string, args ...any) error {
+	return &Error{Code: CodeInvalidArgument, Message: fmt.Sprintf(format, args...), Field: field}
+}
+
+// CodeOf returns the wire code of err: that of the *Error or sentinel it wraps,
+// internal for anything else, and "" for nil.
+func CodeOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	for _, c := range codes {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return CodeInternal
+}
+
+// SentinelOf returns the sentinel error of a wire code (ErrInternal if unknown).
+func SentinelOf(code string) error {
+	for _, c := range codes {
+		if c.code == code {
+			return c.err
+		}
+	}
+	return ErrInternal
+}
+
+// HTTPStatus is the one place where a wire code becomes an HTTP status.
+func HTTPStatus(code string) int {
+	for _, c := range codes {
+		if c.code == code {
+			return c.status
+		}
+	}
+	return http.StatusInternalServerError
+}
+
+// AsError converts any error into the *Error that goes on the wire. Errors that wrap
+// no sentinel become internal with a generic message, so that internals do not leak.
+func AsError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	code := CodeOf(err)
+	if code == CodeInternal {
+		return &Error{Code: code, Message: "internal error"}
+	}
+	return &Error{Code: code, Message: err.Error()}
+}

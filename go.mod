@@ -1,0 +1,3 @@
+module github.com/idemkv/idemkv
+
+go 1.26

@@ -1,0 +1,313 @@
+// Package idemkv holds the domain types shared by every part of idemkv: records,
+// decisions, receipts, the request and answer shapes of the API, their validation,
+// and the sentinel errors.
+//
+// It must stay free of Raft, Pebble and HTTP: the client imports it, and a runtime that
+// imports the client must not compile in the server.
+package idemkv
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Status is the state of a stored record.
+type Status string
+
+const (
+	StatusPending   Status = "pending"
+	StatusCommitted Status = "committed"
+	StatusFailed    Status = "failed"
+)
+
+// Terminal reports whether no further transition can happen from s.
+func (s Status) Terminal() bool { return s == StatusCommitted || s == StatusFailed }
+
+// Decision is the answer to a reserve (SPEC section 1).
+type Decision string
+
+const (
+	DecisionExecute    Decision = "execute"
+	DecisionReplay     Decision = "replay"
+	DecisionConflict   Decision = "conflict"
+	DecisionInProgress Decision = "in_progress"
+	DecisionRecover    Decision = "recover"
+)
+
+// Conflict reasons.
+const (
+	ReasonDifferentEffect = "idempotency_key_reused_with_different_effect"
+	ReasonDifferentTool   = "idempotency_key_reused_with_different_tool"
+)
+
+// Timestamp is a point in time in Unix milliseconds. It travels in JSON as RFC 3339
+// UTC with milliseconds; zero means unset and is omitted with omitempty.
+type Timestamp int64
+
+// TimestampOf converts t to a Timestamp.
+func TimestampOf(t time.Time) Timestamp { return Timestamp(t.UnixMilli()) }
+
+// Time converts ts back to a time.Time in UTC.
+func (ts Timestamp) Time() time.Time { return time.UnixMilli(int64(ts)).UTC() }
+
+// String formats ts as RFC 3339 UTC with milliseconds.
+func (ts Timestamp) String() string { return ts.Time().Format(TimeFormat) }
+
+// TimeFormat is the layout of every timestamp idemkv writes.
+const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
+func (ts Timestamp) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + ts.String() + `"`), nil
+}
+
+func (ts *Timestamp) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("timestamp must be an RFC 3339 string: %w", err)
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return fmt.Errorf("timestamp must be RFC 3339: %w", err)
+	}
+	*ts = TimestampOf(t)
+	return nil
+}
+
+// Record is the stored state of one idempotency key (SPEC section 1).
+type Record struct {
+	Tenant         string    `json:"tenant"`
+	Key            string    `json:"idempotency_key"`
+	Fingerprint    string    `json:"effect_fingerprint"`
+	Tool           string    `json:"tool"`
+	Actor          string    `json:"actor,omitempty"`
+	Status         Status    `json:"status"`
+	Fence          uint64    `json:"fence"`
+	AttemptID      string    `json:"attempt_id,omitempty"`
+	Attempts       uint32    `json:"attempts"`
+	CreatedAt      Timestamp `json:"created_at"`
+	UpdatedAt      Timestamp `json:"updated_at"`
+	LeaseExpiresAt Timestamp `json:"lease_expires_at,omitempty"`
+	ExpiresAt      Timestamp `json:"expires_at"`
+	// Receipt is set once the record is committed.
+	Receipt *StoredReceipt `json:"receipt,omitempty"`
+	// Error is set once the record is failed.
+	Error *ErrorInfo `json:"error,omitempty"`
+}
+
+// StoredReceipt is what the downstream system said when the effect committed.
+type StoredReceipt struct {
+	RemoteSystem string          `json:"remote_system"`
+	RemoteID     string          `json:"remote_id"`
+	RemoteURL    string          `json:"remote_url,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
+	CommittedAt  Timestamp       `json:"committed_at"`
+}
+
+// ErrorInfo is a stored failure: the effect is known not to have happened, or to have
+// failed permanently, and every retry gets this error back.
+type ErrorInfo struct {
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+	Details json.RawMessage `json:"details,omitempty"`
+}
+
+// Receipt is what a replay returns: the outcome of a terminal record in the shape of
+// SPEC section 2. Status is committed or failed.
+type Receipt struct {
+	Key          string          `json:"idempotency_key"`
+	Fingerprint  string          `json:"effect_fingerprint"`
+	Status       Status          `json:"status"`
+	RemoteSystem string          `json:"remote_system,omitempty"`
+	RemoteID     string          `json:"remote_id,omitempty"`
+	RemoteURL    string          `json:"remote_url,omitempty"`
+	CommittedAt  Timestamp       `json:"committed_at,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
+	Error        *ErrorInfo      `json:"error,omitempty"`
+}
+
+// Outcome returns the receipt of a terminal record, or nil while it is pending.
+func (r *Record) Outcome() *Receipt {
+	switch r.Status {
+	case StatusCommitted:
+		out := &Receipt{Key: r.Key, Fingerprint: r.Fingerprint, Status: StatusCommitted}
+		if r.Receipt != nil {
+			out.RemoteSystem = r.Receipt.RemoteSystem
+			out.RemoteID = r.Receipt.RemoteID
+			out.RemoteURL = r.Receipt.RemoteURL
+			out.CommittedAt = r.Receipt.CommittedAt
+			out.Result = r.Receipt.Result
+		}
+		return out
+	case StatusFailed:
+		return &Receipt{Key: r.Key, Fingerprint: r.Fingerprint, Status: StatusFailed, CommittedAt: r.UpdatedAt, Error: r.Error}
+	}
+	return nil
+}
+
+// Clone returns a deep copy of r (raw JSON fields are shared: they are never mutated).
+func (r *Record) Clone() *Record {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	if r.Receipt != nil {
+		rc := *r.Receipt
+		c.Receipt = &rc
+	}
+	if r.Error != nil {
+		ec := *r.Error
+		c.Error = &ec
+	}
+	return &c
+}
+
+// Conflict explains why a reserve was refused (SPEC section 2).
+type Conflict struct {
+	Status              string `json:"status"` // always "conflict"
+	Reason              string `json:"reason"`
+	ExistingFingerprint string `json:"existing_fingerprint"`
+	ReceivedFingerprint string `json:"received_fingerprint"`
+	ExistingRemoteID    string `json:"existing_remote_id,omitempty"`
+	ExistingTool        string `json:"existing_tool,omitempty"`
+	ReceivedTool        string `json:"received_tool,omitempty"`
+}
+
+// ReserveRequest asks for the right to run an effect (POST /v1/reserve).
+type ReserveRequest struct {
+	Tenant      string `json:"tenant"`
+	Key         string `json:"idempotency_key"`
+	Tool        string `json:"tool"`
+	Actor       string `json:"actor,omitempty"`
+	Fingerprint string `json:"effect_fingerprint,omitempty"`
+	// Effect, when set instead of Fingerprint, is fingerprinted by the server.
+	Effect json.RawMessage `json:"effect,omitempty"`
+	// AttemptID names this attempt; a retried reserve with the same id is the same
+	// attempt. The server generates one when it is empty.
+	AttemptID  string    `json:"attempt_id,omitempty"`
+	LeaseTTLMs int64     `json:"lease_ttl_ms,omitempty"`
+	TTLMs      int64     `json:"ttl_ms,omitempty"`
+	ExpiresAt  Timestamp `json:"expires_at,omitempty"`
+}
+
+// ReserveResult is the decision and what comes with it.
+type ReserveResult struct {
+	Decision       Decision  `json:"decision"`
+	Fence          uint64    `json:"fence,omitempty"`
+	AttemptID      string    `json:"attempt_id,omitempty"`
+	LeaseExpiresAt Timestamp `json:"lease_expires_at,omitempty"`
+	Receipt        *Receipt  `json:"receipt,omitempty"`
+	Conflict       *Conflict `json:"conflict,omitempty"`
+	Record         *Record   `json:"record"`
+}
+
+// CommitRequest stores the receipt of an executed effect (POST /v1/commit).
+type CommitRequest struct {
+	Tenant       string          `json:"tenant"`
+	Key          string          `json:"idempotency_key"`
+	Fingerprint  string          `json:"effect_fingerprint"`
+	Fence        uint64          `json:"fence"`
+	RemoteSystem string          `json:"remote_system"`
+	RemoteID     string          `json:"remote_id"`
+	RemoteURL    string          `json:"remote_url,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
+}
+
+// FailRequest stores a permanent failure (POST /v1/fail).
+type FailRequest struct {
+	Tenant      string    `json:"tenant"`
+	Key         string    `json:"idempotency_key"`
+	Fingerprint string    `json:"effect_fingerprint"`
+	Fence       uint64    `json:"fence"`
+	Error       ErrorInfo `json:"error"`
+}
+
+// ReleaseRequest gives a key back: the effect certainly did not happen (POST /v1/release).
+type ReleaseRequest struct {
+	Tenant      string `json:"tenant"`
+	Key         string `json:"idempotency_key"`
+	Fingerprint string `json:"effect_fingerprint"`
+	Fence       uint64 `json:"fence"`
+}
+
+// ReleaseResult is the answer to a release.
+type ReleaseResult struct {
+	Released bool `json:"released"`
+}
+
+// HeartbeatRequest extends the lease of the attempt holding fence (POST /v1/heartbeat).
+type HeartbeatRequest struct {
+	Tenant     string `json:"tenant"`
+	Key        string `json:"idempotency_key"`
+	Fence      uint64 `json:"fence"`
+	LeaseTTLMs int64  `json:"lease_ttl_ms,omitempty"`
+}
+
+// Consistency of a read.
+type Consistency string
+
+const (
+	Linearizable Consistency = "linearizable"
+	Stale        Consistency = "stale"
+)
+
+// GetRequest reads one record (GET /v1/records/{tenant}/{key}).
+type GetRequest struct {
+	Tenant string
+	Key    string
+	// Wait, when positive, long-polls until the record is not pending (or absent),
+	// or Wait has passed; the record is returned as it is then.
+	Wait        time.Duration
+	Consistency Consistency
+}
+
+// ListRequest pages through a tenant's records in key order (GET /v1/records/{tenant}).
+type ListRequest struct {
+	Tenant string
+	Prefix string
+	Status Status // empty: any
+	Limit  int    // 0: DefaultListLimit
+	After  string // exclusive key to start after
+}
+
+// ListResult is one page of records; Next, when set, is the After of the next page.
+type ListResult struct {
+	Records []*Record `json:"records"`
+	Next    string    `json:"next,omitempty"`
+}
+
+// NodeInfo describes one member of the cluster.
+type NodeInfo struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr"`
+	Suffrage string `json:"suffrage"` // voter, nonvoter
+	State    string `json:"state"`    // leader, follower, candidate, unknown
+}
+
+// LeaderInfo names the current leader.
+type LeaderInfo struct {
+	ID      string `json:"id"`
+	APIAddr string `json:"api_addr"`
+}
+
+// ClusterInfo is the answer of GET /v1/cluster.
+type ClusterInfo struct {
+	Leader       LeaderInfo `json:"leader"`
+	Nodes        []NodeInfo `json:"nodes"`
+	Term         uint64     `json:"term"`
+	CommitIndex  uint64     `json:"commit_index"`
+	AppliedIndex uint64     `json:"applied_index"`
+}
+
+// JoinRequest adds a node (POST /v1/cluster/join).
+type JoinRequest struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	APIAddr  string `json:"api_addr"`
+}
+
+// RemoveRequest removes a node (POST /v1/cluster/remove).
+type RemoveRequest struct {
+	ID string `json:"id"`
+}

@@ -1,0 +1,370 @@
+package idemkv
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Fixed limits of SPEC sections 1 and 2.
+const (
+	MaxTenantLen      = 128
+	MaxKeyLen         = 512
+	MaxFingerprintLen = 128
+	MaxToolLen        = 128
+	MaxActorLen       = 128
+	MaxAttemptIDLen   = 128
+	MaxRemoteLen      = 512 // remote_system, remote_id, remote_url
+	MaxErrorCodeLen   = 128
+	MaxErrorMsgLen    = 4096
+	MaxRequestBytes   = 1 << 20
+	DefaultListLimit  = 100
+	MaxListLimit      = 1000
+)
+
+// Limits are the configurable bounds a node enforces. Zero fields take the defaults.
+type Limits struct {
+	// MaxPayloadBytes bounds result + error details of one record (default 64 KiB).
+	MaxPayloadBytes int
+	DefaultLeaseTTL time.Duration // 30 s
+	MinLeaseTTL     time.Duration // 1 s
+	MaxLeaseTTL     time.Duration // 1 h
+	DefaultTTL      time.Duration // 24 h
+	MinTTL          time.Duration // 1 min
+	MaxTTL          time.Duration // 30 days
+}
+
+// DefaultLimits returns the limits of SPEC section 2.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxPayloadBytes: 64 << 10,
+		DefaultLeaseTTL: 30 * time.Second,
+		MinLeaseTTL:     time.Second,
+		MaxLeaseTTL:     time.Hour,
+		DefaultTTL:      24 * time.Hour,
+		MinTTL:          time.Minute,
+		MaxTTL:          30 * 24 * time.Hour,
+	}
+}
+
+// WithDefaults fills zero fields of l from DefaultLimits.
+func (l Limits) WithDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxPayloadBytes == 0 {
+		l.MaxPayloadBytes = d.MaxPayloadBytes
+	}
+	fill := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	fill(&l.DefaultLeaseTTL, d.DefaultLeaseTTL)
+	fill(&l.MinLeaseTTL, d.MinLeaseTTL)
+	fill(&l.MaxLeaseTTL, d.MaxLeaseTTL)
+	fill(&l.DefaultTTL, d.DefaultTTL)
+	fill(&l.MinTTL, d.MinTTL)
+	fill(&l.MaxTTL, d.MaxTTL)
+	return l
+}
+
+// Validate reports limits that contradict each other.
+func (l Limits) Validate() error {
+	l = l.WithDefaults()
+	switch {
+	case l.MaxPayloadBytes < 0 || l.MaxPayloadBytes > MaxRequestBytes:
+		return fmt.Errorf("idemkv: max payload must be between 0 and %d bytes", MaxRequestBytes)
+	case l.MinLeaseTTL > l.MaxLeaseTTL:
+		return fmt.Errorf("idemkv: min lease TTL %s exceeds max %s", l.MinLeaseTTL, l.MaxLeaseTTL)
+	case l.DefaultLeaseTTL < l.MinLeaseTTL || l.DefaultLeaseTTL > l.MaxLeaseTTL:
+		return fmt.Errorf("idemkv: default lease TTL %s outside [%s, %s]", l.DefaultLeaseTTL, l.MinLeaseTTL, l.MaxLeaseTTL)
+	case l.MinTTL > l.MaxTTL:
+		return fmt.Errorf("idemkv: min TTL %s exceeds max %s", l.MinTTL, l.MaxTTL)
+	case l.DefaultTTL < l.MinTTL || l.DefaultTTL > l.MaxTTL:
+		return fmt.Errorf("idemkv: default TTL %s outside [%s, %s]", l.DefaultTTL, l.MinTTL, l.MaxTTL)
+	case l.DefaultTTL < l.DefaultLeaseTTL:
+		return fmt.Errorf("idemkv: default TTL %s is shorter than the default lease %s", l.DefaultTTL, l.DefaultLeaseTTL)
+	}
+	return nil
+}
+
+// ValidTenant reports why tenant is not 1–128 bytes of [A-Za-z0-9._:-], or nil.
+func ValidTenant(tenant string) error {
+	if tenant == "" || len(tenant) > MaxTenantLen {
+		return Invalid("tenant", "tenant must be 1-%d bytes", MaxTenantLen)
+	}
+	for i := 0; i < len(tenant); i++ {
+		c := tenant[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '.' || c == '_' || c == ':' || c == '-'
+		if !ok {
+			return Invalid("tenant", "tenant may only contain A-Z a-z 0-9 . _ : -")
+		}
+	}
+	return nil
+}
+
+// ValidKey reports why key is not 1–512 bytes of printable UTF-8, or nil.
+func ValidKey(key string) error {
+	if key == "" || len(key) > MaxKeyLen {
+		return Invalid("idempotency_key", "idempotency_key must be 1-%d bytes", MaxKeyLen)
+	}
+	if !printable(key) {
+		return Invalid("idempotency_key", "idempotency_key must be printable UTF-8")
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+func validText(field, v string, max int, required bool) error {
+	if v == "" {
+		if required {
+			return Invalid(field, "%s is required", field)
+		}
+		return nil
+	}
+	if len(v) > max {
+		return Invalid(field, "%s must be at most %d bytes", field, max)
+	}
+	if !printable(v) {
+		return Invalid(field, "%s must be printable UTF-8", field)
+	}
+	return nil
+}
+
+func validJSON(field string, raw json.RawMessage) error {
+	if len(raw) > 0 && !json.Valid(raw) {
+		return Invalid(field, "%s must be valid JSON", field)
+	}
+	return nil
+}
+
+func validIdentity(tenant, key, fingerprint string) error {
+	if err := ValidTenant(tenant); err != nil {
+		return err
+	}
+	if err := ValidKey(key); err != nil {
+		return err
+	}
+	return validText("effect_fingerprint", fingerprint, MaxFingerprintLen, true)
+}
+
+func validFence(fence uint64) error {
+	if fence == 0 {
+		return Invalid("fence", "fence is required (the fence that reserve granted)")
+	}
+	return nil
+}
+
+func validLease(ms int64, l Limits) error {
+	if ms == 0 {
+		return nil
+	}
+	d := time.Duration(ms) * time.Millisecond
+	if ms < 0 || d < l.MinLeaseTTL || d > l.MaxLeaseTTL {
+		return Invalid("lease_ttl_ms", "lease_ttl_ms must be between %d and %d", l.MinLeaseTTL.Milliseconds(), l.MaxLeaseTTL.Milliseconds())
+	}
+	return nil
+}
+
+// Validate checks r against the limits, given the current time; on success it fills
+// the defaults: LeaseTTLMs, and TTLMs when ExpiresAt is unset. A fingerprint or an
+// effect must be present (whoever computes the fingerprint of an effect does so
+// before or after; both present must agree, which the caller checks).
+func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
+	l = l.WithDefaults()
+	if err := ValidTenant(r.Tenant); err != nil {
+		return err
+	}
+	if err := ValidKey(r.Key); err != nil {
+		return err
+	}
+	if r.Fingerprint == "" && len(r.Effect) == 0 {
+		return Invalid("effect_fingerprint", "effect_fingerprint or effect is required")
+	}
+	if err := validText("effect_fingerprint", r.Fingerprint, MaxFingerprintLen, false); err != nil {
+		return err
+	}
+	if err := validJSON("effect", r.Effect); err != nil {
+		return err
+	}
+	if err := validText("tool", r.Tool, MaxToolLen, true); err != nil {
+		return err
+	}
+	if err := validText("actor", r.Actor, MaxActorLen, false); err != nil {
+		return err
+	}
+	if err := validText("attempt_id", r.AttemptID, MaxAttemptIDLen, false); err != nil {
+		return err
+	}
+	if err := validLease(r.LeaseTTLMs, l); err != nil {
+		return err
+	}
+	if r.LeaseTTLMs == 0 {
+		r.LeaseTTLMs = l.DefaultLeaseTTL.Milliseconds()
+	}
+	ttlField := "ttl_ms"
+	var ttl int64
+	switch {
+	case r.TTLMs != 0 && r.ExpiresAt != 0:
+		return Invalid("expires_at", "give ttl_ms or expires_at, not both")
+	case r.ExpiresAt != 0:
+		ttlField = "expires_at"
+		ttl = int64(r.ExpiresAt - now)
+	case r.TTLMs != 0:
+		ttl = r.TTLMs
+	default:
+		ttl = l.DefaultTTL.Milliseconds()
+		r.TTLMs = ttl
+	}
+	if ttl < l.MinTTL.Milliseconds() || ttl > l.MaxTTL.Milliseconds() {
+		return Invalid(ttlField, "%s must put expiry between %d and %d ms from now", ttlField, l.MinTTL.Milliseconds(), l.MaxTTL.Milliseconds())
+	}
+	if ttl < r.LeaseTTLMs {
+		return Invalid(ttlField, "%s (%d ms) is shorter than the lease (%d ms)", ttlField, ttl, r.LeaseTTLMs)
+	}
+	return nil
+}
+
+// Validate checks r against the limits.
+func (r *CommitRequest) Validate(l Limits) error {
+	l = l.WithDefaults()
+	if err := validIdentity(r.Tenant, r.Key, r.Fingerprint); err != nil {
+		return err
+	}
+	if err := validFence(r.Fence); err != nil {
+		return err
+	}
+	if err := validText("remote_system", r.RemoteSystem, MaxRemoteLen, true); err != nil {
+		return err
+	}
+	if err := validText("remote_id", r.RemoteID, MaxRemoteLen, true); err != nil {
+		return err
+	}
+	if err := validText("remote_url", r.RemoteURL, MaxRemoteLen, false); err != nil {
+		return err
+	}
+	if err := validJSON("result", r.Result); err != nil {
+		return err
+	}
+	if len(r.Result) > l.MaxPayloadBytes {
+		return &Error{Code: CodePayloadTooLarge, Field: "result",
+			Message: fmt.Sprintf("result is %d bytes; the limit is %d", len(r.Result), l.MaxPayloadBytes)}
+	}
+	return nil
+}
+
+// Validate checks r against the limits.
+func (r *FailRequest) Validate(l Limits) error {
+	l = l.WithDefaults()
+	if err := validIdentity(r.Tenant, r.Key, r.Fingerprint); err != nil {
+		return err
+	}
+	if err := validFence(r.Fence); err != nil {
+		return err
+	}
+	if err := validText("error.code", r.Error.Code, MaxErrorCodeLen, true); err != nil {
+		return err
+	}
+	if err := validText("error.message", r.Error.Message, MaxErrorMsgLen, false); err != nil {
+		return err
+	}
+	if err := validJSON("error.details", r.Error.Details); err != nil {
+		return err
+	}
+	if n := len(r.Error.Details) + len(r.Error.Message); n > l.MaxPayloadBytes {
+		return &Error{Code: CodePayloadTooLarge, Field: "error",
+			Message: fmt.Sprintf("error is %d bytes; the limit is %d", n, l.MaxPayloadBytes)}
+	}
+	return nil
+}
+
+// Validate checks r.
+func (r *ReleaseRequest) Validate() error {
+	if err := validIdentity(r.Tenant, r.Key, r.Fingerprint); err != nil {
+		return err
+	}
+	return validFence(r.Fence)
+}
+
+// Validate checks r against the limits and fills the default lease.
+func (r *HeartbeatRequest) Validate(l Limits) error {
+	l = l.WithDefaults()
+	if err := ValidTenant(r.Tenant); err != nil {
+		return err
+	}
+	if err := ValidKey(r.Key); err != nil {
+		return err
+	}
+	if err := validFence(r.Fence); err != nil {
+		return err
+	}
+	if err := validLease(r.LeaseTTLMs, l); err != nil {
+		return err
+	}
+	if r.LeaseTTLMs == 0 {
+		r.LeaseTTLMs = l.DefaultLeaseTTL.Milliseconds()
+	}
+	return nil
+}
+
+// MaxWait bounds the long-poll of a get.
+const MaxWait = 5 * time.Minute
+
+// Validate checks r and fills the default consistency.
+func (r *GetRequest) Validate() error {
+	if err := ValidTenant(r.Tenant); err != nil {
+		return err
+	}
+	if err := ValidKey(r.Key); err != nil {
+		return err
+	}
+	if r.Wait < 0 || r.Wait > MaxWait {
+		return Invalid("wait_ms", "wait_ms must be between 0 and %d", MaxWait.Milliseconds())
+	}
+	switch r.Consistency {
+	case "":
+		r.Consistency = Linearizable
+	case Linearizable, Stale:
+	default:
+		return Invalid("consistency", "consistency must be linearizable or stale")
+	}
+	return nil
+}
+
+// Validate checks r and fills the default limit.
+func (r *ListRequest) Validate() error {
+	if err := ValidTenant(r.Tenant); err != nil {
+		return err
+	}
+	if len(r.Prefix) > MaxKeyLen {
+		return Invalid("prefix", "prefix must be at most %d bytes", MaxKeyLen)
+	}
+	if len(r.After) > MaxKeyLen {
+		return Invalid("after", "after must be at most %d bytes", MaxKeyLen)
+	}
+	switch r.Status {
+	case "", StatusPending, StatusCommitted, StatusFailed:
+	default:
+		return Invalid("status", "status must be pending, committed or failed")
+	}
+	if r.Limit < 0 || r.Limit > MaxListLimit {
+		return Invalid("limit", "limit must be between 1 and %d", MaxListLimit)
+	}
+	if r.Limit == 0 {
+		r.Limit = DefaultListLimit
+	}
+	return nil
+}
