@@ -9,8 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// Metrics holds the collectors. A nil *Metrics is valid and records nothing, so tests
-// and embedders that do not care can pass nil.
+// Metrics holds the collectors. Every component takes a *Metrics; tests make their own
+// with New, so registries never clash.
 type Metrics struct {
 	Registry *prometheus.Registry
 
