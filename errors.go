@@ -23,6 +23,9 @@ var (
 	// idemkv is safe to retry, so the answer is the same: try again.
 	ErrUnavailable = errors.New("idemkv: unavailable")
 	ErrInternal    = errors.New("idemkv: internal error")
+	// ErrNotLeader: a write or linearizable read reached a follower. The API forwards
+	// such requests to the leader; if it ever escapes, it is simply unavailable.
+	ErrNotLeader = fmt.Errorf("idemkv: not the leader: %w", ErrUnavailable)
 )
 
 // Wire codes, in the order of SPEC section 2.
