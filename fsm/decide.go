@@ -1,0 +1,225 @@
+package fsm
+
+import (
+	"fmt"
+
+	"github.com/idemkv/idemkv"
+)
+
+// This file is the decision table of SPEC section 1, as pure functions: no I/O, no
+// clock. The state machine feeds them the stored record, the request, the stamped time
+// and the Raft index, and stores what they return. Nothing else in idemkv decides.
+//
+// Invariants they keep, which the rest of the system relies on:
+//   - A record is visible only while now < expires_at; at or past it, it counts as
+//     absent everywhere (Get, List, reserve, commit).
+//   - A pending record never expires while its lease is live (expires_at >=
+//     lease_expires_at), so the sweeper can never hand a key to a second attempt while
+//     the first one still holds a lease.
+//   - A lease only grows while the same fence holds it: idempotent reserves and
+//     heartbeats never shorten it, so an in_progress answer stays true until the
+//     lease_expires_at it reported.
+
+// Expired reports whether rec counts as absent at now.
+func Expired(rec *idemkv.Record, now idemkv.Timestamp) bool {
+	return rec == nil || rec.ExpiresAt <= now
+}
+
+// Decide answers a reserve. next is the record to store, or nil when nothing changes;
+// res.Record is the record as it stands after the decision. index is the Raft index of
+// the entry, and becomes the fence of every new grant: it grows with every entry, so a
+// fence is higher than any fence granted before for the same key, even across expiry.
+func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) (next *idemkv.Record, res *idemkv.ReserveResult) {
+	if Expired(cur, now) {
+		lease := now + leaseTTL(req.LeaseTTLMs)
+		next = &idemkv.Record{
+			Tenant:         req.Tenant,
+			Key:            req.Key,
+			Fingerprint:    req.Fingerprint,
+			Tool:           req.Tool,
+			Actor:          req.Actor,
+			Status:         idemkv.StatusPending,
+			Fence:          index,
+			AttemptID:      req.AttemptID,
+			Attempts:       1,
+			CreatedAt:      now,
+			UpdatedAt:      now,
+			LeaseExpiresAt: lease,
+			ExpiresAt:      max(requestedExpiry(req, now), lease),
+		}
+		return next, granted(idemkv.DecisionExecute, next)
+	}
+	if cur.Tool != req.Tool || cur.Fingerprint != req.Fingerprint {
+		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionConflict, Conflict: conflictOf(cur, req), Record: cur}
+	}
+	if cur.Status.Terminal() {
+		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionReplay, Receipt: cur.Outcome(), Record: cur}
+	}
+	switch {
+	case req.AttemptID != "" && req.AttemptID == cur.AttemptID:
+		// The same attempt asking again (its answer was lost): it keeps its fence,
+		// even if its lease ran out meanwhile, since nobody else was granted one.
+		next = cur.Clone()
+		next.UpdatedAt = now
+		next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+leaseTTL(req.LeaseTTLMs))
+		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
+		return next, granted(idemkv.DecisionExecute, next)
+	case cur.LeaseExpiresAt > now:
+		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionInProgress, LeaseExpiresAt: cur.LeaseExpiresAt, Record: cur}
+	default:
+		// The holder's lease ran out: its outcome is unknown, so the new owner gets a
+		// fence that makes any late commit of the old attempt fail with fenced.
+		next = cur.Clone()
+		next.Fence = index
+		next.AttemptID = req.AttemptID
+		next.Actor = req.Actor
+		next.Attempts++
+		next.UpdatedAt = now
+		next.LeaseExpiresAt = now + leaseTTL(req.LeaseTTLMs)
+		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
+		return next, granted(idemkv.DecisionRecover, next)
+	}
+}
+
+func granted(d idemkv.Decision, rec *idemkv.Record) *idemkv.ReserveResult {
+	return &idemkv.ReserveResult{Decision: d, Fence: rec.Fence, AttemptID: rec.AttemptID,
+		LeaseExpiresAt: rec.LeaseExpiresAt, Record: rec}
+}
+
+func conflictOf(cur *idemkv.Record, req *idemkv.ReserveRequest) *idemkv.Conflict {
+	c := &idemkv.Conflict{
+		Status:              string(idemkv.DecisionConflict),
+		Reason:              idemkv.ReasonDifferentEffect,
+		ExistingFingerprint: cur.Fingerprint,
+		ReceivedFingerprint: req.Fingerprint,
+	}
+	if cur.Tool != req.Tool {
+		c.Reason = idemkv.ReasonDifferentTool
+		c.ExistingTool = cur.Tool
+		c.ReceivedTool = req.Tool
+	}
+	if cur.Status == idemkv.StatusCommitted && cur.Receipt != nil {
+		c.ExistingRemoteID = cur.Receipt.RemoteID
+	}
+	return c
+}
+
+// leaseTTL and requestedExpiry fall back to the SPEC defaults so that a command whose
+// defaults were not filled still yields a sane record instead of one that is born
+// expired.
+func leaseTTL(ms int64) idemkv.Timestamp {
+	if ms <= 0 {
+		return idemkv.Timestamp(idemkv.DefaultLimits().DefaultLeaseTTL.Milliseconds())
+	}
+	return idemkv.Timestamp(ms)
+}
+
+func requestedExpiry(req *idemkv.ReserveRequest, now idemkv.Timestamp) idemkv.Timestamp {
+	switch {
+	case req.ExpiresAt != 0:
+		return req.ExpiresAt
+	case req.TTLMs > 0:
+		return now + idemkv.Timestamp(req.TTLMs)
+	default:
+		return now + idemkv.Timestamp(idemkv.DefaultLimits().DefaultTTL.Milliseconds())
+	}
+}
+
+// checkOwner applies the rules shared by commit, fail, release and heartbeat. fp is ""
+// for heartbeat, which carries no fingerprint.
+//
+// A fence higher than the record's was never granted for this key: fences are Raft
+// indexes of grants, the record holds the latest grant, and a key reserved again after
+// a release or expiry gets a higher fence still. Such a fence can only come from a
+// client bug or a forged request; accepting it would let a caller that never reserved
+// complete someone else's attempt, so it is fenced like a stale one.
+func checkOwner(cur *idemkv.Record, fp string, fence uint64, now idemkv.Timestamp) error {
+	if Expired(cur, now) {
+		return fmt.Errorf("%w: no live record for this key", idemkv.ErrNotFound)
+	}
+	if fp != "" && fp != cur.Fingerprint {
+		return fmt.Errorf("%w: the record holds %s", idemkv.ErrFingerprintMismatch, cur.Fingerprint)
+	}
+	switch {
+	case fence < cur.Fence:
+		return fmt.Errorf("%w: fence %d is older than the current fence %d", idemkv.ErrFenced, fence, cur.Fence)
+	case fence > cur.Fence:
+		return fmt.Errorf("%w: fence %d was never granted for this key (current %d)", idemkv.ErrFenced, fence, cur.Fence)
+	}
+	return nil
+}
+
+// DecideCommit stores the receipt of the attempt holding req.Fence. next is nil when
+// nothing changes. A commit carrying the fence of a record that is already terminal gets
+// the stored outcome back, whichever it is: the first outcome wins.
+func DecideCommit(cur *idemkv.Record, req *idemkv.CommitRequest, now idemkv.Timestamp) (next *idemkv.Record, receipt *idemkv.Receipt, err error) {
+	if err := checkOwner(cur, req.Fingerprint, req.Fence, now); err != nil {
+		return nil, nil, err
+	}
+	if cur.Status.Terminal() {
+		return nil, cur.Outcome(), nil
+	}
+	next = cur.Clone()
+	next.Status = idemkv.StatusCommitted
+	next.UpdatedAt = now
+	next.LeaseExpiresAt = 0
+	next.Receipt = &idemkv.StoredReceipt{
+		RemoteSystem: req.RemoteSystem,
+		RemoteID:     req.RemoteID,
+		RemoteURL:    req.RemoteURL,
+		Result:       req.Result,
+		CommittedAt:  now,
+	}
+	return next, next.Outcome(), nil
+}
+
+// DecideFail stores a permanent failure for the attempt holding req.Fence. rec is the
+// record after the call; next is nil when nothing changes (a retried fail, or a fail
+// after the record was committed with the same fence: the stored outcome stands).
+func DecideFail(cur *idemkv.Record, req *idemkv.FailRequest, now idemkv.Timestamp) (next, rec *idemkv.Record, err error) {
+	if err := checkOwner(cur, req.Fingerprint, req.Fence, now); err != nil {
+		return nil, nil, err
+	}
+	if cur.Status.Terminal() {
+		return nil, cur, nil
+	}
+	next = cur.Clone()
+	next.Status = idemkv.StatusFailed
+	next.UpdatedAt = now
+	next.LeaseExpiresAt = 0
+	errInfo := req.Error
+	next.Error = &errInfo
+	return next, next, nil
+}
+
+// DecideRelease reports whether the record must be deleted: the attempt holding
+// req.Fence says its effect certainly did not happen. A stale fence is fenced even on a
+// terminal record (a newer attempt owns the key, which is what the caller must learn);
+// the current fence on a terminal record is not_pending.
+func DecideRelease(cur *idemkv.Record, req *idemkv.ReleaseRequest, now idemkv.Timestamp) (release bool, err error) {
+	if err := checkOwner(cur, req.Fingerprint, req.Fence, now); err != nil {
+		return false, err
+	}
+	if cur.Status.Terminal() {
+		return false, fmt.Errorf("%w: the record is %s", idemkv.ErrNotPending, cur.Status)
+	}
+	return true, nil
+}
+
+// DecideHeartbeat extends the lease of the attempt holding req.Fence to now +
+// LeaseTTLMs. It never shortens the lease (see the invariants above) and pushes
+// expires_at along when the lease would outlive it. A heartbeat after the lease ran out
+// still lands when nobody recovered the key: the fence is still current.
+func DecideHeartbeat(cur *idemkv.Record, req *idemkv.HeartbeatRequest, now idemkv.Timestamp) (next *idemkv.Record, err error) {
+	if err := checkOwner(cur, "", req.Fence, now); err != nil {
+		return nil, err
+	}
+	if cur.Status.Terminal() {
+		return nil, fmt.Errorf("%w: the record is %s", idemkv.ErrNotPending, cur.Status)
+	}
+	next = cur.Clone()
+	next.UpdatedAt = now
+	next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+leaseTTL(req.LeaseTTLMs))
+	next.ExpiresAt = max(cur.ExpiresAt, next.LeaseExpiresAt)
+	return next, nil
+}
