@@ -1,0 +1,140 @@
+// Package testhooks holds the fault hooks that jepsen-lite uses to prove that its
+// checkers can fail: a clock offset for the node's stamped time and sabotage modes that
+// break a guarantee on purpose.
+//
+// The hooks exist only in a binary built with `-tags idemkv_testhooks`. In every other
+// build Enabled is the constant false and every hook is a constant no-op that the
+// compiler removes, so a production binary cannot be switched into a broken mode by an
+// environment variable or a request. Server code calls the hooks unconditionally.
+//
+// With the tag, the hooks are set at start from the environment (EnvClockOffset,
+// EnvSabotage) and changed at run time through the HTTP endpoints that Mount registers.
+package testhooks
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Mode is a set of sabotage modes.
+type Mode uint32
+
+const (
+	// StaleReads makes a node answer linearizable reads from its local state, without
+	// asking the leader for a read index.
+	StaleReads Mode = 1 << iota
+	// IgnoreFences makes the state machine accept a commit whatever fence it carries.
+	IgnoreFences
+	// EarlyAck makes a node acknowledge a write before Raft has committed it.
+	EarlyAck
+)
+
+var modeNames = []struct {
+	mode Mode
+	name string
+}{
+	{StaleReads, "stale-reads"},
+	{IgnoreFences, "ignore-fences"},
+	{EarlyAck, "early-ack"},
+}
+
+// Environment variables read once at start by a binary built with the tag.
+const (
+	// EnvClockOffset is a Go duration ("-90s", "2m") added to the node's stamped time.
+	EnvClockOffset = "IDEMKV_TESTHOOK_CLOCK_OFFSET"
+	// EnvSabotage is a comma-separated list of sabotage mode names.
+	EnvSabotage = "IDEMKV_TESTHOOK_SABOTAGE"
+)
+
+// Paths of the debug endpoints that Mount registers.
+const (
+	// PathHooks: GET returns the State; POST a StateUpdate changes it and returns the new State.
+	PathHooks = "/debug/testhooks"
+	// PathStateHash: GET returns the node's Snapshot of applied index and state hash.
+	PathStateHash = "/debug/state-hash"
+)
+
+// State is what the hooks are set to, as it travels on PathHooks.
+type State struct {
+	ClockOffsetMs int64    `json:"clock_offset_ms"`
+	Sabotage      []string `json:"sabotage"`
+}
+
+// StateUpdate changes the hooks; a nil field is left as it is.
+type StateUpdate struct {
+	ClockOffsetMs *int64    `json:"clock_offset_ms,omitempty"`
+	Sabotage      *[]string `json:"sabotage,omitempty"`
+}
+
+// Snapshot is a node's replicated state in brief, for convergence checks: nodes that
+// applied the same log have the same hash.
+type Snapshot struct {
+	AppliedIndex uint64 `json:"applied_index"`
+	StateHash    string `json:"state_hash"`
+}
+
+// SnapshotFunc reads a node's Snapshot; the node supplies it to Mount.
+type SnapshotFunc func() (Snapshot, error)
+
+// String names the modes in m, comma-separated.
+func (m Mode) String() string {
+	var names []string
+	for _, n := range modeNames {
+		if m&n.mode != 0 {
+			names = append(names, n.name)
+		}
+	}
+	return strings.Join(names, ",")
+}
+
+// Names lists the names of the modes in m.
+func (m Mode) Names() []string {
+	names := []string{}
+	for _, n := range modeNames {
+		if m&n.mode != 0 {
+			names = append(names, n.name)
+		}
+	}
+	return names
+}
+
+// ParseModes parses mode names (each may itself be comma-separated); empty names are
+// ignored, unknown ones are an error.
+func ParseModes(names ...string) (Mode, error) {
+	var m Mode
+	for _, list := range names {
+		for _, name := range strings.Split(list, ",") {
+			name = strings.TrimSpace(name)
+			if name == "" {
+				continue
+			}
+			found := false
+			for _, n := range modeNames {
+				if n.name == name {
+					m |= n.mode
+					found = true
+				}
+			}
+			if !found {
+				return 0, fmt.Errorf("testhooks: unknown sabotage mode %q (known: %s)", name, AllModes)
+			}
+		}
+	}
+	return m, nil
+}
+
+// AllModes is every sabotage mode.
+const AllModes = StaleReads | IgnoreFences | EarlyAck
+
+// ParseClockOffset parses a clock offset as a Go duration; empty means zero.
+func ParseClockOffset(s string) (time.Duration, error) {
+	if strings.TrimSpace(s) == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("testhooks: clock offset %q: %w", s, err)
+	}
+	return d, nil
+}

@@ -1,0 +1,58 @@
+package testhooks
+
+import (
+	"testing"
+	"time"
+)
+
+func TestParseModes(t *testing.T) {
+	cases := []struct {
+		in   []string
+		want Mode
+	}{
+		{nil, 0},
+		{[]string{""}, 0},
+		{[]string{"stale-reads"}, StaleReads},
+		{[]string{"ignore-fences, early-ack"}, IgnoreFences | EarlyAck},
+		{[]string{"early-ack", "stale-reads,"}, EarlyAck | StaleReads},
+		{[]string{"stale-reads,ignore-fences,early-ack"}, AllModes},
+	}
+	for _, c := range cases {
+		got, err := ParseModes(c.in...)
+		if err != nil {
+			t.Fatalf("ParseModes(%q): %v", c.in, err)
+		}
+		if got != c.want {
+			t.Errorf("ParseModes(%q) = %v, want %v", c.in, got, c.want)
+		}
+		back, err := ParseModes(got.String())
+		if err != nil || back != got {
+			t.Errorf("round trip of %v gave %v, %v", got, back, err)
+		}
+	}
+	if _, err := ParseModes("stale-reads,lose-everything"); err == nil {
+		t.Fatal("an unknown mode was accepted")
+	}
+}
+
+func TestModeNames(t *testing.T) {
+	if got := Mode(0).Names(); got == nil || len(got) != 0 {
+		t.Fatalf("no modes should be an empty, non-nil list (JSON []), got %#v", got)
+	}
+	got := (StaleReads | EarlyAck).Names()
+	if len(got) != 2 || got[0] != "stale-reads" || got[1] != "early-ack" {
+		t.Fatalf("Names = %q", got)
+	}
+}
+
+func TestParseClockOffset(t *testing.T) {
+	for in, want := range map[string]time.Duration{"": 0, " ": 0, "90s": 90 * time.Second, "-2m": -2 * time.Minute} {
+		got, err := ParseClockOffset(in)
+		if err != nil || got != want {
+			t.Errorf("ParseClockOffset(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParseClockOffset("soon"); err == nil {
+		t.Fatal("a malformed offset was accepted")
+	}
+}
