@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/expiry"
+	"github.com/idemkv/idemkv/metrics"
+	"github.com/idemkv/idemkv/node"
+)
+
+type serveOptions struct {
+	node          node.Config
+	httpAddr      string
+	advertiseHTTP string
+	join          []string
+	peerAddresses []string
+	logLevel      string
+	logFormat     string
+	pprof         bool
+	shutdownGrace time.Duration
+	limits        idemkv.Limits
+	extra         serveExtras
+}
+
+func newServeCommand() *cobra.Command {
+	o := serveOptions{node: node.DefaultConfig(), limits: idemkv.DefaultLimits(), shutdownGrace: 10 * time.Second}
+	o.node.Sweep = expiry.DefaultConfig()
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run an idemkv node",
+		Long: `Run an idemkv node.
+
+A fresh node without --join bootstraps a single-node cluster; a node whose data dir
+already holds state just restarts. With --join (any member's API address), a new node
+asks the cluster to add it and retries until it is in.
+
+  idemkv serve
+  idemkv serve --id n2 --data-dir d2 --http-addr 127.0.0.1:7430 --raft-addr 127.0.0.1:7431 --join 127.0.0.1:7420`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runServe(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.node.ID, "id", o.node.ID, "node ID, unique in the cluster and fixed for a data dir")
+	f.StringVar(&o.node.DataDir, "data-dir", o.node.DataDir, "directory for the Raft log, snapshots and the Pebble store")
+	f.StringVar(&o.httpAddr, "http-addr", o.node.APIAddr, "address the HTTP API listens on")
+	f.StringVar(&o.node.RaftAddr, "raft-addr", o.node.RaftAddr, "address Raft listens on")
+	f.StringVar(&o.advertiseHTTP, "advertise-http-addr", "", "API address clients and peers use to reach this node (default --http-addr)")
+	f.StringVar(&o.node.RaftAdvertise, "advertise-raft-addr", "", "Raft address peers dial (default --raft-addr)")
+	f.StringSliceVar(&o.join, "join", nil, "API address of a member to join through (repeatable; tried in turn)")
+	f.StringSliceVar(&o.peerAddresses, "peer-address", nil, "ID=HOST:PORT: dial peer ID at this address instead of its advertised one (NAT, proxies; repeatable)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	f.BoolVar(&o.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address")
+	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
+
+	f.DurationVar(&o.node.HeartbeatTimeout, "heartbeat-timeout", o.node.HeartbeatTimeout, "Raft heartbeat timeout")
+	f.DurationVar(&o.node.ElectionTimeout, "election-timeout", o.node.ElectionTimeout, "Raft election timeout")
+	f.DurationVar(&o.node.LeaderLeaseTimeout, "leader-lease-timeout", o.node.LeaderLeaseTimeout, "Raft leader lease timeout (at most the heartbeat timeout)")
+	f.Uint64Var(&o.node.SnapshotThreshold, "snapshot-threshold", o.node.SnapshotThreshold, "log entries between snapshots")
+	f.DurationVar(&o.node.SnapshotInterval, "snapshot-interval", o.node.SnapshotInterval, "how often to check whether to snapshot")
+	f.Uint64Var(&o.node.TrailingLogs, "trailing-logs", o.node.TrailingLogs, "log entries kept after a snapshot")
+	f.DurationVar(&o.node.ApplyTimeout, "apply-timeout", o.node.ApplyTimeout, "longest a write waits for replication when the client set no deadline")
+
+	f.IntVar(&o.limits.MaxPayloadBytes, "max-payload-bytes", o.limits.MaxPayloadBytes, "largest result + error details stored per record")
+	f.DurationVar(&o.limits.DefaultLeaseTTL, "default-lease-ttl", o.limits.DefaultLeaseTTL, "lease when a reserve gives no lease_ttl_ms")
+	f.DurationVar(&o.limits.MinLeaseTTL, "min-lease-ttl", o.limits.MinLeaseTTL, "shortest lease_ttl_ms accepted")
+	f.DurationVar(&o.limits.MaxLeaseTTL, "max-lease-ttl", o.limits.MaxLeaseTTL, "longest lease_ttl_ms accepted")
+	f.DurationVar(&o.limits.DefaultTTL, "default-ttl", o.limits.DefaultTTL, "record retention when a reserve gives no ttl_ms or expires_at")
+	f.DurationVar(&o.limits.MinTTL, "min-ttl", o.limits.MinTTL, "shortest retention accepted")
+	f.DurationVar(&o.limits.MaxTTL, "max-ttl", o.limits.MaxTTL, "longest retention accepted")
+	f.DurationVar(&o.node.Sweep.Interval, "sweep-interval", o.node.Sweep.Interval, "how often the leader sweeps expired records")
+	f.IntVar(&o.node.Sweep.BatchLimit, "sweep-batch", o.node.Sweep.BatchLimit, "most records one sweep log entry deletes")
+	o.extra.register(cmd)
+	return cmd
+}
+
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format must be text or json, not %q", format)
+}
+
+func parsePeerAddresses(list []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, p := range list {
+		id, addr, ok := strings.Cut(p, "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("--peer-address %q: want ID=HOST:PORT", p)
+		}
+		out[id] = addr
+	}
+	return out, nil
+}
+
+// runServe runs a node until ctx ends (SIGINT or SIGTERM), then shuts down in order:
+// leadership handed over, API drained, node closed.
+func runServe(ctx context.Context, o serveOptions) error {
+	logger, err := newLogger(o.logLevel, o.logFormat, os.Stderr)
+	if err != nil {
+		return err
+	}
+	if err := o.limits.Validate(); err != nil {
+		return err
+	}
+	peers, err := parsePeerAddresses(o.peerAddresses)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.httpAddr)
+	if err != nil {
+		return fmt.Errorf("listen for the API: %w", err)
+	}
+	defer ln.Close()
+	cfg := o.node
+	cfg.APIAddr = o.advertiseHTTP
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = ln.Addr().String()
+	}
+	cfg.PeerAddresses = peers
+	cfg.Bootstrap = len(o.join) == 0
+	cfg.Limits = o.limits
+	cfg.Logger = logger
+	cfg.Metrics = metrics.New()
+
+	ex, err := o.extra.setup(ctx, &cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer ex.close()
+
+	n, err := node.Open(cfg)
+	if err != nil {
+		return err
+	}
+	handler := api.New(api.Config{
+		Store:         n,
+		Logger:        logger,
+		Metrics:       cfg.Metrics,
+		Limits:        cfg.Limits,
+		Middleware:    ex.middleware,
+		ForwardScheme: ex.forwardScheme,
+		Forward:       ex.forwardClient,
+	}).Handler()
+	if o.pprof {
+		handler = withPprof(handler)
+	}
+	srv := api.NewHTTPServer(o.httpAddr, handler)
+	srv.TLSConfig = ex.apiTLS
+	serveErr := make(chan error, 1)
+	go func() {
+		var err error
+		if srv.TLSConfig != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
+			serveErr <- err
+		}
+		close(serveErr)
+	}()
+	logger.Info("idemkv serving", "id", cfg.ID, "api", cfg.APIAddr, "raft", cfg.RaftAdvertiseOrAddr(), "data_dir", cfg.DataDir, "version", version)
+
+	joinCtx, stopJoin := context.WithCancel(ctx)
+	joinDone := make(chan struct{})
+	go func() {
+		defer close(joinDone)
+		if len(o.join) > 0 {
+			joinCluster(joinCtx, logger, o.join, ex.joinClient, ex.forwardScheme, idemkv.JoinRequest{
+				ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr,
+			})
+		}
+	}()
+
+	select {
+	case <-ctx.Done():
+		logger.Info("shutting down")
+	case err := <-serveErr:
+		logger.Error("API server failed", "err", err)
+	}
+	stopJoin()
+	<-joinDone
+	// Hand leadership over while the API still forwards, so clients in flight meet a
+	// new leader instead of an election.
+	if err := n.TransferLeadership(); err != nil {
+		logger.Warn("leadership transfer failed", "err", err)
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		logger.Warn("API shutdown", "err", err)
+	}
+	if err := n.Close(); err != nil {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// joinCluster asks members, in turn, to add this node until one of them (or the leader
+// it forwards to) says yes.
+func joinCluster(ctx context.Context, logger *slog.Logger, members []string, hc *http.Client, scheme string, req idemkv.JoinRequest) {
+	body, _ := json.Marshal(req)
+	backoff := 200 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		for _, m := range members {
+			url := scheme + "://" + m + "/v1/cluster/join"
+			err := postJSON(ctx, hc, url, body)
+			if err == nil {
+				logger.Info("joined the cluster", "via", m)
+				return
+			}
+			logger.Warn("join attempt failed; retrying", "via", m, "attempt", attempt, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+func postJSON(ctx context.Context, hc *http.Client, url string, body []byte) error {
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+func withPprof(next http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/", next)
+	return mux
+}

@@ -1,0 +1,120 @@
+// Package expiry runs the TTL sweeper: on the leader only, it proposes sweep commands
+// stamped with the leader's time until no expired record is left.
+//
+// It never deletes anything itself and never reads a clock to decide expiry: the state
+// machine decides, from the stamped time, which records are past expires_at, and it
+// removes a bounded number per log entry so a large backlog never stalls the log.
+package expiry
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/metrics"
+)
+
+// Proposer is what the sweeper needs from the node.
+type Proposer interface {
+	// Sweep replicates one sweep entry deleting at most limit expired records.
+	Sweep(ctx context.Context, limit int) (swept int, more bool, err error)
+	// Backlog counts expired records not yet swept, the expiry of the oldest, and the
+	// time it measured against.
+	Backlog() (count int, oldest, now idemkv.Timestamp)
+}
+
+// Config tunes the sweeper. Zero fields take the defaults.
+type Config struct {
+	// Interval between sweep rounds (default 1 s).
+	Interval time.Duration
+	// BatchLimit is the most records one log entry deletes (default 512).
+	BatchLimit int
+	// Disabled turns the sweeper off (records past expires_at stay invisible but
+	// keep their space).
+	Disabled bool
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config { return Config{Interval: time.Second, BatchLimit: 512} }
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Interval <= 0 {
+		c.Interval = d.Interval
+	}
+	if c.BatchLimit <= 0 {
+		c.BatchLimit = d.BatchLimit
+	}
+	return c
+}
+
+// Sweeper deletes expired records through the log.
+type Sweeper struct {
+	cfg     Config
+	p       Proposer
+	metrics *metrics.Metrics
+	log     *slog.Logger
+}
+
+// New returns a sweeper; Run starts it.
+func New(cfg Config, p Proposer, m *metrics.Metrics, logger *slog.Logger) *Sweeper {
+	return &Sweeper{cfg: cfg.withDefaults(), p: p, metrics: m, log: logger.With("component", "sweeper")}
+}
+
+// Run sweeps every interval until ctx is done. The node calls it when it becomes
+// leader and cancels ctx when it stops being leader, so exactly one node sweeps.
+func (s *Sweeper) Run(ctx context.Context) {
+	if s.cfg.Disabled {
+		return
+	}
+	s.log.Info("sweeper started", "interval", s.cfg.Interval, "batch_limit", s.cfg.BatchLimit)
+	defer s.log.Info("sweeper stopped")
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		s.observeBacklog()
+		if err := s.Round(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("sweep round failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Round proposes sweeps until no expired record is left or ctx ends.
+func (s *Sweeper) Round(ctx context.Context) error {
+	start := time.Now()
+	total := 0
+	defer func() {
+		if total > 0 {
+			s.metrics.SweepDuration.Observe(time.Since(start).Seconds())
+			s.log.Debug("swept", "records", total, "took", time.Since(start))
+		}
+	}()
+	for ctx.Err() == nil {
+		swept, more, err := s.p.Sweep(ctx, s.cfg.BatchLimit)
+		if err != nil {
+			return err
+		}
+		total += swept
+		s.metrics.Swept.Add(float64(swept))
+		if !more {
+			return nil
+		}
+	}
+	return ctx.Err()
+}
+
+func (s *Sweeper) observeBacklog() {
+	count, oldest, now := s.p.Backlog()
+	s.metrics.SweepBacklog.Set(float64(count))
+	overdue := 0.0
+	if count > 0 && oldest < now {
+		overdue = float64(now-oldest) / 1000
+	}
+	s.metrics.OldestOverdue.Set(overdue)
+}

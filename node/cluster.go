@@ -1,0 +1,241 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fsm"
+)
+
+// ID returns the node's ID.
+func (n *Node) ID() string { return n.cfg.ID }
+
+// IsLeader reports whether this node is the Raft leader.
+func (n *Node) IsLeader() bool { return n.raft.State() == raft.Leader }
+
+// Leader returns the API address of the current leader ("" if unknown) and whether
+// this node is it.
+func (n *Node) Leader() (apiAddr string, isLeader bool) {
+	_, id := n.raft.LeaderWithID()
+	if id == "" {
+		return "", false
+	}
+	if string(id) == n.cfg.ID {
+		return n.cfg.APIAddr, n.raft.State() == raft.Leader
+	}
+	for _, ni := range n.fsm.Nodes() {
+		if ni.ID == string(id) {
+			return ni.APIAddr, false
+		}
+	}
+	return "", false
+}
+
+// Ready reports nil when a leader is known and this node has applied everything it
+// knows to be committed (a leader: once its first barrier applied).
+func (n *Node) Ready() error {
+	_, id := n.raft.LeaderWithID()
+	if id == "" {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "no leader known")
+	}
+	if n.raft.State() == raft.Leader && n.readyTerm.Load() != n.raft.CurrentTerm() {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "leader has not applied its first barrier yet")
+	}
+	if ci := n.raft.CommitIndex(); !n.caughtUp(ci) {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "applied index %d behind commit index %d", n.fsm.AppliedIndex(), ci)
+	}
+	return nil
+}
+
+// Cluster describes the members as this node sees them.
+func (n *Node) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, n.raftError(err)
+	}
+	meta := map[string]idemkv.NodeInfo{}
+	for _, ni := range n.fsm.Nodes() {
+		meta[ni.ID] = ni
+	}
+	leaderAddr, _ := n.Leader()
+	_, leaderID := n.raft.LeaderWithID()
+	info := &idemkv.ClusterInfo{
+		Leader:       idemkv.LeaderInfo{ID: string(leaderID), APIAddr: leaderAddr},
+		Term:         n.raft.CurrentTerm(),
+		CommitIndex:  n.raft.CommitIndex(),
+		AppliedIndex: n.fsm.AppliedIndex(),
+	}
+	for _, s := range f.Configuration().Servers {
+		ni := idemkv.NodeInfo{
+			ID:       string(s.ID),
+			RaftAddr: string(s.Address),
+			APIAddr:  meta[string(s.ID)].APIAddr,
+			Suffrage: suffrage(s.Suffrage),
+			State:    "unknown",
+		}
+		switch {
+		case string(s.ID) == n.cfg.ID:
+			ni.State = stateName(n.raft.State())
+		case s.ID == leaderID:
+			ni.State = "leader"
+		case leaderID != "":
+			ni.State = "follower"
+		}
+		info.Nodes = append(info.Nodes, ni)
+	}
+	sort.Slice(info.Nodes, func(i, j int) bool { return info.Nodes[i].ID < info.Nodes[j].ID })
+	return info, nil
+}
+
+func suffrage(s raft.ServerSuffrage) string {
+	switch s {
+	case raft.Voter:
+		return "voter"
+	case raft.Nonvoter:
+		return "nonvoter"
+	default:
+		return "staging"
+	}
+}
+
+func stateName(s raft.RaftState) string {
+	switch s {
+	case raft.Leader:
+		return "leader"
+	case raft.Follower:
+		return "follower"
+	case raft.Candidate:
+		return "candidate"
+	default:
+		return "shutdown"
+	}
+}
+
+// Join adds a node as a voter (or updates its addresses) and records its API address.
+func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
+	if req.ID == "" {
+		return nil, idemkv.Invalid("id", "id is required")
+	}
+	if req.RaftAddr == "" {
+		return nil, idemkv.Invalid("raft_addr", "raft_addr is required")
+	}
+	if req.APIAddr == "" {
+		return nil, idemkv.Invalid("api_addr", "api_addr is required")
+	}
+	if n.raft.State() != raft.Leader {
+		return nil, idemkv.ErrNotLeader
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, n.raftError(err)
+	}
+	member := false
+	for _, s := range f.Configuration().Servers {
+		switch {
+		case s.ID == raft.ServerID(req.ID) && s.Address == raft.ServerAddress(req.RaftAddr):
+			member = true
+		case s.ID == raft.ServerID(req.ID) || s.Address == raft.ServerAddress(req.RaftAddr):
+			// Same ID at a new address, or a new ID at an old address: the old entry
+			// is stale and would split the vote.
+			if err := n.raft.RemoveServer(s.ID, 0, n.timeout(ctx)).Error(); err != nil {
+				return nil, n.raftError(err)
+			}
+		}
+	}
+	if !member {
+		if err := n.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, n.timeout(ctx)).Error(); err != nil {
+			return nil, n.raftError(err)
+		}
+		n.log.Info("added voter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr)
+	}
+	ni := idemkv.NodeInfo{ID: req.ID, RaftAddr: req.RaftAddr, APIAddr: req.APIAddr}
+	if _, err := n.propose(ctx, &fsm.Command{Op: fsm.OpSetNode, Node: &ni}); err != nil {
+		return nil, err
+	}
+	return n.Cluster(ctx)
+}
+
+// Remove takes a node out of the cluster.
+func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error) {
+	if req.ID == "" {
+		return nil, idemkv.Invalid("id", "id is required")
+	}
+	if n.raft.State() != raft.Leader {
+		return nil, idemkv.ErrNotLeader
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, n.raftError(err)
+	}
+	found := false
+	for _, s := range f.Configuration().Servers {
+		found = found || s.ID == raft.ServerID(req.ID)
+	}
+	if !found {
+		return nil, idemkv.Errorf(idemkv.ErrNotFound, "no member with id %q", req.ID)
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(req.ID), 0, n.timeout(ctx)).Error(); err != nil {
+		return nil, n.raftError(err)
+	}
+	n.log.Info("removed member", "id", req.ID)
+	ni := idemkv.NodeInfo{ID: req.ID}
+	if req.ID != n.cfg.ID {
+		if _, err := n.propose(ctx, &fsm.Command{Op: fsm.OpRemoveNode, Node: &ni}); err != nil {
+			return nil, err
+		}
+	}
+	return n.Cluster(ctx)
+}
+
+func (n *Node) timeout(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return time.Until(dl)
+	}
+	return n.cfg.ApplyTimeout
+}
+
+// Sweep proposes one sweep entry that deletes at most limit expired records; more
+// reports that expired records remain. It is the expiry sweeper's way in.
+func (n *Node) Sweep(ctx context.Context, limit int) (swept int, more bool, err error) {
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpSweep, Sweep: &fsm.SweepArgs{Limit: limit}})
+	if err != nil {
+		return 0, false, err
+	}
+	return res.Swept, res.More, nil
+}
+
+// Backlog counts records past expires_at that are not swept yet, and the expiry of
+// the oldest, as of now.
+func (n *Node) Backlog() (count int, oldest idemkv.Timestamp, now idemkv.Timestamp) {
+	now = n.now()
+	count, oldest = n.fsm.Backlog(now)
+	return count, oldest, now
+}
+
+// AppliedIndex is the index of the last entry the state machine applied.
+func (n *Node) AppliedIndex() uint64 { return n.fsm.AppliedIndex() }
+
+// StateHash hashes every record and the membership metadata, for convergence checks.
+func (n *Node) StateHash() (string, error) {
+	h, err := n.fsm.StateHash()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%x", h), nil
+}
+
+// CheckExpiryIndex verifies that the expiry index and the records agree.
+func (n *Node) CheckExpiryIndex() error { return n.fsm.CheckExpiryIndex() }
+
+// Snapshot forces a Raft snapshot (and log compaction per TrailingLogs).
+func (n *Node) Snapshot() error {
+	if err := n.raft.Snapshot().Error(); err != nil {
+		return fmt.Errorf("node: snapshot: %w", err)
+	}
+	return nil
+}

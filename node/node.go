@@ -1,0 +1,404 @@
+// Package node wires Raft, the state machine and Pebble into one idemkv node: the
+// thing cmd/idemkv serves over HTTP and a Go program can embed in-process.
+//
+// A node proposes every state change through Raft and answers only after the state
+// machine applied it; it serves linearizable reads with a read index. It never speaks
+// HTTP itself (api does) and never decides a record's fate (fsm does).
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/expiry"
+	"github.com/idemkv/idemkv/fsm"
+	"github.com/idemkv/idemkv/metrics"
+	"github.com/idemkv/idemkv/storage"
+)
+
+// Config configures a node. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// ID names the node in the cluster; it must never change for a data dir.
+	ID string
+	// DataDir holds the Raft log (raft.db), snapshots and the Pebble store.
+	DataDir string
+	// RaftAddr is the address the Raft transport listens on.
+	RaftAddr string
+	// RaftAdvertise is the address peers dial; default RaftAddr.
+	RaftAdvertise string
+	// APIAddr is this node's HTTP API address as clients and peers reach it; it is
+	// replicated so any node can name the leader's API address.
+	APIAddr string
+	// Bootstrap makes a node with no Raft state form a single-node cluster of itself.
+	// A node with state ignores it.
+	Bootstrap bool
+	// PeerAddresses overrides, per peer ID, the address this node dials for that peer.
+	PeerAddresses map[string]string
+	// RaftTLS, when set, wraps Raft traffic in TLS in both directions; set ClientAuth
+	// and ClientCAs for mutual TLS.
+	RaftTLS *tls.Config
+
+	Limits  idemkv.Limits
+	Logger  *slog.Logger
+	Metrics *metrics.Metrics
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	SnapshotThreshold  uint64
+	SnapshotInterval   time.Duration
+	TrailingLogs       uint64
+	// MaxAppendEntries bounds the entries sent (and group-committed) at once.
+	MaxAppendEntries int
+	// ApplyTimeout bounds how long a proposal may wait when the caller's context has
+	// no deadline.
+	ApplyTimeout time.Duration
+
+	// Sweep configures the expiry sweeper that runs on the leader.
+	Sweep expiry.Config
+
+	// Now is the clock the leader stamps commands with; default time.Now.
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults of `idemkv serve`.
+func DefaultConfig() Config {
+	return Config{
+		ID:                 "n1",
+		DataDir:            "idemkv-data",
+		RaftAddr:           "127.0.0.1:7421",
+		APIAddr:            "127.0.0.1:7420",
+		HeartbeatTimeout:   1000 * time.Millisecond,
+		ElectionTimeout:    1000 * time.Millisecond,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
+		CommitTimeout:      5 * time.Millisecond,
+		SnapshotThreshold:  8192,
+		SnapshotInterval:   2 * time.Minute,
+		TrailingLogs:       10240,
+		MaxAppendEntries:   512,
+		ApplyTimeout:       10 * time.Second,
+		Now:                time.Now,
+	}
+}
+
+func (c *Config) withDefaults() {
+	d := DefaultConfig()
+	if c.RaftAdvertise == "" {
+		c.RaftAdvertise = c.RaftAddr
+	}
+	setDur := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	setDur(&c.HeartbeatTimeout, d.HeartbeatTimeout)
+	setDur(&c.ElectionTimeout, d.ElectionTimeout)
+	setDur(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
+	setDur(&c.CommitTimeout, d.CommitTimeout)
+	setDur(&c.SnapshotInterval, d.SnapshotInterval)
+	setDur(&c.ApplyTimeout, d.ApplyTimeout)
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = d.SnapshotThreshold
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = d.TrailingLogs
+	}
+	if c.MaxAppendEntries == 0 {
+		c.MaxAppendEntries = d.MaxAppendEntries
+	}
+	if c.Now == nil {
+		c.Now = d.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Metrics == nil {
+		c.Metrics = metrics.New()
+	}
+	c.Limits = c.Limits.WithDefaults()
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.ID == "":
+		return errors.New("node: an ID is required")
+	case c.DataDir == "":
+		return errors.New("node: a data dir is required")
+	case c.RaftAddr == "":
+		return errors.New("node: a raft address is required")
+	case c.APIAddr == "":
+		return errors.New("node: an API address is required")
+	case c.LeaderLeaseTimeout > c.HeartbeatTimeout && c.HeartbeatTimeout != 0:
+		return errors.New("node: the leader lease must not exceed the heartbeat timeout")
+	}
+	return c.Limits.Validate()
+}
+
+// Node is one member of an idemkv cluster.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics.Metrics
+
+	store     *storage.Store
+	fsm       *fsm.FSM
+	raft      *raft.Raft
+	transport *raft.NetworkTransport
+	boltStore *raftboltdb.BoltStore
+	logs      *raft.LogCache
+
+	// readyTerm is the term in which this node, as leader, has applied a barrier: only
+	// then is its commit index a safe read index.
+	readyTerm atomic.Uint64
+
+	leaderNotify <-chan bool
+	leaderMu     sync.Mutex
+	leaderCancel context.CancelFunc
+	leaderWG     sync.WaitGroup
+
+	sweeper *expiry.Sweeper
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open starts a node: it opens (or creates) the data dir, restores the state machine
+// if its snapshot is ahead of Pebble, starts Raft, and bootstraps if asked to and new.
+func Open(cfg Config) (*Node, error) {
+	cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: data dir: %w", err)
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), metrics: cfg.Metrics}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if err := n.open(); err != nil {
+		n.cancel()
+		n.closeResources()
+		return nil, err
+	}
+	n.wg.Add(1)
+	go n.watchLeadership()
+	return n, nil
+}
+
+func (n *Node) open() error {
+	var err error
+	if n.store, err = storage.Open(filepath.Join(n.cfg.DataDir, "pebble"), n.log); err != nil {
+		return err
+	}
+	if n.fsm, err = fsm.New(n.store, n.metrics, n.log); err != nil {
+		return err
+	}
+	if n.boltStore, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.DataDir, "raft.db")}); err != nil {
+		return fmt.Errorf("node: raft log: %w", err)
+	}
+	if n.logs, err = raft.NewLogCache(1024, n.boltStore); err != nil {
+		return fmt.Errorf("node: raft log cache: %w", err)
+	}
+	logs := n.logs
+	hlog := newHCLogger(n.log)
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(n.cfg.DataDir, 2, hlog)
+	if err != nil {
+		return fmt.Errorf("node: snapshot store: %w", err)
+	}
+	if err := n.restoreIfBehind(snaps); err != nil {
+		return err
+	}
+	stream, err := newStreamLayer(n.cfg.RaftAddr, n.cfg.RaftAdvertise, n.cfg.RaftTLS)
+	if err != nil {
+		return err
+	}
+	tcfg := &raft.NetworkTransportConfig{Stream: stream, MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog}
+	if len(n.cfg.PeerAddresses) > 0 {
+		tcfg.ServerAddressProvider = peerAddresses(n.cfg.PeerAddresses)
+	}
+	n.transport = raft.NewNetworkTransportWithConfig(tcfg)
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(n.cfg.ID)
+	rc.Logger = hlog
+	rc.HeartbeatTimeout = n.cfg.HeartbeatTimeout
+	rc.ElectionTimeout = n.cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = n.cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = n.cfg.CommitTimeout
+	rc.SnapshotThreshold = n.cfg.SnapshotThreshold
+	rc.SnapshotInterval = n.cfg.SnapshotInterval
+	rc.TrailingLogs = n.cfg.TrailingLogs
+	rc.MaxAppendEntries = n.cfg.MaxAppendEntries
+	rc.BatchApplyCh = true
+	// Pebble keeps the applied state across restarts; replaying the log tail on top of
+	// it is cheap, restoring the whole snapshot on every start is not. The FSM skips
+	// entries at or below its stored applied index, and restoreIfBehind covers a Pebble
+	// that is older than the newest snapshot.
+	rc.NoSnapshotRestoreOnStart = true
+	notify := make(chan bool, 16)
+	rc.NotifyCh = notify
+	n.leaderNotify = notify
+
+	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.boltStore, snaps, n.transport); err != nil {
+		return fmt.Errorf("node: start raft: %w", err)
+	}
+	if n.cfg.Bootstrap {
+		has, err := raft.HasExistingState(logs, n.boltStore, snaps)
+		if err != nil {
+			return fmt.Errorf("node: inspect raft state: %w", err)
+		}
+		if !has {
+			conf := raft.Configuration{Servers: []raft.Server{{
+				ID: rc.LocalID, Address: n.transport.LocalAddr(), Suffrage: raft.Voter,
+			}}}
+			if err := n.raft.BootstrapCluster(conf).Error(); err != nil {
+				return fmt.Errorf("node: bootstrap: %w", err)
+			}
+			n.log.Info("bootstrapped a new single-node cluster", "raft_addr", n.transport.LocalAddr())
+		}
+	}
+	n.sweeper = expiry.New(n.cfg.Sweep, n, n.metrics, n.log)
+	return nil
+}
+
+// restoreIfBehind restores the newest snapshot into Pebble when Pebble's applied index
+// is older than it. That happens when Pebble lost unsynced writes that the snapshot
+// (whose log prefix is compacted away) covers, or when a snapshot install was
+// interrupted. Raft itself will not restore, because of NoSnapshotRestoreOnStart.
+func (n *Node) restoreIfBehind(snaps raft.SnapshotStore) error {
+	list, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("node: list snapshots: %w", err)
+	}
+	if len(list) == 0 || list[0].Index <= n.fsm.AppliedIndex() {
+		return nil
+	}
+	meta := list[0]
+	n.log.Warn("state machine is behind the newest snapshot; restoring it",
+		"applied_index", n.fsm.AppliedIndex(), "snapshot_index", meta.Index)
+	_, rc, err := snaps.Open(meta.ID)
+	if err != nil {
+		return fmt.Errorf("node: open snapshot %s: %w", meta.ID, err)
+	}
+	if err := n.fsm.Restore(rc); err != nil {
+		return fmt.Errorf("node: restore snapshot %s: %w", meta.ID, err)
+	}
+	if got := n.fsm.AppliedIndex(); got < meta.Index {
+		return fmt.Errorf("node: snapshot %s restored to applied index %d, want %d", meta.ID, got, meta.Index)
+	}
+	return nil
+}
+
+// Close stops the node. A leader first hands leadership to another voter, so the
+// cluster does not wait out an election timeout. Order: sweeper and leader loops →
+// Raft → transport → Raft log → state machine → Pebble. The API server, which calls
+// into the node, must be shut down by its owner before Close.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		if n.raft != nil {
+			if err := n.TransferLeadership(); err != nil {
+				n.log.Warn("leadership transfer before shutdown failed", "err", err)
+			}
+		}
+		n.cancel()
+		n.stopLeaderWork()
+		if n.raft != nil {
+			if err := n.raft.Shutdown().Error(); err != nil {
+				n.closeErr = errors.Join(n.closeErr, fmt.Errorf("node: raft shutdown: %w", err))
+			}
+		}
+		n.wg.Wait()
+		n.closeErr = errors.Join(n.closeErr, n.closeResources())
+	})
+	return n.closeErr
+}
+
+func (n *Node) closeResources() error {
+	var errs []error
+	if n.transport != nil {
+		errs = append(errs, n.transport.Close())
+	}
+	if n.boltStore != nil {
+		errs = append(errs, n.boltStore.Close())
+	}
+	if n.fsm != nil {
+		errs = append(errs, n.fsm.Close())
+	}
+	if n.store != nil {
+		errs = append(errs, n.store.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (n *Node) voters() int {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	c := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			c++
+		}
+	}
+	return c
+}
+
+// hclogWriter turns Raft's hclog lines into slog records.
+func newHCLogger(l *slog.Logger) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{
+		Name:   "raft",
+		Level:  hclog.Info,
+		Output: slogWriter{l: l.With("component", "raft")},
+	})
+}
+
+type slogWriter struct{ l *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	msg := string(p)
+	if len(msg) > 0 && msg[len(msg)-1] == '\n' {
+		msg = msg[:len(msg)-1]
+	}
+	w.l.Info(msg)
+	return len(p), nil
+}
+
+// RaftAdvertiseOrAddr is the Raft address peers dial.
+func (c Config) RaftAdvertiseOrAddr() string {
+	if c.RaftAdvertise != "" {
+		return c.RaftAdvertise
+	}
+	return c.RaftAddr
+}
+
+// TransferLeadership hands leadership to another voter if this node leads a cluster
+// of more than one voter; otherwise it does nothing.
+func (n *Node) TransferLeadership() error {
+	if n.raft.State() != raft.Leader || n.voters() < 2 {
+		return nil
+	}
+	if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		return fmt.Errorf("node: leadership transfer: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,324 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fingerprint"
+	"github.com/idemkv/idemkv/fsm"
+)
+
+func (n *Node) now() idemkv.Timestamp {
+	now := idemkv.TimestampOf(n.cfg.Now())
+	if c := n.fsm.Clock(); c > now {
+		return c
+	}
+	return now
+}
+
+// Reserve asks for the right to run an effect (SPEC section 1).
+func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+	r := *req
+	if err := r.Validate(n.cfg.Limits, n.now()); err != nil {
+		return nil, err
+	}
+	if len(r.Effect) > 0 {
+		fp, err := fingerprint.Of(r.Effect)
+		if err != nil {
+			return nil, idemkv.Invalid("effect", "effect: %v", err)
+		}
+		if r.Fingerprint != "" && r.Fingerprint != fp {
+			return nil, idemkv.Invalid("effect_fingerprint", "effect_fingerprint %s does not match the fingerprint of effect %s", r.Fingerprint, fp)
+		}
+		r.Fingerprint = fp
+		r.Effect = nil
+	}
+	if r.AttemptID == "" {
+		r.AttemptID = newAttemptID()
+	}
+	// A replay or a conflict changes nothing, so a linearizable read answers it
+	// without a log append; everything else goes through Raft.
+	if err := n.readIndex(ctx); err != nil {
+		return nil, err
+	}
+	if cur, err := n.fsm.Get(r.Tenant, r.Key, n.now()); err == nil {
+		_, res := fsm.Decide(cur, &r, n.now(), 0)
+		if res.Decision == idemkv.DecisionReplay || res.Decision == idemkv.DecisionConflict {
+			return res, nil
+		}
+	} else if !errors.Is(err, idemkv.ErrNotFound) {
+		return nil, err
+	}
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpReserve, Reserve: &r})
+	if err != nil {
+		return nil, err
+	}
+	return res.Reserve, nil
+}
+
+// Commit stores the receipt of an executed effect.
+func (n *Node) Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error) {
+	if err := req.Validate(n.cfg.Limits); err != nil {
+		return nil, err
+	}
+	r := *req
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpCommit, Commit: &r})
+	if err != nil {
+		return nil, err
+	}
+	return res.Receipt, nil
+}
+
+// Fail stores a permanent failure.
+func (n *Node) Fail(ctx context.Context, req *idemkv.FailRequest) (*idemkv.Record, error) {
+	if err := req.Validate(n.cfg.Limits); err != nil {
+		return nil, err
+	}
+	r := *req
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpFail, Fail: &r})
+	if err != nil {
+		return nil, err
+	}
+	return res.Record, nil
+}
+
+// Release gives the key back: the effect certainly did not happen.
+func (n *Node) Release(ctx context.Context, req *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	r := *req
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpRelease, Release: &r})
+	if err != nil {
+		return nil, err
+	}
+	return &idemkv.ReleaseResult{Released: res.Released}, nil
+}
+
+// Heartbeat extends the lease of the attempt that holds the fence.
+func (n *Node) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*idemkv.Record, error) {
+	r := *req
+	if err := r.Validate(n.cfg.Limits); err != nil {
+		return nil, err
+	}
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpHeartbeat, Heartbeat: &r})
+	if err != nil {
+		return nil, err
+	}
+	return res.Record, nil
+}
+
+// Get reads a record. With Wait it long-polls until the record is no longer pending
+// (or absent), its lease has run out, or Wait has passed, and returns it as it is then.
+func (n *Node) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {
+	r := *req
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(r.Wait)
+	for {
+		// Take the change signal before reading, so an apply between the read and
+		// the wait is not missed.
+		changed := n.fsm.Changed()
+		if r.Consistency != idemkv.Stale {
+			if err := n.readIndex(ctx); err != nil {
+				return nil, err
+			}
+		}
+		now := n.now()
+		rec, err := n.fsm.Get(r.Tenant, r.Key, now)
+		if err != nil || rec.Status != idemkv.StatusPending || r.Wait <= 0 || rec.LeaseExpiresAt <= now {
+			return rec, err
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return rec, nil
+		}
+		if untilLease := rec.LeaseExpiresAt.Time().Sub(now.Time()); untilLease < wait {
+			wait = untilLease
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-changed:
+			timer.Stop()
+		case <-timer.C:
+			if time.Now().After(deadline) {
+				// One more read: the answer reflects the state at the deadline.
+				r.Wait = 0
+			}
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, idemkv.Errorf(idemkv.ErrUnavailable, "wait cancelled: %v", ctx.Err())
+		}
+	}
+}
+
+// List pages through a tenant's records in key order, linearizably.
+func (n *Node) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error) {
+	r := *req
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	if err := n.readIndex(ctx); err != nil {
+		return nil, err
+	}
+	return n.fsm.List(&r, n.now())
+}
+
+// propose replicates cmd and returns the state machine's answer. An error wrapping
+// ErrNotLeader means the command was certainly not appended; ErrUnavailable without
+// it means the outcome is unknown (every idemkv write is safe to retry).
+func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
+	if n.raft.State() != raft.Leader {
+		return nil, idemkv.ErrNotLeader
+	}
+	cmd.Now = n.now()
+	buf, err := cmd.AppendBinary(nil)
+	if err != nil {
+		return nil, fmt.Errorf("node: encode command: %w: %w", idemkv.ErrInternal, err)
+	}
+	timeout := n.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return nil, idemkv.Errorf(idemkv.ErrUnavailable, "deadline passed before proposing")
+		}
+	}
+	start := time.Now()
+	f := n.raft.Apply(buf, timeout)
+	if err := f.Error(); err != nil {
+		return nil, n.raftError(err)
+	}
+	n.metrics.ApplyLatency.Observe(time.Since(start).Seconds())
+	res, ok := f.Response().(*fsm.Result)
+	if !ok || res == nil {
+		return nil, fmt.Errorf("node: state machine answered %T: %w", f.Response(), idemkv.ErrInternal)
+	}
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	return res, nil
+}
+
+// raftError maps Raft's errors to idemkv's: not appended (safe to send elsewhere) or
+// indeterminate (the write may have happened).
+func (n *Node) raftError(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return fmt.Errorf("%w (%v)", idemkv.ErrNotLeader, err)
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return idemkv.Errorf(idemkv.ErrUnavailable, "raft is overloaded: %v", err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return idemkv.Errorf(idemkv.ErrUnavailable, "node is shutting down")
+	case errors.Is(err, raft.ErrLeadershipLost):
+		return idemkv.Errorf(idemkv.ErrUnavailable, "leadership lost while replicating; the outcome is unknown, retry")
+	default:
+		return idemkv.Errorf(idemkv.ErrUnavailable, "replication did not finish: %v; the outcome is unknown, retry", err)
+	}
+}
+
+// readIndex makes the next local read linearizable: it takes the commit index,
+// confirms with a quorum that this node is still the leader of the same term, and
+// waits until the state machine has applied up to that index.
+func (n *Node) readIndex(ctx context.Context) error {
+	if n.raft.State() != raft.Leader {
+		return idemkv.ErrNotLeader
+	}
+	term := n.raft.CurrentTerm()
+	if n.readyTerm.Load() != term {
+		if err := n.waitReady(ctx, term); err != nil {
+			return err
+		}
+	}
+	index := n.raft.CommitIndex()
+	if err := n.raft.VerifyLeader().Error(); err != nil {
+		return n.raftError(err)
+	}
+	if n.raft.CurrentTerm() != term {
+		return idemkv.ErrNotLeader
+	}
+	return n.waitApplied(ctx, index)
+}
+
+func (n *Node) waitReady(ctx context.Context, term uint64) error {
+	deadline := time.NewTimer(n.cfg.ApplyTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for n.readyTerm.Load() != term {
+		if n.raft.CurrentTerm() != term || n.raft.State() != raft.Leader {
+			return idemkv.ErrNotLeader
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return idemkv.Errorf(idemkv.ErrUnavailable, "new leader not ready yet")
+		case <-ctx.Done():
+			return idemkv.Errorf(idemkv.ErrUnavailable, "%v", ctx.Err())
+		}
+	}
+	return nil
+}
+
+func (n *Node) waitApplied(ctx context.Context, index uint64) error {
+	for {
+		changed := n.fsm.Changed()
+		if n.caughtUp(index) {
+			return nil
+		}
+		// A tail of barrier or no-op entries never reaches the state machine, so no
+		// change signal comes for it: poll as well.
+		timer := time.NewTimer(2 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return idemkv.Errorf(idemkv.ErrUnavailable, "waiting for apply: %v", ctx.Err())
+		case <-n.ctx.Done():
+			timer.Stop()
+			return idemkv.Errorf(idemkv.ErrUnavailable, "node is shutting down")
+		}
+		timer.Stop()
+	}
+}
+
+// caughtUp reports whether the state machine reflects every entry up to index.
+// Raft hands the state machine only commands and configurations; barriers and no-ops
+// (every new leader appends both) leave its applied index behind the commit index
+// without changing any state. So the state is current when Raft has dispatched
+// everything up to index and the entries the state machine has not seen are only
+// such entries.
+func (n *Node) caughtUp(index uint64) bool {
+	applied := n.fsm.AppliedIndex()
+	if applied >= index {
+		return true
+	}
+	const maxGap = 64
+	if n.raft.AppliedIndex() < index || index-applied > maxGap {
+		return false
+	}
+	var l raft.Log
+	for i := applied + 1; i <= index; i++ {
+		if err := n.logs.GetLog(i, &l); err != nil {
+			return false
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return false
+		}
+	}
+	return true
+}
+
+func newAttemptID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
