@@ -1,0 +1,475 @@
+// Package fsm is idemkv's replicated state machine: it applies committed Raft log
+// entries to the store, through the pure decision functions of decide.go.
+//
+// Applying an entry must never read a clock, touch the network or depend on anything
+// but the entries applied and the state they built: every replica that applies the
+// same entries must end in the same state (StateHash proves it).
+package fsm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/metrics"
+	"github.com/idemkv/idemkv/storage"
+)
+
+// Result is what Apply returns for each command entry (raft ApplyFuture.Response()).
+type Result struct {
+	Reserve  *idemkv.ReserveResult // OpReserve
+	Record   *idemkv.Record        // OpFail, OpHeartbeat: the record after the transition
+	Receipt  *idemkv.Receipt       // OpCommit: the stored outcome (committed, or the stored failure if fail won)
+	Released bool                  // OpRelease
+	Swept    int                   // OpSweep: records deleted
+	More     bool                  // OpSweep: expired records remain (<= Now) after this entry
+	Err      error                 // wraps ErrFenced, ErrFingerprintMismatch, ErrNotPending, ErrNotFound, ErrInvalidArgument or ErrInternal
+}
+
+// FSM implements raft.BatchingFSM over a storage.Store.
+//
+// Raft calls Apply, ApplyBatch, Snapshot and Restore from one goroutine; the read
+// methods may run concurrently with them and read Pebble directly, which is consistent
+// because each batch commits atomically.
+type FSM struct {
+	st     *storage.Store
+	m      *metrics.Metrics
+	logger *slog.Logger
+
+	mu      sync.RWMutex
+	applied uint64
+	term    uint64
+	clock   idemkv.Timestamp
+	nodes   []idemkv.NodeInfo // sorted by ID
+	changed chan struct{}
+}
+
+var _ raft.BatchingFSM = (*FSM)(nil)
+
+// Log attribute keys.
+const (
+	logKeyIndex = "index"
+	logKeyOp    = "op"
+	logKeyErr   = "err"
+)
+
+// New returns a state machine over st, resuming from the applied index and clock
+// stored there.
+func New(st *storage.Store, m *metrics.Metrics, logger *slog.Logger) (*FSM, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if m == nil {
+		m = metrics.New()
+	}
+	f := &FSM{st: st, m: m, logger: logger.With("component", "fsm"), changed: make(chan struct{})}
+	if err := f.load(); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// load reads the bookkeeping back from the store: at start and after a restore.
+func (f *FSM) load() error {
+	applied, term, err := f.st.Applied()
+	if err != nil {
+		return fmt.Errorf("fsm: load applied index: %w", err)
+	}
+	clock, err := f.st.Clock()
+	if err != nil {
+		return fmt.Errorf("fsm: load clock: %w", err)
+	}
+	nodes, err := f.st.Nodes()
+	if err != nil {
+		return fmt.Errorf("fsm: load nodes: %w", err)
+	}
+	f.mu.Lock()
+	f.applied, f.term, f.clock, f.nodes = applied, term, clock, nodes
+	f.mu.Unlock()
+	return nil
+}
+
+// Apply applies one entry.
+func (f *FSM) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+// ApplyBatch applies logs in ONE Pebble batch, with the applied index and clock, so a
+// crash leaves either all of them or none. Entries at or below the applied index were
+// applied before a restart (Raft replays from its last snapshot) and are skipped.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	f.mu.RLock()
+	applied, term, clock := f.applied, f.term, f.clock
+	nodes := f.nodes
+	f.mu.RUnlock()
+	startClock := clock
+	nodesChanged := false
+
+	b := f.st.NewBatch()
+	defer b.Close()
+	n := 0
+	for i, l := range logs {
+		if l.Index <= applied {
+			continue
+		}
+		applied, term = l.Index, l.Term
+		n++
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		cmd, err := DecodeCommand(l.Data)
+		if err != nil {
+			f.logger.Error("undecodable log entry", logKeyIndex, l.Index, logKeyErr, err)
+			out[i] = &Result{Err: err}
+			continue
+		}
+		clock = max(clock, cmd.Now)
+		res, nodeUpdate := f.applyCommand(b, cmd, clock, l.Index)
+		if nodeUpdate != nil {
+			nodes = nodeUpdate(nodes)
+			nodesChanged = true
+		}
+		if res.Err != nil && errors.Is(res.Err, idemkv.ErrInternal) {
+			f.logger.Error("applying entry", logKeyIndex, l.Index, logKeyOp, cmd.Op, logKeyErr, res.Err)
+		}
+		out[i] = res
+	}
+	if n == 0 {
+		return out
+	}
+	err := b.SetApplied(applied, term)
+	if err == nil && clock != startClock {
+		err = b.SetClock(clock)
+	}
+	if err == nil {
+		err = b.Commit()
+	}
+	if err != nil {
+		// The entries are committed in Raft; a replica that cannot store them would
+		// silently diverge from the others, and skipping them would break every
+		// later decision. Stopping is the only safe answer.
+		f.logger.Error("storing applied entries", logKeyIndex, applied, logKeyErr, err)
+		panic(fmt.Sprintf("fsm: cannot store entries up to %d: %v", applied, err))
+	}
+	f.m.ApplyBatch.Observe(float64(n))
+
+	f.mu.Lock()
+	f.applied, f.term, f.clock = applied, term, clock
+	if nodesChanged {
+		f.nodes = nodes
+	}
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
+	return out
+}
+
+// applyCommand stages cmd's effect in b. A nodeUpdate, when returned, is applied to
+// the in-memory membership once the batch commits.
+func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp, index uint64) (res *Result, nodeUpdate func([]idemkv.NodeInfo) []idemkv.NodeInfo) {
+	res = &Result{}
+	internal := func(err error) *Result {
+		return &Result{Err: fmt.Errorf("%w: %s at %d: %v", idemkv.ErrInternal, cmd.Op, index, err)}
+	}
+	switch cmd.Op {
+	case OpReserve:
+		r := cmd.Reserve
+		cur, err := b.Record(r.Tenant, r.Key)
+		if err != nil {
+			return internal(err), nil
+		}
+		next, rr := Decide(cur, r, now, index)
+		if next != nil {
+			if err := b.PutRecord(next); err != nil {
+				return internal(err), nil
+			}
+		}
+		res.Reserve = rr
+	case OpCommit:
+		r := cmd.Commit
+		cur, err := b.Record(r.Tenant, r.Key)
+		if err != nil {
+			return internal(err), nil
+		}
+		next, receipt, err := DecideCommit(cur, r, now)
+		if err != nil {
+			return &Result{Err: err}, nil
+		}
+		if next != nil {
+			if err := b.PutRecord(next); err != nil {
+				return internal(err), nil
+			}
+		}
+		res.Receipt = receipt
+	case OpFail:
+		r := cmd.Fail
+		cur, err := b.Record(r.Tenant, r.Key)
+		if err != nil {
+			return internal(err), nil
+		}
+		next, rec, err := DecideFail(cur, r, now)
+		if err != nil {
+			return &Result{Err: err}, nil
+		}
+		if next != nil {
+			if err := b.PutRecord(next); err != nil {
+				return internal(err), nil
+			}
+		}
+		res.Record = rec
+	case OpRelease:
+		r := cmd.Release
+		cur, err := b.Record(r.Tenant, r.Key)
+		if err != nil {
+			return internal(err), nil
+		}
+		release, err := DecideRelease(cur, r, now)
+		if err != nil {
+			return &Result{Err: err}, nil
+		}
+		if release {
+			if _, err := b.DeleteRecord(r.Tenant, r.Key); err != nil {
+				return internal(err), nil
+			}
+		}
+		res.Released = release
+	case OpHeartbeat:
+		r := cmd.Heartbeat
+		cur, err := b.Record(r.Tenant, r.Key)
+		if err != nil {
+			return internal(err), nil
+		}
+		next, err := DecideHeartbeat(cur, r, now)
+		if err != nil {
+			return &Result{Err: err}, nil
+		}
+		if err := b.PutRecord(next); err != nil {
+			return internal(err), nil
+		}
+		res.Record = next
+	case OpSweep:
+		swept, more, err := sweep(b, now, cmd.Sweep.Limit)
+		if err != nil {
+			return internal(err), nil
+		}
+		res.Swept, res.More = swept, more
+	case OpSetNode:
+		n := idemkv.NodeInfo{ID: cmd.Node.ID, RaftAddr: cmd.Node.RaftAddr, APIAddr: cmd.Node.APIAddr}
+		if n.ID == "" {
+			return &Result{Err: idemkv.Invalid("id", "node id is required")}, nil
+		}
+		if err := b.PutNode(n); err != nil {
+			return internal(err), nil
+		}
+		return res, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
+			nodes = slices.DeleteFunc(slices.Clone(nodes), func(o idemkv.NodeInfo) bool { return o.ID == n.ID })
+			nodes = append(nodes, n)
+			slices.SortFunc(nodes, func(a, b idemkv.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
+			return nodes
+		}
+	case OpRemoveNode:
+		id := cmd.Node.ID
+		if err := b.DeleteNode(id); err != nil {
+			return internal(err), nil
+		}
+		return res, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
+			return slices.DeleteFunc(slices.Clone(nodes), func(o idemkv.NodeInfo) bool { return o.ID == id })
+		}
+	}
+	return res, nil
+}
+
+// sweep deletes up to limit records expired at now. It reads limit+1 index entries so
+// it can tell whether any remain without a second scan.
+func sweep(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more bool, err error) {
+	if limit <= 0 {
+		limit = DefaultSweepLimit
+	}
+	entries, err := b.Expired(now, limit+1)
+	if err != nil {
+		return 0, false, err
+	}
+	if len(entries) > limit {
+		entries, more = entries[:limit], true
+	}
+	for _, e := range entries {
+		rec, err := b.Record(e.Tenant, e.Key)
+		if err != nil {
+			return swept, more, err
+		}
+		// The index is written with the record, so a mismatch is a bug; deleting
+		// only the stray entry keeps a live record from being swept by it.
+		if rec == nil || rec.ExpiresAt != e.ExpiresAt || !Expired(rec, now) {
+			if err := b.DeleteExpiry(e); err != nil {
+				return swept, more, err
+			}
+			continue
+		}
+		if _, err := b.DeleteRecord(e.Tenant, e.Key); err != nil {
+			return swept, more, err
+		}
+		swept++
+	}
+	return swept, more, nil
+}
+
+// AppliedIndex is the last log index whose effects are stored.
+func (f *FSM) AppliedIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.applied
+}
+
+// Clock is the maximum of the stamped times applied so far; it never decreases.
+func (f *FSM) Clock() idemkv.Timestamp {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.clock
+}
+
+// Changed returns a channel that is closed once the next batch is applied (or a
+// snapshot restored). Take it before checking the condition you wait for, or a change
+// between the check and the wait is missed.
+func (f *FSM) Changed() <-chan struct{} {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.changed
+}
+
+// Get returns the record of (tenant, key), or ErrNotFound if there is none or it is
+// past expires_at at max(now, Clock()): expired records vanish before the sweeper
+// deletes them.
+func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, error) {
+	now = max(now, f.Clock())
+	rec, err := f.st.Record(tenant, key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", idemkv.ErrInternal, err)
+	}
+	if Expired(rec, now) {
+		return nil, fmt.Errorf("%w: %s/%s", idemkv.ErrNotFound, tenant, key)
+	}
+	return rec, nil
+}
+
+// listScanBudget bounds how many stored records one List call reads, so that a
+// status filter that matches little cannot turn a page into a full scan; the page then
+// comes back short with Next set.
+const listScanBudget = 10 * idemkv.MaxListLimit
+
+// List returns one page of the tenant's live records in key order. req is already
+// validated (Limit filled).
+func (f *FSM) List(req *idemkv.ListRequest, now idemkv.Timestamp) (*idemkv.ListResult, error) {
+	now = max(now, f.Clock())
+	limit := req.Limit
+	if limit <= 0 {
+		limit = idemkv.DefaultListLimit
+	}
+	res := &idemkv.ListResult{Records: []*idemkv.Record{}}
+	scanned, lastKey := 0, ""
+	err := f.st.ScanRecords(req.Tenant, req.Prefix, req.After, func(rec *idemkv.Record) (bool, error) {
+		if len(res.Records) == limit || scanned == listScanBudget {
+			// Something is left: resume after the last key looked at.
+			res.Next = lastKey
+			return false, nil
+		}
+		scanned++
+		lastKey = rec.Key
+		if Expired(rec, now) || (req.Status != "" && rec.Status != req.Status) {
+			return true, nil
+		}
+		res.Records = append(res.Records, rec)
+		return true, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", idemkv.ErrInternal, err)
+	}
+	return res, nil
+}
+
+// Nodes returns the replicated node metadata (id, raft_addr, api_addr), sorted by id.
+func (f *FSM) Nodes() []idemkv.NodeInfo {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return slices.Clone(f.nodes)
+}
+
+// backlogCap bounds the work of one Backlog call.
+const backlogCap = 1_000_000
+
+// Backlog reports the records past expires_at at max(now, Clock()) that are not swept
+// yet (counting stops at one million) and the earliest expiry among them.
+func (f *FSM) Backlog(now idemkv.Timestamp) (count int, oldest idemkv.Timestamp) {
+	count, oldest, err := f.st.Overdue(max(now, f.Clock()), backlogCap)
+	if err != nil {
+		f.logger.Error("reading the expiry backlog", logKeyErr, err)
+	}
+	return count, oldest
+}
+
+// StateHash digests all records and node metadata (not the applied index or clock):
+// replicas that applied the same entries have equal hashes.
+func (f *FSM) StateHash() ([32]byte, error) { return f.st.Hash() }
+
+// CheckExpiryIndex verifies that the expiry index matches the records one to one.
+func (f *FSM) CheckExpiryIndex() error { return f.st.CheckExpiryIndex() }
+
+// Close releases nothing: the store belongs to whoever opened it.
+func (f *FSM) Close() error { return nil }
+
+// Snapshot captures a Pebble snapshot; Persist does the I/O, off Raft's FSM goroutine.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	return &fsmSnapshot{st: f.st, snap: f.st.NewSnapshot(), logger: f.logger, index: f.AppliedIndex()}, nil
+}
+
+// Restore replaces the state with a snapshot stream written by Persist.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	restoreErr := f.st.Restore(rc)
+	// Reload even on failure: the store was wiped and the bookkeeping must say so.
+	if err := errors.Join(restoreErr, f.load()); err != nil {
+		return fmt.Errorf("fsm: restore: %w", err)
+	}
+	f.mu.Lock()
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
+	f.logger.Info("restored snapshot", logKeyIndex, f.AppliedIndex())
+	return nil
+}
+
+type fsmSnapshot struct {
+	st     *storage.Store
+	snap   *storage.Snapshot
+	logger *slog.Logger
+	index  uint64
+}
+
+// Persist syncs the store first: once Raft holds this snapshot it may truncate the log
+// entries it covers, and the store wrote them without sync.
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	start := time.Now()
+	err := s.st.Sync()
+	if err == nil {
+		_, err = s.snap.WriteTo(sink)
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("fsm: persist snapshot: %w", err), sink.Cancel())
+	}
+	if err := sink.Close(); err != nil {
+		return fmt.Errorf("fsm: persist snapshot: %w", err)
+	}
+	s.logger.Info("persisted snapshot", logKeyIndex, s.index, "took", time.Since(start))
+	return nil
+}
+
+func (s *fsmSnapshot) Release() {
+	if err := s.snap.Close(); err != nil {
+		s.logger.Error("releasing snapshot", logKeyErr, err)
+	}
+}

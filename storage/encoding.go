@@ -1,0 +1,318 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/idemkv/idemkv"
+)
+
+// Key layout. Tenants are [A-Za-z0-9._:-] and keys printable UTF-8, so neither holds a
+// 0x00 byte: the separator keeps (tenant, key) pairs in key order per tenant, and one
+// tenant's range never interleaves with another's.
+//
+//	r/<tenant>\x00<key>                          record
+//	x/<8-byte big-endian expires_at><tenant>\x00<key>  expiry index (empty value)
+//	m/applied                                    applied index + term (16 bytes)
+//	m/clock                                      state machine clock (8 bytes)
+//	n/<id>                                       replicated node metadata
+const (
+	prefixRecord = "r/"
+	prefixExpiry = "x/"
+	prefixNode   = "n/"
+)
+
+var (
+	keyApplied = []byte("m/applied")
+	keyClock   = []byte("m/clock")
+)
+
+func recordKey(tenant, key string) []byte {
+	b := make([]byte, 0, len(prefixRecord)+len(tenant)+1+len(key))
+	b = append(b, prefixRecord...)
+	b = append(b, tenant...)
+	b = append(b, 0)
+	return append(b, key...)
+}
+
+func parseRecordKey(k []byte) (tenant, key string, err error) {
+	rest := k[len(prefixRecord):]
+	for i, c := range rest {
+		if c == 0 {
+			return string(rest[:i]), string(rest[i+1:]), nil
+		}
+	}
+	return "", "", fmt.Errorf("%w: record key without separator", ErrCorrupt)
+}
+
+func expiryKey(at idemkv.Timestamp, tenant, key string) []byte {
+	b := make([]byte, 0, len(prefixExpiry)+8+len(tenant)+1+len(key))
+	b = append(b, prefixExpiry...)
+	b = binary.BigEndian.AppendUint64(b, uint64(at))
+	b = append(b, tenant...)
+	b = append(b, 0)
+	return append(b, key...)
+}
+
+// expiryBound is the first expiry key strictly after every entry expiring at or before
+// at. Expiry times are positive Unix milliseconds, so unsigned big-endian order is
+// time order.
+func expiryBound(at idemkv.Timestamp) []byte {
+	b := append([]byte(prefixExpiry), make([]byte, 8)...)
+	binary.BigEndian.PutUint64(b[len(prefixExpiry):], uint64(at)+1)
+	return b
+}
+
+func parseExpiryKey(k []byte) (ExpiryEntry, error) {
+	rest := k[len(prefixExpiry):]
+	if len(rest) < 8 {
+		return ExpiryEntry{}, fmt.Errorf("%w: short expiry key", ErrCorrupt)
+	}
+	at := idemkv.Timestamp(binary.BigEndian.Uint64(rest))
+	for i, c := range rest[8:] {
+		if c == 0 {
+			return ExpiryEntry{ExpiresAt: at, Tenant: string(rest[8 : 8+i]), Key: string(rest[9+i:])}, nil
+		}
+	}
+	return ExpiryEntry{}, fmt.Errorf("%w: expiry key without separator", ErrCorrupt)
+}
+
+func nodeKey(id string) []byte { return append([]byte(prefixNode), id...) }
+
+// prefixEnd returns the smallest key greater than every key starting with p.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] != 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
+}
+
+// recordVersion is the first byte of a stored record. expires_at follows at a fixed
+// offset so that maintaining the expiry index needs no full decode of the old value.
+const recordVersion = 1
+
+const (
+	flagReceipt = 1 << iota
+	flagError
+)
+
+var statusCodes = map[idemkv.Status]byte{idemkv.StatusPending: 1, idemkv.StatusCommitted: 2, idemkv.StatusFailed: 3}
+var statusByCode = [...]idemkv.Status{1: idemkv.StatusPending, 2: idemkv.StatusCommitted, 3: idemkv.StatusFailed}
+
+// encodeRecord is deterministic (replicas must hash equal states to equal bytes).
+// Tenant and key live in the Pebble key and are not repeated.
+func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
+	st, ok := statusCodes[r.Status]
+	if !ok {
+		return nil, fmt.Errorf("storage: cannot store status %q", r.Status)
+	}
+	dst = append(dst, recordVersion)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(r.ExpiresAt))
+	dst = append(dst, st)
+	dst = binary.AppendUvarint(dst, r.Fence)
+	dst = binary.AppendUvarint(dst, uint64(r.Attempts))
+	dst = binary.AppendVarint(dst, int64(r.CreatedAt))
+	dst = binary.AppendVarint(dst, int64(r.UpdatedAt))
+	dst = binary.AppendVarint(dst, int64(r.LeaseExpiresAt))
+	dst = appendString(dst, r.Fingerprint)
+	dst = appendString(dst, r.Tool)
+	dst = appendString(dst, r.Actor)
+	dst = appendString(dst, r.AttemptID)
+	var flags byte
+	if r.Receipt != nil {
+		flags |= flagReceipt
+	}
+	if r.Error != nil {
+		flags |= flagError
+	}
+	dst = append(dst, flags)
+	if rc := r.Receipt; rc != nil {
+		dst = appendString(dst, rc.RemoteSystem)
+		dst = appendString(dst, rc.RemoteID)
+		dst = appendString(dst, rc.RemoteURL)
+		dst = appendBytes(dst, rc.Result)
+		dst = binary.AppendVarint(dst, int64(rc.CommittedAt))
+	}
+	if e := r.Error; e != nil {
+		dst = appendString(dst, e.Code)
+		dst = appendString(dst, e.Message)
+		dst = appendBytes(dst, e.Details)
+	}
+	return dst, nil
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+func appendBytes(dst, b []byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(b)))
+	return append(dst, b...)
+}
+
+// ErrCorrupt is wrapped by every error about bytes on disk or in a snapshot stream that
+// do not parse. It wraps idemkv.ErrInternal: no client can cause it.
+var ErrCorrupt = fmt.Errorf("%w: storage corrupt", idemkv.ErrInternal)
+
+// storedExpiry reads expires_at from an encoded record without decoding the rest.
+func storedExpiry(v []byte) (idemkv.Timestamp, error) {
+	if len(v) < 9 || v[0] != recordVersion {
+		return 0, fmt.Errorf("%w: bad record header", ErrCorrupt)
+	}
+	return idemkv.Timestamp(binary.BigEndian.Uint64(v[1:9])), nil
+}
+
+func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
+	at, err := storedExpiry(v)
+	if err != nil {
+		return nil, err
+	}
+	d := decoder{b: v[9:]}
+	r := &idemkv.Record{Tenant: tenant, Key: key, ExpiresAt: at}
+	st := d.byte()
+	if int(st) >= len(statusByCode) || statusByCode[st] == "" {
+		d.fail()
+	}
+	if d.err == nil {
+		r.Status = statusByCode[st]
+	}
+	r.Fence = d.uvarint()
+	attempts := d.uvarint()
+	if attempts > 1<<32-1 {
+		d.fail()
+	}
+	r.Attempts = uint32(attempts)
+	r.CreatedAt = idemkv.Timestamp(d.varint())
+	r.UpdatedAt = idemkv.Timestamp(d.varint())
+	r.LeaseExpiresAt = idemkv.Timestamp(d.varint())
+	r.Fingerprint = d.string()
+	r.Tool = d.string()
+	r.Actor = d.string()
+	r.AttemptID = d.string()
+	flags := d.byte()
+	if flags&flagReceipt != 0 {
+		rc := &idemkv.StoredReceipt{}
+		rc.RemoteSystem = d.string()
+		rc.RemoteID = d.string()
+		rc.RemoteURL = d.string()
+		rc.Result = d.bytes()
+		rc.CommittedAt = idemkv.Timestamp(d.varint())
+		r.Receipt = rc
+	}
+	if flags&flagError != 0 {
+		e := &idemkv.ErrorInfo{}
+		e.Code = d.string()
+		e.Message = d.string()
+		e.Details = d.bytes()
+		r.Error = e
+	}
+	if d.err == nil && (len(d.b) != 0 || flags&^(flagReceipt|flagError) != 0) {
+		d.fail()
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("%w: record %q/%q", d.err, tenant, key)
+	}
+	return r, nil
+}
+
+func encodeNode(n idemkv.NodeInfo) []byte {
+	b := []byte{recordVersion}
+	b = appendString(b, n.RaftAddr)
+	return appendString(b, n.APIAddr)
+}
+
+func decodeNode(id string, v []byte) (idemkv.NodeInfo, error) {
+	if len(v) == 0 || v[0] != recordVersion {
+		return idemkv.NodeInfo{}, fmt.Errorf("%w: bad node header", ErrCorrupt)
+	}
+	d := decoder{b: v[1:]}
+	n := idemkv.NodeInfo{ID: id, RaftAddr: d.string(), APIAddr: d.string()}
+	if d.err == nil && len(d.b) != 0 {
+		d.fail()
+	}
+	if d.err != nil {
+		return idemkv.NodeInfo{}, fmt.Errorf("%w: node %q", d.err, id)
+	}
+	return n, nil
+}
+
+// decoder reads fields front to back; the first error sticks and turns later reads
+// into zero values.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+var errTruncated = errors.New("truncated")
+
+func (d *decoder) fail() {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: %v", ErrCorrupt, errTruncated)
+	}
+}
+
+func (d *decoder) byte() byte {
+	if d.err != nil || len(d.b) == 0 {
+		d.fail()
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail()
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) raw() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.fail()
+		return nil
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) string() string { return string(d.raw()) }
+
+func (d *decoder) bytes() []byte {
+	v := d.raw()
+	if len(v) == 0 {
+		return nil
+	}
+	return append([]byte(nil), v...)
+}

@@ -1,0 +1,461 @@
+// Package storage keeps idemkv's replicated state in Pebble: records, their expiry
+// index, node metadata and the state machine's bookkeeping (applied index, clock).
+//
+// It only stores and retrieves; it never decides. Every rule about what a record may
+// become lives in package fsm. Writes go through a Batch, which keeps a record and its
+// expiry index entry in step, so that no caller can update one without the other.
+package storage
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/idemkv/idemkv"
+)
+
+// Store is an open Pebble database holding idemkv state. Reads are safe from any
+// goroutine; writes go through one Batch at a time (the state machine's).
+type Store struct {
+	db     *pebble.DB
+	logger *slog.Logger
+}
+
+// Log attribute keys.
+const (
+	logKeyDir   = "dir"
+	logKeyKeys  = "keys"
+	logKeyBytes = "bytes"
+	logKeyErr   = "err"
+)
+
+// Open opens (creating if needed) the database in dir.
+func Open(dir string, logger *slog.Logger) (*Store, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	logger = logger.With("component", "storage")
+	// A small cache is enough: the working set is recent records, mostly still in
+	// the memtable, and idemkv shares the machine with Raft's log.
+	cache := pebble.NewCache(32 << 20)
+	defer cache.Unref()
+	opts := &pebble.Options{
+		Cache: cache,
+		// Bigger memtables absorb bursts of reserve/commit pairs that overwrite the
+		// same keys, so fewer versions ever reach L0.
+		MemTableSize:                64 << 20,
+		MemTableStopWritesThreshold: 4,
+		FormatMajorVersion:          pebble.FormatNewest,
+		Logger:                      pebbleLogger{logger},
+	}
+	for i := range opts.Levels {
+		// Point lookups of records dominate (every command reads its record first),
+		// and most reserves look up keys that do not exist yet: bloom filters turn
+		// those misses into no disk reads.
+		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("storage: open %s: %w", dir, err)
+	}
+	logger.Debug("opened", logKeyDir, dir)
+	return &Store{db: db, logger: logger}, nil
+}
+
+// Close closes the database. Writes committed without sync that were not made durable
+// by Sync may be lost by a crash, never by Close.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("storage: close: %w", err)
+	}
+	return nil
+}
+
+// Sync makes every write committed so far durable. The state machine commits with
+// NoSync because Raft's log is the durable copy; before a snapshot lets Raft truncate
+// that log, the state it covers must be on disk.
+func (s *Store) Sync() error {
+	if err := s.db.LogData(nil, pebble.Sync); err != nil {
+		return fmt.Errorf("storage: sync: %w", err)
+	}
+	return nil
+}
+
+// Record returns the stored record of (tenant, key), or nil if there is none. Expiry
+// is not applied here: deciding what an expired record means is the caller's business.
+func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
+	return getRecord(s.db, tenant, key)
+}
+
+// ScanRecords calls fn for the records of tenant whose key starts with prefix and is
+// greater than after, in key order, until fn returns false or an error.
+func (s *Store) ScanRecords(tenant, prefix, after string, fn func(*idemkv.Record) (bool, error)) error {
+	lower := recordKey(tenant, prefix)
+	if after != "" {
+		// Keys hold no 0x00, so after+"\x00" is the first key greater than after.
+		if k := recordKey(tenant, after+"\x00"); bytes.Compare(k, lower) > 0 {
+			lower = k
+		}
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(recordKey(tenant, prefix))})
+	if err != nil {
+		return fmt.Errorf("storage: scan: %w", err)
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		t, k, err := parseRecordKey(it.Key())
+		if err != nil {
+			return err
+		}
+		rec, err := decodeRecord(t, k, it.Value())
+		if err != nil {
+			return err
+		}
+		more, err := fn(rec)
+		if err != nil || !more {
+			return err
+		}
+	}
+	return it.Error()
+}
+
+// Applied returns the last log index (and its term) whose effects are stored.
+func (s *Store) Applied() (index, term uint64, err error) {
+	v, err := getValue(s.db, keyApplied)
+	if err != nil || v == nil {
+		return 0, 0, err
+	}
+	if len(v) != 16 {
+		return 0, 0, fmt.Errorf("%w: applied index is %d bytes", ErrCorrupt, len(v))
+	}
+	return binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:]), nil
+}
+
+// Clock returns the stored state machine clock.
+func (s *Store) Clock() (idemkv.Timestamp, error) {
+	v, err := getValue(s.db, keyClock)
+	if err != nil || v == nil {
+		return 0, err
+	}
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: clock is %d bytes", ErrCorrupt, len(v))
+	}
+	return idemkv.Timestamp(binary.BigEndian.Uint64(v)), nil
+}
+
+// Nodes returns the replicated node metadata, sorted by id.
+func (s *Store) Nodes() ([]idemkv.NodeInfo, error) {
+	it, err := s.db.NewIter(prefixIter(prefixNode))
+	if err != nil {
+		return nil, fmt.Errorf("storage: nodes: %w", err)
+	}
+	defer it.Close()
+	var nodes []idemkv.NodeInfo
+	for it.First(); it.Valid(); it.Next() {
+		n, err := decodeNode(string(it.Key()[len(prefixNode):]), it.Value())
+		if err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, it.Error()
+}
+
+// ExpiryEntry is one entry of the expiry index.
+type ExpiryEntry struct {
+	ExpiresAt idemkv.Timestamp
+	Tenant    string
+	Key       string
+}
+
+// Overdue counts expiry index entries at or before now, stopping at limit, and
+// returns the earliest expiry among them (0 if none). Its cost is O(min(overdue,
+// limit)), never a scan of all records.
+func (s *Store) Overdue(now idemkv.Timestamp, limit int) (count int, oldest idemkv.Timestamp, err error) {
+	err = scanExpired(s.db, now, limit, func(e ExpiryEntry) {
+		if count == 0 {
+			oldest = e.ExpiresAt
+		}
+		count++
+	})
+	return count, oldest, err
+}
+
+// Hash digests every record and node entry, in key order. Bookkeeping (applied index,
+// clock) and the derived expiry index are left out, so replicas that applied the same
+// commands hash equal whatever their snapshot history.
+func (s *Store) Hash() ([32]byte, error) {
+	h := sha256.New()
+	var lenBuf [binary.MaxVarintLen64]byte
+	for _, p := range []string{prefixNode, prefixRecord} {
+		it, err := s.db.NewIter(prefixIter(p))
+		if err != nil {
+			return [32]byte{}, fmt.Errorf("storage: hash: %w", err)
+		}
+		for it.First(); it.Valid(); it.Next() {
+			for _, b := range [][]byte{it.Key(), it.Value()} {
+				h.Write(lenBuf[:binary.PutUvarint(lenBuf[:], uint64(len(b)))])
+				h.Write(b)
+			}
+		}
+		if err := errors.Join(it.Error(), it.Close()); err != nil {
+			return [32]byte{}, fmt.Errorf("storage: hash: %w", err)
+		}
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
+// CheckExpiryIndex verifies that the expiry index holds exactly one entry per record,
+// at the record's expires_at. Tests of every layer use it to prove the index is kept
+// in step with the records through batches, sweeps, snapshots and restores.
+func (s *Store) CheckExpiryIndex() error {
+	snap := s.db.NewSnapshot()
+	defer snap.Close()
+	records := 0
+	it, err := snap.NewIter(prefixIter(prefixRecord))
+	if err != nil {
+		return err
+	}
+	for it.First(); it.Valid(); it.Next() {
+		records++
+		t, k, err := parseRecordKey(it.Key())
+		if err != nil {
+			it.Close()
+			return err
+		}
+		at, err := storedExpiry(it.Value())
+		if err != nil {
+			it.Close()
+			return err
+		}
+		v, err := getValue(snap, expiryKey(at, t, k))
+		if err != nil {
+			it.Close()
+			return err
+		}
+		if v == nil {
+			it.Close()
+			return fmt.Errorf("%w: record %q/%q expiring at %s has no index entry", ErrCorrupt, t, k, at)
+		}
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	entries := 0
+	it, err = snap.NewIter(prefixIter(prefixExpiry))
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		entries++
+		e, err := parseExpiryKey(it.Key())
+		if err != nil {
+			return err
+		}
+		rec, err := getRecord(snap, e.Tenant, e.Key)
+		if err != nil {
+			return err
+		}
+		if rec == nil || rec.ExpiresAt != e.ExpiresAt {
+			return fmt.Errorf("%w: index entry %q/%q at %s has no matching record", ErrCorrupt, e.Tenant, e.Key, e.ExpiresAt)
+		}
+	}
+	if err := it.Error(); err != nil {
+		return err
+	}
+	if records != entries {
+		return fmt.Errorf("%w: %d records but %d expiry entries", ErrCorrupt, records, entries)
+	}
+	return nil
+}
+
+// Batch is an atomic group of writes whose reads see its own earlier writes, so that
+// later log entries of one Raft batch observe earlier ones.
+type Batch struct {
+	b   *pebble.Batch
+	buf []byte
+}
+
+// NewBatch starts a batch. Exactly one of Commit or Close must follow (Close after
+// Commit is allowed).
+func (s *Store) NewBatch() *Batch { return &Batch{b: s.db.NewIndexedBatch()} }
+
+// Record returns the record of (tenant, key) as the batch sees it, or nil.
+func (b *Batch) Record(tenant, key string) (*idemkv.Record, error) {
+	return getRecord(b.b, tenant, key)
+}
+
+// PutRecord stores rec and moves its expiry index entry along with it.
+func (b *Batch) PutRecord(rec *idemkv.Record) error {
+	k := recordKey(rec.Tenant, rec.Key)
+	old, err := getValue(b.b, k)
+	if err != nil {
+		return err
+	}
+	if old != nil {
+		at, err := storedExpiry(old)
+		if err != nil {
+			return err
+		}
+		if at == rec.ExpiresAt {
+			old = nil // index entry already right
+		} else if err := b.b.Delete(expiryKey(at, rec.Tenant, rec.Key), nil); err != nil {
+			return err
+		}
+	}
+	b.buf, err = encodeRecord(b.buf[:0], rec)
+	if err != nil {
+		return err
+	}
+	if err := b.b.Set(k, b.buf, nil); err != nil {
+		return err
+	}
+	return b.b.Set(expiryKey(rec.ExpiresAt, rec.Tenant, rec.Key), nil, nil)
+}
+
+// DeleteRecord removes the record of (tenant, key) and its expiry index entry. It
+// reports whether there was a record.
+func (b *Batch) DeleteRecord(tenant, key string) (bool, error) {
+	k := recordKey(tenant, key)
+	old, err := getValue(b.b, k)
+	if err != nil || old == nil {
+		return false, err
+	}
+	at, err := storedExpiry(old)
+	if err != nil {
+		return false, err
+	}
+	if err := b.b.Delete(expiryKey(at, tenant, key), nil); err != nil {
+		return false, err
+	}
+	return true, b.b.Delete(k, nil)
+}
+
+// Expired returns up to limit expiry index entries at or before now, earliest first.
+func (b *Batch) Expired(now idemkv.Timestamp, limit int) ([]ExpiryEntry, error) {
+	var out []ExpiryEntry
+	err := scanExpired(b.b, now, limit, func(e ExpiryEntry) { out = append(out, e) })
+	return out, err
+}
+
+// DeleteExpiry removes one index entry without touching records: for an entry that
+// no longer matches its record, which only a bug could produce.
+func (b *Batch) DeleteExpiry(e ExpiryEntry) error {
+	return b.b.Delete(expiryKey(e.ExpiresAt, e.Tenant, e.Key), nil)
+}
+
+// SetApplied records that every log entry up to index is reflected in the store.
+// Written in the same batch as the entries' effects, it can never run ahead of them.
+func (b *Batch) SetApplied(index, term uint64) error {
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:], index)
+	binary.BigEndian.PutUint64(v[8:], term)
+	return b.b.Set(keyApplied, v[:], nil)
+}
+
+// SetClock stores the state machine clock.
+func (b *Batch) SetClock(ts idemkv.Timestamp) error {
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(ts))
+	return b.b.Set(keyClock, v[:], nil)
+}
+
+// PutNode upserts the metadata of n.ID (suffrage and state are not stored).
+func (b *Batch) PutNode(n idemkv.NodeInfo) error {
+	return b.b.Set(nodeKey(n.ID), encodeNode(n), nil)
+}
+
+// DeleteNode removes the metadata of id.
+func (b *Batch) DeleteNode(id string) error { return b.b.Delete(nodeKey(id), nil) }
+
+// Commit writes the batch atomically without syncing (see Store.Sync) and releases it.
+func (b *Batch) Commit() error {
+	if err := b.b.Commit(pebble.NoSync); err != nil {
+		return fmt.Errorf("storage: commit: %w", err)
+	}
+	return b.Close()
+}
+
+// Close discards the batch if it was not committed.
+func (b *Batch) Close() error {
+	if b.b == nil {
+		return nil
+	}
+	err := b.b.Close()
+	b.b = nil
+	return err
+}
+
+func prefixIter(p string) *pebble.IterOptions {
+	return &pebble.IterOptions{LowerBound: []byte(p), UpperBound: prefixEnd([]byte(p))}
+}
+
+// getValue returns a copy of the value at k, or nil if absent.
+func getValue(r pebble.Reader, k []byte) ([]byte, error) {
+	v, closer, err := r.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: get: %w", err)
+	}
+	out := slices.Clone(v)
+	if out == nil {
+		out = []byte{}
+	}
+	return out, closer.Close()
+}
+
+func getRecord(r pebble.Reader, tenant, key string) (*idemkv.Record, error) {
+	v, err := getValue(r, recordKey(tenant, key))
+	if err != nil || v == nil {
+		return nil, err
+	}
+	return decodeRecord(tenant, key, v)
+}
+
+func scanExpired(r pebble.Reader, now idemkv.Timestamp, limit int, fn func(ExpiryEntry)) error {
+	if limit <= 0 {
+		return nil
+	}
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte(prefixExpiry), UpperBound: expiryBound(now)})
+	if err != nil {
+		return fmt.Errorf("storage: expiry scan: %w", err)
+	}
+	defer it.Close()
+	n := 0
+	for it.First(); it.Valid() && n < limit; it.Next() {
+		e, err := parseExpiryKey(it.Key())
+		if err != nil {
+			return err
+		}
+		fn(e)
+		n++
+	}
+	return it.Error()
+}
+
+// pebbleLogger routes Pebble's printf-style logging into slog.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) { p.l.Debug(fmt.Sprintf(format, args...)) }
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...))
+}
+
+// Fatalf must not return (Pebble's contract): Pebble calls it only when continuing
+// would corrupt data.
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg)
+	panic("pebble: " + msg)
+}
