@@ -1,0 +1,167 @@
+// Package api is idemkv's HTTP/JSON server (SPEC section 2): it decodes and validates
+// requests, hands them to a Store, writes the answers and errors in their wire shapes,
+// and forwards writes and linearizable reads that reach a follower to the leader.
+//
+// It never decides anything about a record: the decision table lives in the state
+// machine, behind the Store. It must not import Raft, Pebble or the node package; the
+// node satisfies the Store interface declared here.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/metrics"
+)
+
+// Store is what the API needs from a node. Its methods validate their requests
+// themselves and return errors wrapping the sentinels of the root package; a write or
+// a linearizable read that reaches a follower fails with idemkv.ErrNotLeader.
+type Store interface {
+	Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
+	Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error)
+	Fail(ctx context.Context, req *idemkv.FailRequest) (*idemkv.Record, error)
+	Release(ctx context.Context, req *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
+	Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*idemkv.Record, error)
+	// Get handles Wait (the long-poll) itself.
+	Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error)
+	List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error)
+	Cluster(ctx context.Context) (*idemkv.ClusterInfo, error)
+	Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
+	Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
+	// Leader returns the API address of the current leader ("" if unknown) and whether
+	// this node is it.
+	Leader() (apiAddr string, isLeader bool)
+	// Ready reports nil when a leader is known and this node has caught up.
+	Ready() error
+}
+
+// Headers idemkv adds to HTTP traffic.
+const (
+	// HeaderLeader carries the API address of the leader on every answer, so that
+	// clients can go straight to it.
+	HeaderLeader = "Idemkv-Leader"
+	// HeaderForwarded marks a request a follower forwarded to the leader. A node that
+	// is not the leader answers such a request with unavailable instead of forwarding it
+	// again, so that two nodes with different ideas of the leader cannot loop.
+	HeaderForwarded = "Idemkv-Forwarded"
+)
+
+// DefaultForwardTimeout bounds a forwarded request, on top of the wait of a long-poll.
+// It stays below the margin NewHTTPServer leaves in WriteTimeout, so that a follower
+// answers a slow forward itself before its own connection is cut.
+const DefaultForwardTimeout = 20 * time.Second
+
+// Config configures a Server. Zero fields take defaults; Store is required.
+type Config struct {
+	Store  Store
+	Logger *slog.Logger // default: discard
+	// Metrics default to a fresh set on their own registry.
+	Metrics *metrics.Metrics
+	Limits  idemkv.Limits
+	// Forward carries requests to the leader. Default: a client with dial and
+	// handshake timeouts, no proxy from the environment and no overall timeout (each
+	// forward gets a deadline of its own). Redirects are never followed.
+	Forward *http.Client
+	// ForwardScheme is the scheme of the leader's API address ("http" by default).
+	ForwardScheme string
+	// ForwardTimeout bounds a forwarded request beyond its long-poll wait
+	// (DefaultForwardTimeout by default).
+	ForwardTimeout time.Duration
+	// Middleware, when set, wraps the whole handler (tracing, authentication).
+	Middleware func(http.Handler) http.Handler
+}
+
+// Server serves the API of one node.
+type Server struct {
+	store          Store
+	log            *slog.Logger
+	metrics        *metrics.Metrics
+	limits         idemkv.Limits
+	forward        *http.Client
+	scheme         string
+	forwardTimeout time.Duration
+	mux            *http.ServeMux
+	handler        http.Handler
+}
+
+// New returns a Server for cfg. It panics if cfg.Store is nil: that is a wiring bug.
+func New(cfg Config) *Server {
+	if cfg.Store == nil {
+		panic("api: Config.Store is required")
+	}
+	s := &Server{
+		store:          cfg.Store,
+		log:            cfg.Logger,
+		metrics:        cfg.Metrics,
+		limits:         cfg.Limits.WithDefaults(),
+		scheme:         cfg.ForwardScheme,
+		forwardTimeout: cfg.ForwardTimeout,
+		mux:            http.NewServeMux(),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.metrics == nil {
+		s.metrics = metrics.New()
+	}
+	if s.scheme == "" {
+		s.scheme = "http"
+	}
+	if s.forwardTimeout <= 0 {
+		s.forwardTimeout = DefaultForwardTimeout
+	}
+	fwd := defaultForwardClient()
+	if cfg.Forward != nil {
+		c := *cfg.Forward
+		fwd = &c
+	}
+	// A redirect from the leader is relayed to the caller, not followed with a body
+	// that may already be spent.
+	fwd.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	s.forward = fwd
+	s.routes()
+	var h http.Handler = http.HandlerFunc(s.serve)
+	if cfg.Middleware != nil {
+		h = cfg.Middleware(h)
+	}
+	s.handler = h
+	return s
+}
+
+// Handler returns the handler of every endpoint.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+func defaultForwardClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		// Node-to-node traffic must not go through a proxy configured for the outside.
+		Proxy: nil,
+		DialContext: (&net.Dialer{
+			Timeout:   5 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		MaxIdleConns:          100,
+		MaxIdleConnsPerHost:   32,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}}
+}
+
+// NewHTTPServer returns an *http.Server for h with timeouts that bound slow clients
+// while still letting the longest long-poll (idemkv.MaxWait) finish.
+func NewHTTPServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      idemkv.MaxWait + 30*time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+	}
+}

@@ -1,0 +1,222 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemkv/idemkv"
+)
+
+// Bounds of cluster membership requests; the root package has no validation for them.
+const (
+	maxNodeIDLen = 128
+	maxAddrLen   = 256
+)
+
+func (s *Server) routes() {
+	s.handle("POST /v1/reserve", leaderWrite(s, func(q *idemkv.ReserveRequest) error {
+		// The node validates again against the time the leader stamps on the command;
+		// this early check only spares a round trip for requests that cannot succeed.
+		return q.Validate(s.limits, idemkv.TimestampOf(time.Now()))
+	}, s.store.Reserve, s.countDecision))
+	s.handle("POST /v1/commit", leaderWrite(s, func(q *idemkv.CommitRequest) error {
+		return q.Validate(s.limits)
+	}, s.store.Commit, nil))
+	s.handle("POST /v1/fail", leaderWrite(s, func(q *idemkv.FailRequest) error {
+		return q.Validate(s.limits)
+	}, s.store.Fail, nil))
+	s.handle("POST /v1/release", leaderWrite(s, (*idemkv.ReleaseRequest).Validate, s.store.Release, nil))
+	s.handle("POST /v1/heartbeat", leaderWrite(s, func(q *idemkv.HeartbeatRequest) error {
+		return q.Validate(s.limits)
+	}, s.store.Heartbeat, nil))
+	s.handle("GET /v1/records/{tenant}/{key...}", http.HandlerFunc(s.get))
+	s.handle("GET /v1/records/{tenant}", http.HandlerFunc(s.list))
+	s.handle("GET /v1/cluster", http.HandlerFunc(s.cluster))
+	s.handle("POST /v1/cluster/join", leaderWrite(s, validJoin, s.store.Join, nil))
+	s.handle("POST /v1/cluster/remove", leaderWrite(s, validRemove, s.store.Remove, nil))
+	s.handle("GET /healthz", http.HandlerFunc(s.healthz))
+	s.handle("GET /readyz", http.HandlerFunc(s.readyz))
+	s.handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
+}
+
+// handle registers h for pattern, timed under the pattern so that the endpoint label
+// never carries a tenant or a key.
+func (s *Server) handle(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r)
+		s.metrics.Requests.WithLabelValues(pattern, strconv.Itoa(sw.status())).Observe(time.Since(start).Seconds())
+	}))
+}
+
+// serve is the entry point of every request.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if addr, _ := s.store.Leader(); addr != "" {
+		w.Header().Set(HeaderLeader, addr)
+	}
+	if _, pattern := s.mux.Handler(r); pattern == "" {
+		s.unmatched(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// leaderWrite serves a POST whose JSON body is a Q, executed on the leader: it decodes
+// and validates the body, forwards it when this node is not the leader, and otherwise
+// calls the store. served, when set, sees every answer this node produced itself.
+func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
+	call func(context.Context, *Q) (*A, error), served func(*Q, *A)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req Q
+		body, err := s.decode(w, r, &req)
+		if err == nil {
+			err = validate(&req)
+		}
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if s.forwardIfFollower(w, r, body, 0) {
+			return
+		}
+		res, err := call(r.Context(), &req)
+		if errors.Is(err, idemkv.ErrNotLeader) {
+			s.forwardToLeader(w, r, body, 0)
+			return
+		}
+		if err == nil && res == nil {
+			err = fmt.Errorf("api: the store answered %s with neither a result nor an error", r.URL.Path)
+		}
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if served != nil {
+			served(&req, res)
+		}
+		s.writeJSON(w, r, http.StatusOK, res)
+	})
+}
+
+func (s *Server) countDecision(req *idemkv.ReserveRequest, res *idemkv.ReserveResult) {
+	s.metrics.Decisions.WithLabelValues(req.Tool, string(res.Decision)).Inc()
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	// PathValue has already unescaped the key once; unescaping again would turn a key
+	// that contains "%2F" literally into another key.
+	req := idemkv.GetRequest{Tenant: r.PathValue("tenant"), Key: r.PathValue("key")}
+	q, err := parseQuery(r)
+	if err == nil {
+		req.Consistency = idemkv.Consistency(q.Get("consistency"))
+		req.Wait, err = waitParam(q)
+	}
+	if err == nil {
+		err = req.Validate()
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	linearizable := req.Consistency == idemkv.Linearizable
+	if linearizable && s.forwardIfFollower(w, r, nil, req.Wait) {
+		return
+	}
+	rec, err := s.store.Get(r.Context(), &req)
+	if linearizable && errors.Is(err, idemkv.ErrNotLeader) {
+		s.forwardToLeader(w, r, nil, req.Wait)
+		return
+	}
+	answer(s, w, r, rec, err)
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	req := idemkv.ListRequest{Tenant: r.PathValue("tenant")}
+	q, err := parseQuery(r)
+	if err == nil {
+		req.Prefix = q.Get("prefix")
+		req.After = q.Get("after")
+		req.Status = idemkv.Status(q.Get("status"))
+		req.Limit, err = limitParam(q)
+	}
+	if err == nil {
+		err = req.Validate()
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	// ListRequest has no consistency: a list is a linearizable read, served by the leader.
+	if s.forwardIfFollower(w, r, nil, 0) {
+		return
+	}
+	res, err := s.store.List(r.Context(), &req)
+	if errors.Is(err, idemkv.ErrNotLeader) {
+		s.forwardToLeader(w, r, nil, 0)
+		return
+	}
+	if err == nil && res != nil && res.Records == nil {
+		// An empty page is [] on the wire, never null.
+		res.Records = []*idemkv.Record{}
+	}
+	answer(s, w, r, res, err)
+}
+
+func (s *Server) cluster(w http.ResponseWriter, r *http.Request) {
+	info, err := s.store.Cluster(r.Context())
+	answer(s, w, r, info, err)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	s.writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.store.Ready(); err != nil {
+		if idemkv.CodeOf(err) == idemkv.CodeInternal {
+			// Not being ready is the expected answer of a node that is catching up, not an
+			// internal failure.
+			err = idemkv.Errorf(idemkv.ErrUnavailable, "not ready: %v", err)
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, r, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func validJoin(r *idemkv.JoinRequest) error {
+	if err := validNodeID(r.ID); err != nil {
+		return err
+	}
+	if err := validAddr("raft_addr", r.RaftAddr); err != nil {
+		return err
+	}
+	return validAddr("api_addr", r.APIAddr)
+}
+
+func validRemove(r *idemkv.RemoveRequest) error { return validNodeID(r.ID) }
+
+func validNodeID(id string) error {
+	if id == "" || len(id) > maxNodeIDLen {
+		return idemkv.Invalid("id", "id must be 1-%d bytes", maxNodeIDLen)
+	}
+	return nil
+}
+
+func validAddr(field, addr string) error {
+	if addr == "" || len(addr) > maxAddrLen {
+		return idemkv.Invalid(field, "%s must be host:port, at most %d bytes", field, maxAddrLen)
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return idemkv.Invalid(field, "%s must be host:port", field)
+	}
+	return nil
+}

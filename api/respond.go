@@ -1,0 +1,176 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/idemkv/idemkv"
+)
+
+// Log keys.
+const (
+	logKeyErr    = "err"
+	logKeyMethod = "method"
+	logKeyPath   = "path"
+	logKeyCode   = "code"
+	logKeyLeader = "leader"
+)
+
+// errorBody is the wire shape of every error: {"error":{"code","message","field"}}.
+type errorBody struct {
+	Error *idemkv.Error `json:"error"`
+}
+
+// answer writes v, or err when the store failed. A store that returns neither is a bug
+// that must not reach the wire as "null".
+func answer[T any](s *Server, w http.ResponseWriter, r *http.Request, v *T, err error) {
+	if err == nil && v == nil {
+		err = fmt.Errorf("api: the store answered %s with neither a result nor an error", r.URL.Path)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.writeJSON(w, r, http.StatusOK, v)
+}
+
+func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
+	// Marshal before writing anything, so that a value that cannot be encoded becomes a
+	// clean 500 instead of half a body behind a 200.
+	b, err := json.Marshal(v)
+	if err != nil {
+		s.writeError(w, r, fmt.Errorf("api: encoding the answer: %w", err))
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	// Answers about idempotency keys change with every write: a cache must never
+	// replay one.
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	if _, err := w.Write(append(b, '\n')); err != nil {
+		s.log.LogAttrs(r.Context(), slog.LevelDebug, "writing the answer failed",
+			slog.String(logKeyPath, r.URL.Path), slog.Any(logKeyErr, err))
+	}
+}
+
+// writeError writes err with the status of its wire code. Errors that wrap no sentinel
+// are logged and leave the node as a generic internal error.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if idemkv.CodeOf(err) == idemkv.CodeInternal &&
+		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		// The outcome of a write cut short is unknown, and every write is safe to retry:
+		// that is what unavailable tells the caller.
+		err = fmt.Errorf("%w: the request was cancelled or timed out before its outcome was known (%v)",
+			idemkv.ErrUnavailable, err)
+	}
+	e := idemkv.AsError(err)
+	status := idemkv.HTTPStatus(e.Code)
+	level := slog.LevelDebug
+	switch {
+	case e.Code == idemkv.CodeInternal:
+		level = slog.LevelError
+	case status >= http.StatusInternalServerError:
+		level = slog.LevelInfo
+	}
+	s.log.LogAttrs(r.Context(), level, "request failed",
+		slog.String(logKeyMethod, r.Method), slog.String(logKeyPath, r.URL.Path),
+		slog.String(logKeyCode, e.Code), slog.Any(logKeyErr, err))
+	s.writeErrorStatus(w, r, status, e)
+}
+
+// writeErrorStatus is the one place an error body is written. Only a route that exists
+// for other methods (405) uses a status other than that of the code.
+func (s *Server) writeErrorStatus(w http.ResponseWriter, r *http.Request, status int, e *idemkv.Error) {
+	s.writeJSON(w, r, status, errorBody{Error: e})
+}
+
+// unmatched answers a request no route takes, in the error shape of the API rather
+// than the mux's plain text.
+func (s *Server) unmatched(w http.ResponseWriter, r *http.Request) {
+	rec := &recorder{header: http.Header{}}
+	s.mux.ServeHTTP(rec, r)
+	switch rec.code {
+	case http.StatusNotFound:
+		s.writeError(w, r, idemkv.Errorf(idemkv.ErrNotFound, "no endpoint %s %s", r.Method, r.URL.Path))
+	case http.StatusMethodNotAllowed:
+		allow := rec.header.Get("Allow")
+		w.Header().Set("Allow", allow)
+		s.writeErrorStatus(w, r, http.StatusMethodNotAllowed, &idemkv.Error{
+			Code:    idemkv.CodeInvalidArgument,
+			Message: fmt.Sprintf("%s is not allowed on %s; use %s", r.Method, r.URL.Path, strings.TrimSpace(allow)),
+		})
+	default:
+		// The mux's own redirects (a path to clean) pass through unchanged.
+		for k, vv := range rec.header {
+			w.Header()[k] = vv
+		}
+		w.WriteHeader(rec.code)
+		_, _ = w.Write(rec.body.Bytes())
+	}
+}
+
+// recorder keeps what the mux answers to an unmatched request.
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	return r.body.Write(b)
+}
+
+// statusWriter remembers the status a handler wrote, for the request metric.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Flush keeps streaming handlers (promhttp) able to flush through the wrapper.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) status() int {
+	if w.code == 0 {
+		return http.StatusOK
+	}
+	return w.code
+}
