@@ -1,0 +1,153 @@
+// Package fingerprint computes effect fingerprints (SPEC section 5):
+// "sha256:" + hex(sha256(JCS(effect))), where JCS is the RFC 8785 JSON
+// Canonicalization Scheme.
+//
+// The server (for the effect field of a reserve) and every client use this one
+// implementation, and testdata/vectors.json pins its bytes so that clients in other
+// languages can prove they agree. It must stay standard-library only: the server and
+// the light client both import it.
+package fingerprint
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Prefix starts every fingerprint this package computes.
+const Prefix = "sha256:"
+
+// ErrInvalid is wrapped by every error about input that is not I-JSON: malformed
+// JSON, invalid UTF-8, lone surrogates, duplicate member names, numbers outside the
+// range of an IEEE 754 double, nesting deeper than MaxDepth.
+var ErrInvalid = errors.New("fingerprint: invalid JSON")
+
+// ErrBadPath is wrapped by errors about a drop path that cannot name a field.
+var ErrBadPath = errors.New("fingerprint: invalid drop path")
+
+// MaxDepth bounds the nesting of arrays and objects. An effect is a handful of
+// business fields; the bound keeps a hostile input from exhausting the stack.
+const MaxDepth = 1000
+
+// SyntaxError locates why input was rejected.
+type SyntaxError struct {
+	Offset int // byte offset in the input
+	Msg    string
+}
+
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("fingerprint: invalid JSON at byte %d: %s", e.Offset, e.Msg)
+}
+
+func (e *SyntaxError) Unwrap() error { return ErrInvalid }
+
+// Canonicalize returns the RFC 8785 canonical form of one JSON value: no
+// insignificant whitespace, object members sorted by the UTF-16 code units of their
+// names, strings with minimal escaping, numbers in the ECMAScript shortest form.
+func Canonicalize(data []byte) ([]byte, error) {
+	v, err := parse(data)
+	if err != nil {
+		return nil, err
+	}
+	return v.appendTo(make([]byte, 0, len(data))), nil
+}
+
+// CanonicalizeWithout is Canonicalize after removing the fields that drop names.
+//
+// A path is dot-separated member names from the top-level object; "*" stands for any
+// member of an object or any element of an array ("items.*.trace_id"). Paths that
+// match nothing are ignored, since volatile fields are often optional. A member
+// whose name contains "." cannot be named.
+func CanonicalizeWithout(data []byte, drop ...string) ([]byte, error) {
+	paths, err := splitPaths(drop)
+	if err != nil {
+		return nil, err
+	}
+	v, err := parse(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range paths {
+		v.drop(p)
+	}
+	return v.appendTo(make([]byte, 0, len(data))), nil
+}
+
+// Sum returns the fingerprint of bytes that are already canonical.
+func Sum(canonical []byte) string {
+	h := sha256.Sum256(canonical)
+	return Prefix + hex.EncodeToString(h[:])
+}
+
+// Of returns the fingerprint of an effect given as JSON.
+func Of(effect []byte) (string, error) {
+	c, err := Canonicalize(effect)
+	if err != nil {
+		return "", err
+	}
+	return Sum(c), nil
+}
+
+// OfValue returns the fingerprint of v as encoding/json marshals it, without the
+// volatile fields that drop names (see CanonicalizeWithout). Integers beyond 2^53
+// lose precision, as RFC 8785 prescribes: send such identifiers as strings.
+func OfValue(v any, drop ...string) (string, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return "", fmt.Errorf("fingerprint: marshal effect: %w", err)
+	}
+	c, err := CanonicalizeWithout(data, drop...)
+	if err != nil {
+		return "", err
+	}
+	return Sum(c), nil
+}
+
+func splitPaths(drop []string) ([][]string, error) {
+	paths := make([][]string, 0, len(drop))
+	for _, d := range drop {
+		segs := strings.Split(d, ".")
+		for _, s := range segs {
+			if s == "" {
+				return nil, fmt.Errorf("%w: %q has an empty segment", ErrBadPath, d)
+			}
+		}
+		paths = append(paths, segs)
+	}
+	return paths, nil
+}
+
+// drop removes the members that path names below v.
+func (v *value) drop(path []string) {
+	seg, rest := path[0], path[1:]
+	switch v.kind {
+	case kindObject:
+		kept := v.members[:0]
+		for _, m := range v.members {
+			if seg != "*" && m.name != seg {
+				kept = append(kept, m)
+				continue
+			}
+			if len(rest) == 0 {
+				continue
+			}
+			m.val.drop(rest)
+			kept = append(kept, m)
+		}
+		v.members = kept
+	case kindArray:
+		if seg != "*" {
+			return
+		}
+		if len(rest) == 0 {
+			v.elems = v.elems[:0]
+			return
+		}
+		for _, e := range v.elems {
+			e.drop(rest)
+		}
+	}
+}

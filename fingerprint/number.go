@@ -1,0 +1,60 @@
+package fingerprint
+
+import (
+	"strconv"
+	"strings"
+)
+
+// formatNumber serializes a finite double as ECMAScript's Number::toString does
+// (ECMA-262, section 6.1.6.1.20), which RFC 8785 section 3.2.2.3 adopts.
+//
+// ECMAScript asks for the shortest digit string s and exponent n such that
+// s × 10^(n−k) rounds to the value, the closest one when several are shortest. That is
+// exactly what strconv's shortest formatting produces; only the layout differs.
+func formatNumber(f float64) string {
+	if f == 0 {
+		return "0" // both zeros
+	}
+	var b strings.Builder
+	if f < 0 {
+		b.WriteByte('-')
+		f = -f
+	}
+	// "d.ddddde±xx": the digits and the exponent of the first digit.
+	e := strconv.FormatFloat(f, 'e', -1, 64)
+	mant, exp, _ := strings.Cut(e, "e")
+	digits := strings.Replace(mant, ".", "", 1)
+	x, _ := strconv.Atoi(exp)
+	k := len(digits)
+	n := x + 1 // the value is 0.digits × 10^n
+
+	switch {
+	case k <= n && n <= 21:
+		// An integer below 10^21: all digits, then zeros.
+		b.WriteString(digits)
+		b.WriteString(strings.Repeat("0", n-k))
+	case 0 < n && n <= 21:
+		b.WriteString(digits[:n])
+		b.WriteByte('.')
+		b.WriteString(digits[n:])
+	case -6 < n && n <= 0:
+		b.WriteString("0.")
+		b.WriteString(strings.Repeat("0", -n))
+		b.WriteString(digits)
+	default:
+		b.WriteByte(digits[0])
+		if k > 1 {
+			b.WriteByte('.')
+			b.WriteString(digits[1:])
+		}
+		b.WriteByte('e')
+		if n-1 >= 0 {
+			b.WriteByte('+')
+		} else {
+			b.WriteByte('-')
+			x = -x
+		}
+		b.WriteString(strconv.Itoa(x))
+	}
+	return b.String()
+}
