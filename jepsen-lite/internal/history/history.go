@@ -1,0 +1,251 @@
+// Package history records what the workloads of jepsen-lite did: every operation from
+// invocation to completion, in memory for the checkers and as JSON lines on disk for
+// people. Timestamps are nanoseconds since the run started, from the monotonic clock.
+package history
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// Type is how an operation completed, in Jepsen's terms.
+type Type string
+
+const (
+	// Invoke marks an operation that has not completed.
+	Invoke Type = "invoke"
+	// OK: the system answered; the answer (which may be an error such as fenced) is
+	// part of the history the model must explain.
+	OK Type = "ok"
+	// Fail: the operation certainly had no effect (refused before reaching the
+	// cluster, or rejected as invalid).
+	Fail Type = "fail"
+	// Info: the outcome is unknown (timeout, connection lost, unavailable after
+	// proposing). The operation may or may not have taken effect.
+	Info Type = "info"
+)
+
+// Functions of the register workload, and of the agent workload.
+const (
+	FReserve   = "reserve"
+	FCommit    = "commit"
+	FFail      = "fail"
+	FRelease   = "release"
+	FHeartbeat = "heartbeat"
+	FGet       = "get"
+	FDo        = "do"
+)
+
+// Input is what an operation asked for.
+type Input struct {
+	Tool        string `json:"tool,omitempty"`
+	Fingerprint string `json:"fp,omitempty"`
+	AttemptID   string `json:"attempt,omitempty"`
+	Fence       uint64 `json:"fence,omitempty"`
+	RemoteID    string `json:"remote_id,omitempty"`
+	ErrorCode   string `json:"error_code,omitempty"`
+	// Stale marks a register operation that deliberately carries an old fence.
+	Stale bool `json:"stale,omitempty"`
+	// Class and Args belong to the agent workload.
+	Class string `json:"class,omitempty"`
+	Args  string `json:"args,omitempty"`
+	// Final marks the reads after the last heal.
+	Final bool `json:"final,omitempty"`
+}
+
+// Record is the part of a stored record that the checkers look at.
+type Record struct {
+	Status      string `json:"status"`
+	Fingerprint string `json:"fp"`
+	Tool        string `json:"tool"`
+	AttemptID   string `json:"attempt"`
+	Fence       uint64 `json:"fence"`
+	Attempts    uint32 `json:"attempts"`
+	RemoteID    string `json:"remote_id,omitempty"`
+	ErrorCode   string `json:"error_code,omitempty"`
+	// UpdatedAt is the record's updated_at in Unix milliseconds.
+	UpdatedAt int64 `json:"updated_at"`
+}
+
+// Receipt is the part of a receipt that the checkers look at.
+type Receipt struct {
+	Status      string `json:"status"`
+	Fingerprint string `json:"fp"`
+	RemoteID    string `json:"remote_id,omitempty"`
+	ErrorCode   string `json:"error_code,omitempty"`
+}
+
+// Output is what the system answered. Err is the wire code of an error answer.
+type Output struct {
+	Err              string   `json:"err,omitempty"`
+	Decision         string   `json:"decision,omitempty"`
+	Grant            uint64   `json:"grant,omitempty"`
+	Record           *Record  `json:"record,omitempty"`
+	Receipt          *Receipt `json:"receipt,omitempty"`
+	ConflictRemoteID string   `json:"conflict_remote_id,omitempty"`
+	Released         bool     `json:"released,omitempty"`
+	// Replayed and Effects belong to the agent workload: whether Do's answer came
+	// from a replay, and how many downstream effects this delivery caused.
+	Replayed bool `json:"replayed,omitempty"`
+	Effects  int  `json:"effects,omitempty"`
+}
+
+// Op is one operation.
+type Op struct {
+	ID       int64  `json:"id"`
+	Process  int    `json:"process"`
+	Client   int    `json:"client"`
+	Workload string `json:"workload"`
+	F        string `json:"f"`
+	Key      string `json:"key"`
+	Node     string `json:"node,omitempty"`
+	In       Input  `json:"in"`
+
+	Type   Type    `json:"type"`
+	Out    *Output `json:"out,omitempty"`
+	Error  string  `json:"error,omitempty"`
+	Call   int64   `json:"call"`
+	Return int64   `json:"return"`
+}
+
+// Latency is how long a completed operation took.
+func (o *Op) Latency() time.Duration { return time.Duration(o.Return - o.Call) }
+
+// event is one line of history.jsonl.
+type event struct {
+	Type     Type    `json:"type"`
+	ID       int64   `json:"id"`
+	Time     int64   `json:"time"`
+	Process  int     `json:"process"`
+	Workload string  `json:"workload"`
+	F        string  `json:"f"`
+	Key      string  `json:"key"`
+	Node     string  `json:"node,omitempty"`
+	In       *Input  `json:"in,omitempty"`
+	Out      *Output `json:"out,omitempty"`
+	Error    string  `json:"error,omitempty"`
+}
+
+// Recorder collects operations. It is safe for concurrent use.
+type Recorder struct {
+	start time.Time
+
+	mu     sync.Mutex
+	w      *bufio.Writer
+	werr   error
+	ops    []*Op
+	nextID int64
+}
+
+// NewRecorder starts a history at start; events go to w as JSON lines (w may be nil).
+func NewRecorder(start time.Time, w io.Writer) *Recorder {
+	r := &Recorder{start: start}
+	if w != nil {
+		r.w = bufio.NewWriterSize(w, 64<<10)
+	}
+	return r
+}
+
+// Now is the current time of the history.
+func (r *Recorder) Now() int64 { return int64(time.Since(r.start)) }
+
+// Start is when the history began.
+func (r *Recorder) Start() time.Time { return r.start }
+
+// Invoke records that op starts now and gives it an ID.
+func (r *Recorder) Invoke(op *Op) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.nextID++
+	op.ID = r.nextID
+	op.Type = Invoke
+	op.Call = r.Now()
+	r.ops = append(r.ops, op)
+	in := op.In
+	r.write(event{Type: Invoke, ID: op.ID, Time: op.Call, Process: op.Process, Workload: op.Workload,
+		F: op.F, Key: op.Key, Node: op.Node, In: &in})
+}
+
+// Complete records that op ended now as t, with out (nil unless t is OK) and a message.
+func (r *Recorder) Complete(op *Op, t Type, out *Output, msg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	op.Type = t
+	op.Out = out
+	op.Error = msg
+	op.Return = r.Now()
+	if op.Return <= op.Call {
+		op.Return = op.Call + 1
+	}
+	r.write(event{Type: t, ID: op.ID, Time: op.Return, Process: op.Process, Workload: op.Workload,
+		F: op.F, Key: op.Key, Node: op.Node, Out: out, Error: msg})
+}
+
+func (r *Recorder) write(e event) {
+	if r.w == nil || r.werr != nil {
+		return
+	}
+	b, err := json.Marshal(e)
+	if err != nil {
+		r.werr = fmt.Errorf("history: encode event: %w", err)
+		return
+	}
+	b = append(b, '\n')
+	if _, err := r.w.Write(b); err != nil {
+		r.werr = fmt.Errorf("history: write: %w", err)
+	}
+}
+
+// Flush writes buffered events and reports the first write error.
+func (r *Recorder) Flush() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.w == nil {
+		return nil
+	}
+	if err := r.w.Flush(); err != nil && r.werr == nil {
+		r.werr = err
+	}
+	return r.werr
+}
+
+// Ops returns a copy of every operation recorded so far, in invocation order. An
+// operation still running appears with Type Invoke.
+func (r *Recorder) Ops() []Op {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Op, len(r.ops))
+	for i, op := range r.ops {
+		out[i] = *op
+	}
+	return out
+}
+
+// Stats counts completed operations.
+type Stats struct {
+	OK, Fail, Info, Running int
+}
+
+// Stats counts the operations recorded so far.
+func (r *Recorder) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var s Stats
+	for _, op := range r.ops {
+		switch op.Type {
+		case OK:
+			s.OK++
+		case Fail:
+			s.Fail++
+		case Info:
+			s.Info++
+		default:
+			s.Running++
+		}
+	}
+	return s
+}
