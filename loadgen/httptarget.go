@@ -1,0 +1,218 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkv/idemkv"
+)
+
+// HTTPConfig configures the idemkv target.
+type HTTPConfig struct {
+	// Endpoints are API addresses of cluster members (host:port or http://host:port).
+	Endpoints []string
+	Tenant    string
+	// Token, when set, is sent as a bearer token.
+	Token string
+	// Conns is the number of keep-alive connections kept open: one per worker.
+	Conns int
+	// Timeout bounds one request (default 10 s).
+	Timeout time.Duration
+}
+
+// HTTPTarget drives an idemkv cluster through its HTTP API (SPEC section 2). It sends
+// every request to the leader, as the Go client does, and follows the Idemkv-Leader
+// header when leadership moves. It never retries: a failed request is the store's
+// answer and is counted, so the figures hide nothing.
+type HTTPTarget struct {
+	cfg    HTTPConfig
+	http   *http.Client
+	base   atomic.Pointer[string] // base URL of the node requests go to
+	next   atomic.Uint32          // endpoint to try when the current one fails
+	bufs   sync.Pool
+	closed atomic.Bool
+}
+
+var _ Target = (*HTTPTarget)(nil)
+
+// NewHTTPTarget connects to the cluster and finds its leader.
+func NewHTTPTarget(ctx context.Context, cfg HTTPConfig) (*HTTPTarget, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, idemkv.Invalid("endpoints", "at least one endpoint is required")
+	}
+	if err := idemkv.ValidTenant(cfg.Tenant); err != nil {
+		return nil, err
+	}
+	if cfg.Conns <= 0 {
+		cfg.Conns = 64
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	for i, e := range cfg.Endpoints {
+		cfg.Endpoints[i] = baseURL(e)
+	}
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        cfg.Conns,
+		MaxIdleConnsPerHost: cfg.Conns,
+		IdleConnTimeout:     90 * time.Second,
+		// Compression would cost both ends CPU that etcd and PostgreSQL do not pay.
+		DisableCompression: true,
+	}
+	t := &HTTPTarget{cfg: cfg, http: &http.Client{Transport: tr, Timeout: cfg.Timeout}}
+	t.bufs.New = func() any { return new(bytes.Buffer) }
+	t.base.Store(&cfg.Endpoints[0])
+	if err := t.findLeader(ctx); err != nil {
+		tr.CloseIdleConnections()
+		return nil, err
+	}
+	return t, nil
+}
+
+func baseURL(endpoint string) string {
+	endpoint = strings.TrimRight(endpoint, "/")
+	if strings.Contains(endpoint, "://") {
+		return endpoint
+	}
+	return "http://" + endpoint
+}
+
+// findLeader asks each endpoint in turn for the cluster and goes to its leader.
+func (t *HTTPTarget) findLeader(ctx context.Context) error {
+	var last error
+	for _, ep := range t.cfg.Endpoints {
+		var info idemkv.ClusterInfo
+		err := t.do(ctx, http.MethodGet, ep+"/v1/cluster", nil, &info)
+		if err != nil {
+			last = err
+			continue
+		}
+		if info.Leader.APIAddr == "" {
+			last = idemkv.Errorf(idemkv.ErrUnavailable, "%s knows no leader", ep)
+			continue
+		}
+		leader := baseURL(info.Leader.APIAddr)
+		t.base.Store(&leader)
+		return nil
+	}
+	return fmt.Errorf("loadgen: no leader among %v: %w", t.cfg.Endpoints, last)
+}
+
+// Leader returns the base URL requests go to.
+func (t *HTTPTarget) Leader() string { return *t.base.Load() }
+
+type reserveAnswer struct {
+	Decision idemkv.Decision `json:"decision"`
+	Fence    uint64          `json:"fence"`
+}
+
+// Reserve implements Target.
+func (t *HTTPTarget) Reserve(ctx context.Context, r *Reserve) (Reservation, error) {
+	req := idemkv.ReserveRequest{Tenant: t.cfg.Tenant, Key: r.Key, Tool: r.Tool, Actor: "bench",
+		Fingerprint: r.Fingerprint, AttemptID: r.AttemptID, LeaseTTLMs: r.LeaseTTLMs}
+	var ans reserveAnswer
+	if err := t.write(ctx, "/v1/reserve", &req, &ans); err != nil {
+		return Reservation{}, err
+	}
+	return Reservation{Decision: ans.Decision, Fence: ans.Fence}, nil
+}
+
+// Commit implements Target.
+func (t *HTTPTarget) Commit(ctx context.Context, c *Commit) error {
+	req := idemkv.CommitRequest{Tenant: t.cfg.Tenant, Key: c.Key, Fingerprint: c.Fingerprint,
+		Fence: c.Reservation.Fence, RemoteSystem: c.RemoteSystem, RemoteID: c.RemoteID}
+	var ans struct {
+		Status idemkv.Status `json:"status"`
+	}
+	if err := t.write(ctx, "/v1/commit", &req, &ans); err != nil {
+		return err
+	}
+	if ans.Status != idemkv.StatusCommitted {
+		return idemkv.Errorf(idemkv.ErrInternal, "commit of %s answered status %q", c.Key, ans.Status)
+	}
+	return nil
+}
+
+// Close implements Target.
+func (t *HTTPTarget) Close() error {
+	if t.closed.CompareAndSwap(false, true) {
+		t.http.CloseIdleConnections()
+	}
+	return nil
+}
+
+// write posts body to the current node. A transport error or 503 sends the next
+// request to the next endpoint, which forwards to the leader or names it.
+func (t *HTTPTarget) write(ctx context.Context, path string, body, into any) error {
+	buf := t.bufs.Get().(*bytes.Buffer)
+	defer t.bufs.Put(buf)
+	buf.Reset()
+	if err := json.NewEncoder(buf).Encode(body); err != nil {
+		return idemkv.Errorf(idemkv.ErrInternal, "encode %s: %v", path, err)
+	}
+	cur := t.base.Load()
+	err := t.do(ctx, http.MethodPost, *cur+path, buf, into)
+	if err != nil && idemkv.CodeOf(err) == idemkv.CodeUnavailable && ctx.Err() == nil {
+		n := t.next.Add(1)
+		ep := t.cfg.Endpoints[int(n)%len(t.cfg.Endpoints)]
+		t.base.CompareAndSwap(cur, &ep)
+	}
+	return err
+}
+
+func (t *HTTPTarget) do(ctx context.Context, method, url string, body *bytes.Buffer, into any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = body
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return idemkv.Errorf(idemkv.ErrInvalidArgument, "request %s: %v", url, err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if t.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+t.cfg.Token)
+	}
+	resp, err := t.http.Do(req)
+	if err != nil {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "%s %s: %v", method, url, err)
+	}
+	defer func() {
+		// Draining lets the connection go back to the pool for the worker's next call.
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+	}()
+	if leader := resp.Header.Get("Idemkv-Leader"); leader != "" && !strings.HasSuffix(*t.base.Load(), leader) {
+		l := baseURL(leader)
+		t.base.Store(&l)
+	}
+	if resp.StatusCode/100 != 2 {
+		var wire struct {
+			Error *idemkv.Error `json:"error"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&wire) != nil || wire.Error == nil {
+			code := idemkv.CodeInternal
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				code = idemkv.CodeUnavailable
+			}
+			return &idemkv.Error{Code: code, Message: fmt.Sprintf("%s %s: HTTP %d", method, url, resp.StatusCode)}
+		}
+		return wire.Error
+	}
+	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
+		return idemkv.Errorf(idemkv.ErrInternal, "%s %s: decode answer: %v", method, url, err)
+	}
+	return nil
+}
