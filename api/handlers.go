@@ -44,6 +44,7 @@ func (s *Server) routes() {
 	s.handle("GET /healthz", http.HandlerFunc(s.healthz))
 	s.handle("GET /readyz", http.HandlerFunc(s.readyz))
 	s.handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
+	s.mountDebug()
 }
 
 // handle registers h for pattern, timed under the pattern so that the endpoint label
