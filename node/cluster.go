@@ -239,3 +239,12 @@ func (n *Node) Snapshot() error {
 	}
 	return nil
 }
+
+// FirstLogIndex is the oldest entry still in this node's Raft log; entries before it
+// were compacted into a snapshot.
+func (n *Node) FirstLogIndex() (uint64, error) {
+	return n.boltStore.FirstIndex()
+}
+
+// RaftStats returns Raft's own figures (state, term, indexes, last contact …).
+func (n *Node) RaftStats() map[string]string { return n.raft.Stats() }
