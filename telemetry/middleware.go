@@ -1,0 +1,85 @@
+package telemetry
+
+import (
+	"net/http"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope of idemkv's server spans.
+const ScopeName = "github.com/idemkv/idemkv/telemetry"
+
+// HTTPMiddleware starts a server span per request, as a child of the W3C traceparent
+// the caller sent, and names it after the route pattern ("POST /v1/reserve"), never the
+// raw path, so that span names do not carry tenants or keys.
+//
+// It uses the global tracer provider and propagator as they are when each request
+// arrives, so it may be installed before Setup runs.
+func HTTPMiddleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := otel.Tracer(ScopeName).Start(ctx, r.Method,
+			trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(
+				attribute.String("http.request.method", r.Method),
+				attribute.String("url.path", r.URL.Path),
+				attribute.String("server.address", r.Host),
+			))
+		defer span.End()
+
+		sw := &statusWriter{ResponseWriter: w}
+		// The mux records the matched pattern on the request it serves, which is
+		// this one: read it back once the handler is done.
+		req := r.WithContext(ctx)
+		next.ServeHTTP(sw, req)
+
+		status := sw.status()
+		if req.Pattern != "" {
+			route := req.Pattern
+			if i := strings.IndexByte(route, ' '); i >= 0 {
+				route = route[i+1:]
+			}
+			span.SetName(r.Method + " " + route)
+			span.SetAttributes(attribute.String("http.route", route))
+		}
+		span.SetAttributes(attribute.Int("http.response.status_code", status))
+		if status >= 500 {
+			span.SetStatus(codes.Error, http.StatusText(status))
+		}
+	})
+}
+
+// statusWriter remembers the status code; Unwrap lets http.ResponseController reach
+// the connection's Flusher and deadlines through it.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *statusWriter) status() int {
+	if w.code == 0 {
+		return http.StatusOK
+	}
+	return w.code
+}
