@@ -1,0 +1,133 @@
+package api_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/api"
+)
+
+var _ api.Store = (*FakeStore)(nil)
+
+// FakeStore is a Store whose every method is a function field. A method whose field is
+// nil fails with an error that wraps no sentinel, so a test that reaches it unexpectedly
+// sees a 500. Calls counts the data methods (everything but Leader and Ready), which
+// tests use to prove a bad request never reached the store.
+type FakeStore struct {
+	ReserveFunc   func(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
+	CommitFunc    func(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error)
+	FailFunc      func(context.Context, *idemkv.FailRequest) (*idemkv.Record, error)
+	ReleaseFunc   func(context.Context, *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
+	HeartbeatFunc func(context.Context, *idemkv.HeartbeatRequest) (*idemkv.Record, error)
+	GetFunc       func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
+	ListFunc      func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error)
+	ClusterFunc   func(context.Context) (*idemkv.ClusterInfo, error)
+	JoinFunc      func(context.Context, *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
+	RemoveFunc    func(context.Context, *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
+	LeaderFunc    func() (string, bool)
+	ReadyFunc     func() error
+
+	calls atomic.Int64
+}
+
+// Calls is how many times a data method was called.
+func (f *FakeStore) Calls() int64 { return f.calls.Load() }
+
+func notStubbed(method string) error { return fmt.Errorf("fake store: %s is not stubbed", method) }
+
+func (f *FakeStore) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+	f.calls.Add(1)
+	if f.ReserveFunc == nil {
+		return nil, notStubbed("Reserve")
+	}
+	return f.ReserveFunc(ctx, req)
+}
+
+func (f *FakeStore) Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error) {
+	f.calls.Add(1)
+	if f.CommitFunc == nil {
+		return nil, notStubbed("Commit")
+	}
+	return f.CommitFunc(ctx, req)
+}
+
+func (f *FakeStore) Fail(ctx context.Context, req *idemkv.FailRequest) (*idemkv.Record, error) {
+	f.calls.Add(1)
+	if f.FailFunc == nil {
+		return nil, notStubbed("Fail")
+	}
+	return f.FailFunc(ctx, req)
+}
+
+func (f *FakeStore) Release(ctx context.Context, req *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error) {
+	f.calls.Add(1)
+	if f.ReleaseFunc == nil {
+		return nil, notStubbed("Release")
+	}
+	return f.ReleaseFunc(ctx, req)
+}
+
+func (f *FakeStore) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*idemkv.Record, error) {
+	f.calls.Add(1)
+	if f.HeartbeatFunc == nil {
+		return nil, notStubbed("Heartbeat")
+	}
+	return f.HeartbeatFunc(ctx, req)
+}
+
+func (f *FakeStore) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {
+	f.calls.Add(1)
+	if f.GetFunc == nil {
+		return nil, notStubbed("Get")
+	}
+	return f.GetFunc(ctx, req)
+}
+
+func (f *FakeStore) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error) {
+	f.calls.Add(1)
+	if f.ListFunc == nil {
+		return nil, notStubbed("List")
+	}
+	return f.ListFunc(ctx, req)
+}
+
+func (f *FakeStore) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
+	f.calls.Add(1)
+	if f.ClusterFunc == nil {
+		return nil, notStubbed("Cluster")
+	}
+	return f.ClusterFunc(ctx)
+}
+
+func (f *FakeStore) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
+	f.calls.Add(1)
+	if f.JoinFunc == nil {
+		return nil, notStubbed("Join")
+	}
+	return f.JoinFunc(ctx, req)
+}
+
+func (f *FakeStore) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error) {
+	f.calls.Add(1)
+	if f.RemoveFunc == nil {
+		return nil, notStubbed("Remove")
+	}
+	return f.RemoveFunc(ctx, req)
+}
+
+// Leader defaults to "this node leads, address unknown".
+func (f *FakeStore) Leader() (string, bool) {
+	if f.LeaderFunc == nil {
+		return "", true
+	}
+	return f.LeaderFunc()
+}
+
+func (f *FakeStore) Ready() error {
+	if f.ReadyFunc == nil {
+		return nil
+	}
+	return f.ReadyFunc()
+}
