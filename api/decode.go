@@ -204,3 +204,14 @@ func limitParam(q url.Values) (int, error) {
 	}
 	return n, nil
 }
+
+// staleParam reads the consistency of a list, with the values and the default of a get.
+func staleParam(q url.Values) (bool, error) {
+	switch idemkv.Consistency(q.Get("consistency")) {
+	case "", idemkv.Linearizable:
+		return false, nil
+	case idemkv.Stale:
+		return true, nil
+	}
+	return false, idemkv.Invalid("consistency", "consistency must be linearizable or stale")
+}

@@ -140,6 +140,9 @@ func TestLinearizableReadsForwardStaleReadsStayLocal(t *testing.T) {
 			rec := pendingRecord(req.Key) // the follower lags: it has not applied the commit yet
 			return rec, nil
 		},
+		ListFunc: func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error) {
+			return &idemkv.ListResult{Records: []*idemkv.Record{pendingRecord("a"), pendingRecord("b")}}, nil
+		},
 		ClusterFunc: func(context.Context) (*idemkv.ClusterInfo, error) { return sampleCluster(), nil },
 	}
 	leader, follower := pair(t, leaderFake, followerFake, nil)
@@ -170,6 +173,10 @@ func TestLinearizableReadsForwardStaleReadsStayLocal(t *testing.T) {
 	if m["status"] != "pending" {
 		t.Errorf("stale read answered %v, want the follower's own pending record", m["status"])
 	}
+	m = do(t, "GET", follower.url+"/v1/records/acme?consistency=stale", nil, nil).object(t, http.StatusOK)
+	if recs, _ := m["records"].([]any); len(recs) != 2 {
+		t.Errorf("stale list answered %v, want the follower's two records", m)
+	}
 	do(t, "GET", follower.url+"/v1/cluster", nil, nil).object(t, http.StatusOK)
 	do(t, "GET", follower.url+"/healthz", nil, nil).object(t, http.StatusOK)
 	do(t, "GET", follower.url+"/readyz", nil, nil).object(t, http.StatusOK)
@@ -179,8 +186,8 @@ func TestLinearizableReadsForwardStaleReadsStayLocal(t *testing.T) {
 	if got := len(leader.seen()); got != leaderRequests {
 		t.Errorf("local requests reached the leader: it saw %d, want %d", got, leaderRequests)
 	}
-	if follower.fake.Calls() != 2 {
-		t.Errorf("follower store calls %d, want 2 (stale get, cluster)", follower.fake.Calls())
+	if follower.fake.Calls() != 3 {
+		t.Errorf("follower store calls %d, want 3 (stale get, stale list, cluster)", follower.fake.Calls())
 	}
 }
 

@@ -132,7 +132,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec, err := s.store.Get(r.Context(), &req)
-	if linearizable && errors.Is(err, idemkv.ErrNotLeader) {
+	if errors.Is(err, idemkv.ErrNotLeader) {
 		s.forwardToLeader(w, r, nil, req.Wait)
 		return
 	}
@@ -148,6 +148,10 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		req.Status = idemkv.Status(q.Get("status"))
 		req.Limit, err = limitParam(q)
 	}
+	var stale bool
+	if err == nil {
+		stale, err = staleParam(q)
+	}
 	if err == nil {
 		err = req.Validate()
 	}
@@ -155,8 +159,10 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	// ListRequest has no consistency: a list is a linearizable read, served by the leader.
-	if s.forwardIfFollower(w, r, nil, 0) {
+	// A list is a linearizable read served by the leader unless the caller asks for
+	// consistency=stale, as on a get; ListRequest itself has no consistency, so the
+	// choice is made here.
+	if !stale && s.forwardIfFollower(w, r, nil, 0) {
 		return
 	}
 	res, err := s.store.List(r.Context(), &req)

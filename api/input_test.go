@@ -107,6 +107,7 @@ func TestBadInputNeverReachesTheStore(t *testing.T) {
 		{"list limit over 1000", "GET", "/v1/records/acme?limit=1001", nil, 400, "invalid_argument", "limit"},
 		{"list limit zero", "GET", "/v1/records/acme?limit=0", nil, 400, "invalid_argument", "limit"},
 		{"list limit not a number", "GET", "/v1/records/acme?limit=ten", nil, 400, "invalid_argument", "limit"},
+		{"list consistency", "GET", "/v1/records/acme?consistency=eventual", nil, 400, "invalid_argument", "consistency"},
 		{"list status", "GET", "/v1/records/acme?status=done", nil, 400, "invalid_argument", "status"},
 		{"list prefix too long", "GET", "/v1/records/acme?prefix=" + long(513), nil, 400, "invalid_argument", "prefix"},
 		{"list bad tenant", "GET", "/v1/records/ac%2Fme", nil, 400, "invalid_argument", "tenant"},
