@@ -268,6 +268,8 @@ type ListRequest struct {
 	Status Status // empty: any
 	Limit  int    // 0: DefaultListLimit
 	After  string // exclusive key to start after
+	// Consistency is linearizable (default) or stale (served from the local replica).
+	Consistency Consistency
 }
 
 // ListResult is one page of records; Next, when set, is the After of the next page.

@@ -191,6 +191,9 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	if err := ValidKey(r.Key); err != nil {
 		return err
 	}
+	if string(r.Effect) == "null" {
+		r.Effect = nil
+	}
 	if r.Fingerprint == "" && len(r.Effect) == 0 {
 		return Invalid("effect_fingerprint", "effect_fingerprint or effect is required")
 	}
@@ -334,14 +337,7 @@ func (r *GetRequest) Validate() error {
 	if r.Wait < 0 || r.Wait > MaxWait {
 		return Invalid("wait_ms", "wait_ms must be between 0 and %d", MaxWait.Milliseconds())
 	}
-	switch r.Consistency {
-	case "":
-		r.Consistency = Linearizable
-	case Linearizable, Stale:
-	default:
-		return Invalid("consistency", "consistency must be linearizable or stale")
-	}
-	return nil
+	return validConsistency(&r.Consistency)
 }
 
 // Validate checks r and fills the default limit.
@@ -365,6 +361,17 @@ func (r *ListRequest) Validate() error {
 	}
 	if r.Limit == 0 {
 		r.Limit = DefaultListLimit
+	}
+	return validConsistency(&r.Consistency)
+}
+
+func validConsistency(c *Consistency) error {
+	switch *c {
+	case "":
+		*c = Linearizable
+	case Linearizable, Stale:
+	default:
+		return Invalid("consistency", "consistency must be linearizable or stale")
 	}
 	return nil
 }

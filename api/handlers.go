@@ -160,10 +160,12 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A list is a linearizable read served by the leader unless the caller asks for
-	// consistency=stale, as on a get; ListRequest itself has no consistency, so the
-	// choice is made here.
+	// consistency=stale, as on a get.
 	if !stale && s.forwardIfFollower(w, r, nil, 0) {
 		return
+	}
+	if stale {
+		req.Consistency = idemkv.Stale
 	}
 	res, err := s.store.List(r.Context(), &req)
 	if errors.Is(err, idemkv.ErrNotLeader) {

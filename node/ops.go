@@ -166,8 +166,10 @@ func (n *Node) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListR
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	if err := n.readIndex(ctx); err != nil {
-		return nil, err
+	if r.Consistency != idemkv.Stale {
+		if err := n.readIndex(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return n.fsm.List(&r, n.now())
 }
