@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/telemetry"
+	"github.com/idemkv/idemkv/telemetry/semconv"
 )
 
 // Bounds of cluster membership requests; the root package has no validation for them.
@@ -28,7 +30,7 @@ func (s *Server) routes() {
 	}, s.store.Reserve, s.countDecision))
 	s.handle("POST /v1/commit", leaderWrite(s, func(q *idemkv.CommitRequest) error {
 		return q.Validate(s.limits)
-	}, s.store.Commit, nil))
+	}, s.store.Commit, annotateCommit))
 	s.handle("POST /v1/fail", leaderWrite(s, func(q *idemkv.FailRequest) error {
 		return q.Validate(s.limits)
 	}, s.store.Fail, nil))
@@ -74,7 +76,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 // and validates the body, forwards it when this node is not the leader, and otherwise
 // calls the store. served, when set, sees every answer this node produced itself.
 func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
-	call func(context.Context, *Q) (*A, error), served func(*Q, *A)) http.Handler {
+	call func(context.Context, *Q) (*A, error), served func(context.Context, *Q, *A)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req Q
 		body, err := s.decode(w, r, &req)
@@ -101,14 +103,26 @@ func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 			return
 		}
 		if served != nil {
-			served(&req, res)
+			served(r.Context(), &req, res)
 		}
 		s.writeJSON(w, r, http.StatusOK, res)
 	})
 }
 
-func (s *Server) countDecision(req *idemkv.ReserveRequest, res *idemkv.ReserveResult) {
+// countDecision counts a reserve decision and puts it on the request's span.
+func (s *Server) countDecision(ctx context.Context, req *idemkv.ReserveRequest, res *idemkv.ReserveResult) {
 	s.metrics.Decisions.WithLabelValues(req.Tool, string(res.Decision)).Inc()
+	telemetry.AnnotateReserve(ctx, req, res)
+}
+
+// annotateCommit puts the stored receipt on the request's span.
+func annotateCommit(ctx context.Context, req *idemkv.CommitRequest, rc *idemkv.Receipt) {
+	telemetry.Annotate(ctx,
+		semconv.Tenant.String(req.Tenant),
+		semconv.IdempotencyKey.String(req.Key),
+		semconv.Fingerprint.String(req.Fingerprint),
+		semconv.FenceValue(req.Fence),
+		semconv.ReceiptRemoteID.String(rc.RemoteID))
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {

@@ -22,6 +22,7 @@ import (
 	"github.com/idemkv/idemkv/expiry"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/node"
+	"github.com/idemkv/idemkv/telemetry"
 )
 
 type serveOptions struct {
@@ -155,16 +156,33 @@ func runServe(ctx context.Context, o serveOptions) error {
 	}
 	defer ex.close()
 
+	shutdownTracing, err := telemetry.Setup(ctx, "idemkv")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(flushCtx); err != nil {
+			logger.Warn("flushing traces", "err", err)
+		}
+	}()
+
 	n, err := node.Open(cfg)
 	if err != nil {
 		return err
+	}
+	// A span per request wraps everything, authentication included.
+	middleware := telemetry.HTTPMiddleware
+	if ex.middleware != nil {
+		middleware = func(h http.Handler) http.Handler { return telemetry.HTTPMiddleware(ex.middleware(h)) }
 	}
 	handler := api.New(api.Config{
 		Store:         n,
 		Logger:        logger,
 		Metrics:       cfg.Metrics,
 		Limits:        cfg.Limits,
-		Middleware:    ex.middleware,
+		Middleware:    middleware,
 		ForwardScheme: ex.forwardScheme,
 		Forward:       ex.forwardClient,
 	}).Handler()
