@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemkv/idemkv"
+)
+
+// The tests in this file run the real binary as separate processes and kill them with
+// SIGKILL, the way a crash or an OOM killer would.
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func idemkvBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "idemkv-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "idemkv")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+type proc struct {
+	t        *testing.T
+	id       string
+	dataDir  string
+	httpAddr string
+	raftAddr string
+	join     string
+	cmd      *exec.Cmd
+	logs     *bytes.Buffer
+	mu       sync.Mutex
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func newProc(t *testing.T, id, join string) *proc {
+	return &proc{t: t, id: id, dataDir: filepath.Join(t.TempDir(), id), httpAddr: freePort(t), raftAddr: freePort(t), join: join}
+}
+
+type syncBuffer struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (s syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (p *proc) start() {
+	p.t.Helper()
+	args := []string{"serve", "--id", p.id, "--data-dir", p.dataDir, "--http-addr", p.httpAddr,
+		"--raft-addr", p.raftAddr, "--heartbeat-timeout", "500ms", "--election-timeout", "500ms",
+		"--leader-lease-timeout", "250ms", "--snapshot-threshold", "64", "--trailing-logs", "32",
+		"--snapshot-interval", "200ms"}
+	if p.join != "" {
+		args = append(args, "--join", p.join)
+	}
+	p.logs = &bytes.Buffer{}
+	p.cmd = exec.Command(idemkvBinary(p.t), args...)
+	p.cmd.Stdout = syncBuffer{&p.mu, p.logs}
+	p.cmd.Stderr = syncBuffer{&p.mu, p.logs}
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	cmd := p.cmd
+	p.t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.t.Failed() {
+			p.t.Logf("--- %s logs ---\n%s", p.id, p.logs.String())
+		}
+	})
+}
+
+func (p *proc) kill() {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		p.t.Fatal(err)
+	}
+	_ = p.cmd.Wait()
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *proc) waitReady() {
+	p.t.Helper()
+	waitFor(p.t, 30*time.Second, p.id+" ready", func() error {
+		resp, err := http.Get("http://" + p.httpAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+func call(t *testing.T, method, endpoint, path string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "http://"+endpoint+path, rd)
+	req.Header.Set("Content-Type", "application/json")
+	c := http.Client{Timeout: 15 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw
+}
+
+// writeRecords acknowledges n reserve+commit pairs (and n/4 pending reserves) and
+// returns each record as a linearizable read saw it right after the ack.
+func writeRecords(t *testing.T, endpoint string, n int) map[string]string {
+	t.Helper()
+	acked := map[string]string{}
+	for i := range n {
+		key := fmt.Sprintf("op:%d/create_ticket", i)
+		reserve := idemkv.ReserveRequest{Tenant: "acme", Key: key, Tool: "create_ticket",
+			Fingerprint: fmt.Sprintf("sha256:%064d", i), AttemptID: "w1"}
+		code, raw := call(t, http.MethodPost, endpoint, "/v1/reserve", reserve)
+		if code != 200 {
+			t.Fatalf("reserve %s: %d %s", key, code, raw)
+		}
+		var res idemkv.ReserveResult
+		if err := json.Unmarshal(raw, &res); err != nil || res.Decision != idemkv.DecisionExecute {
+			t.Fatalf("reserve %s: %v %s", key, err, raw)
+		}
+		if i%4 != 3 {
+			commit := idemkv.CommitRequest{Tenant: "acme", Key: key, Fingerprint: reserve.Fingerprint, Fence: res.Fence,
+				RemoteSystem: "linear", RemoteID: fmt.Sprintf("LIN-%d", i), Result: json.RawMessage(`{"ok":true}`)}
+			if code, raw := call(t, http.MethodPost, endpoint, "/v1/commit", commit); code != 200 {
+				t.Fatalf("commit %s: %d %s", key, code, raw)
+			}
+		}
+		code, raw = call(t, http.MethodGet, endpoint, "/v1/records/acme/"+url.PathEscape(key), nil)
+		if code != 200 {
+			t.Fatalf("get %s: %d %s", key, code, raw)
+		}
+		acked[key] = string(raw)
+	}
+	return acked
+}
+
+func checkRecords(t *testing.T, endpoint string, acked map[string]string) {
+	t.Helper()
+	for key, want := range acked {
+		var code int
+		var raw []byte
+		waitFor(t, 20*time.Second, "read "+key, func() error {
+			code, raw = call(t, http.MethodGet, endpoint, "/v1/records/acme/"+url.PathEscape(key), nil)
+			if code == http.StatusServiceUnavailable || code == 0 {
+				return fmt.Errorf("%d %s", code, raw)
+			}
+			return nil
+		})
+		if code != 200 || string(raw) != want {
+			t.Fatalf("after SIGKILL, %s = %d %s\nacknowledged: %s", key, code, raw, want)
+		}
+	}
+}
+
+func TestSIGKILLSingleNodeLosesNothing(t *testing.T) {
+	p := newProc(t, "n1", "")
+	p.start()
+	p.waitReady()
+	acked := writeRecords(t, p.httpAddr, 120)
+	p.kill()
+	p.start()
+	p.waitReady()
+	checkRecords(t, p.httpAddr, acked)
+	if !strings.Contains(p.logs.String(), "idemkv serving") {
+		t.Fatalf("restarted node did not log its start")
+	}
+}
+
+func TestSIGKILLWholeClusterLosesNothing(t *testing.T) {
+	n1 := newProc(t, "n1", "")
+	n1.start()
+	n1.waitReady()
+	n2 := newProc(t, "n2", n1.httpAddr)
+	n3 := newProc(t, "n3", n1.httpAddr)
+	n2.start()
+	n3.start()
+	procs := []*proc{n1, n2, n3}
+	waitFor(t, 30*time.Second, "three voters", func() error {
+		code, raw := call(t, http.MethodGet, n1.httpAddr, "/v1/cluster", nil)
+		var info idemkv.ClusterInfo
+		if code != 200 || json.Unmarshal(raw, &info) != nil {
+			return fmt.Errorf("cluster: %d %s", code, raw)
+		}
+		if len(info.Nodes) != 3 {
+			return fmt.Errorf("%d nodes", len(info.Nodes))
+		}
+		for _, ni := range info.Nodes {
+			if ni.APIAddr == "" {
+				return fmt.Errorf("node %s has no API address yet", ni.ID)
+			}
+		}
+		return nil
+	})
+	for _, p := range procs {
+		p.waitReady()
+	}
+	// Write through a follower as well: it forwards to the leader.
+	acked := writeRecords(t, n2.httpAddr, 100)
+	for _, p := range procs {
+		p.kill()
+	}
+	for _, p := range procs {
+		p.start()
+	}
+	for _, p := range procs {
+		p.waitReady()
+	}
+	for _, p := range procs {
+		checkRecords(t, p.httpAddr, acked)
+	}
+}
+
+func TestSIGTERMShutsDownCleanly(t *testing.T) {
+	p := newProc(t, "n1", "")
+	p.start()
+	p.waitReady()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no exit 20 s after SIGTERM")
+	}
+	if !strings.Contains(p.logs.String(), "stopped") {
+		t.Fatalf("no clean stop in the logs")
+	}
+}
