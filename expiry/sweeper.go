@@ -69,7 +69,14 @@ func (s *Sweeper) Run(ctx context.Context) {
 		return
 	}
 	s.log.Info("sweeper started", "interval", s.cfg.Interval, "batch_limit", s.cfg.BatchLimit)
-	defer s.log.Info("sweeper stopped")
+	defer func() {
+		// Only the leader knows the backlog it is working off; a node that stopped
+		// sweeping must not keep reporting the figures of its last round, or a
+		// dashboard summing the cluster would count the backlog twice.
+		s.metrics.SweepBacklog.Set(0)
+		s.metrics.OldestOverdue.Set(0)
+		s.log.Info("sweeper stopped")
+	}()
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
