@@ -87,6 +87,7 @@ type Output struct {
 	Record           *Record  `json:"record,omitempty"`
 	Receipt          *Receipt `json:"receipt,omitempty"`
 	ConflictRemoteID string   `json:"conflict_remote_id,omitempty"`
+	ConflictFP       string   `json:"conflict_fp,omitempty"`
 	Released         bool     `json:"released,omitempty"`
 	// Replayed and Effects belong to the agent workload: whether Do's answer came
 	// from a replay, and how many downstream effects this delivery caused.

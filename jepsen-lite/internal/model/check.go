@@ -138,3 +138,52 @@ func CheckClock(ops []history.Op) []ClockAnomaly {
 	}
 	return out
 }
+
+// DurabilityAnomaly is an acknowledged commit or fail that the final reads do not show.
+type DurabilityAnomaly struct {
+	Key    string `json:"key"`
+	Op     int64  `json:"op"`
+	Detail string `json:"detail"`
+}
+
+// CheckDurable checks that every acknowledged outcome survived: a commit answered
+// "committed R" or a fail answered "failed C" must be what the final read of the key
+// shows. A stored outcome is terminal, so nothing may ever replace it.
+func CheckDurable(ops []history.Op) []DurabilityAnomaly {
+	final := map[string]*history.Output{}
+	for i := range ops {
+		op := &ops[i]
+		if op.In.Final && op.F == history.FGet && op.Type == history.OK {
+			final[op.Key] = op.Out
+		}
+	}
+	var out []DurabilityAnomaly
+	for i := range ops {
+		op := &ops[i]
+		if op.Type != history.OK || op.Out == nil || op.Out.Err != "" || op.Workload != "register" {
+			continue
+		}
+		var want *history.Record
+		switch {
+		case op.F == history.FCommit && op.Out.Receipt != nil:
+			want = &history.Record{Status: op.Out.Receipt.Status, RemoteID: op.Out.Receipt.RemoteID, ErrorCode: op.Out.Receipt.ErrorCode}
+		case op.F == history.FFail && op.Out.Record != nil:
+			want = op.Out.Record
+		default:
+			continue
+		}
+		f, ok := final[op.Key]
+		switch {
+		case !ok:
+			out = append(out, DurabilityAnomaly{Key: op.Key, Op: op.ID, Detail: "no final read"})
+		case f.Err != "" || f.Record == nil:
+			out = append(out, DurabilityAnomaly{Key: op.Key, Op: op.ID,
+				Detail: fmt.Sprintf("acknowledged %s %s%s, finally %s", want.Status, want.RemoteID, want.ErrorCode, f.Err)})
+		case f.Record.Status != want.Status || f.Record.RemoteID != want.RemoteID || f.Record.ErrorCode != want.ErrorCode:
+			out = append(out, DurabilityAnomaly{Key: op.Key, Op: op.ID,
+				Detail: fmt.Sprintf("acknowledged %s %s%s, finally %s %s%s", want.Status, want.RemoteID, want.ErrorCode,
+					f.Record.Status, f.Record.RemoteID, f.Record.ErrorCode)})
+		}
+	}
+	return out
+}

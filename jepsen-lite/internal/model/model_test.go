@@ -218,3 +218,26 @@ func TestCheckClock(t *testing.T) {
 		t.Fatalf("clock regression not found: %v", a)
 	}
 }
+
+func TestCheckDurable(t *testing.T) {
+	b := &h{}
+	b.add(0, history.FReserve, 0, 10, history.Input{Fingerprint: fpA, AttemptID: "a1"}, execute(fpA, "a1", 5))
+	b.add(0, history.FCommit, 11, 20, history.Input{Fingerprint: fpA, Fence: 5, RemoteID: "r1"},
+		&history.Output{Receipt: &history.Receipt{Status: "committed", Fingerprint: fpA, RemoteID: "r1"}})
+	for i := range b.ops {
+		b.ops[i].Workload = "register"
+	}
+	final := history.Op{ID: 99, Workload: "register", F: history.FGet, Key: "k", In: history.Input{Final: true}, Type: history.OK,
+		Out: &history.Output{Record: rec("committed", fpA, "a1", 5, "r1", 2)}, Call: 30, Return: 31}
+	if a := CheckDurable(append(b.ops, final)); len(a) != 0 {
+		t.Fatalf("a durable commit was flagged: %v", a)
+	}
+	final.Out = &history.Output{Record: rec("pending", fpA, "a1", 5, "", 1)}
+	if a := CheckDurable(append(b.ops, final)); len(a) != 1 || a[0].Op != 2 {
+		t.Fatalf("a lost commit was not flagged: %v", a)
+	}
+	final.Out = &history.Output{Err: "not_found"}
+	if a := CheckDurable(append(b.ops, final)); len(a) != 1 {
+		t.Fatalf("a vanished record was not flagged: %v", a)
+	}
+}

@@ -1,0 +1,517 @@
+// Package nemesis breaks a running cluster on a schedule while the workloads run:
+// partitions and bad links, crashes, pauses, membership changes, a partition long
+// enough that the returning node needs a snapshot, and clock offsets on the leader.
+// Every fault is healed before the next one starts, and HealAll puts the cluster back
+// together at the end.
+package nemesis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/idemkv/idemkv/internal/testhooks"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/cluster"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/proxy"
+)
+
+// Families of faults, as --nemesis names them.
+const (
+	FamilyPartition  = "partition"
+	FamilyKill       = "kill"
+	FamilyPause      = "pause"
+	FamilyMembership = "membership"
+	FamilySnapshot   = "snapshot"
+	FamilyClock      = "clock"
+)
+
+// Families lists every family in a stable order.
+var Families = []string{FamilyPartition, FamilyKill, FamilyPause, FamilyMembership, FamilySnapshot, FamilyClock}
+
+// ParseFamilies parses --nemesis: "all", "none", or a comma-separated list.
+func ParseFamilies(s string) ([]string, error) {
+	switch strings.TrimSpace(s) {
+	case "all":
+		return append([]string(nil), Families...), nil
+	case "none", "":
+		return nil, nil
+	}
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		known := false
+		for _, k := range Families {
+			known = known || k == f
+		}
+		if !known {
+			return nil, fmt.Errorf("nemesis: unknown family %q (known: all, none, %s)", f, strings.Join(Families, ", "))
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// Fault is one injected fault and its window.
+type Fault struct {
+	Family string `json:"family"`
+	Kind   string `json:"kind"`
+	// Start and End are nanoseconds since the run started; End is when it was healed.
+	Start  int64  `json:"start"`
+	End    int64  `json:"end"`
+	Detail string `json:"detail"`
+	Err    string `json:"error,omitempty"`
+}
+
+// Config configures the schedule.
+type Config struct {
+	Families []string
+	// Quiet is the longest pause between faults, Hold the longest a fault lasts.
+	Quiet, Hold time.Duration
+	// SnapshotGap is how many entries the others must commit past an isolated node
+	// before it may come back (snapshot threshold + trailing logs, with a margin).
+	SnapshotGap uint64
+	Logger      *slog.Logger
+	// Now is the run's clock (nanoseconds since start).
+	Now func() int64
+	// Seed makes the schedule reproducible.
+	Seed uint64
+}
+
+// Nemesis injects faults into one cluster.
+type Nemesis struct {
+	cfg Config
+	c   *cluster.Cluster
+	r   *mrand.Rand
+	log *slog.Logger
+
+	mu      sync.Mutex
+	faults  []Fault
+	current string
+	removed map[int]bool
+}
+
+// New returns a nemesis for c.
+func New(cfg Config, c *cluster.Cluster) *Nemesis {
+	return &Nemesis{cfg: cfg, c: c, r: mrand.New(mrand.NewPCG(cfg.Seed, cfg.Seed+1)), log: cfg.Logger, removed: map[int]bool{}}
+}
+
+// Faults returns the faults injected so far.
+func (n *Nemesis) Faults() []Fault {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]Fault(nil), n.faults...)
+}
+
+// Current names the fault in force, or "".
+func (n *Nemesis) Current() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.current
+}
+
+func (n *Nemesis) jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d/2 + time.Duration(n.r.Int64N(int64(d/2)+1))
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// Run injects faults until ctx ends. Each fault is healed before Run returns.
+func (n *Nemesis) Run(ctx context.Context) {
+	if len(n.cfg.Families) == 0 {
+		<-ctx.Done()
+		return
+	}
+	for {
+		sleep(ctx, n.jitter(n.cfg.Quiet))
+		if ctx.Err() != nil {
+			return
+		}
+		family := n.cfg.Families[n.r.IntN(len(n.cfg.Families))]
+		n.inject(ctx, family)
+	}
+}
+
+// kinds of each family.
+var kinds = map[string][]string{
+	FamilyPartition:  {"partition-halves", "partition-leader", "partition-bridge", "partition-ring", "link-slow", "link-flaky"},
+	FamilyKill:       {"kill-one", "kill-leader", "kill-all"},
+	FamilyPause:      {"pause-leader"},
+	FamilyMembership: {"membership"},
+	FamilySnapshot:   {"snapshot-isolate"},
+	FamilyClock:      {"clock-skew"},
+}
+
+func (n *Nemesis) inject(ctx context.Context, family string) {
+	list := kinds[family]
+	kind := list[n.r.IntN(len(list))]
+	f := Fault{Family: family, Kind: kind, Start: n.cfg.Now()}
+	n.mu.Lock()
+	n.current = kind
+	n.mu.Unlock()
+	n.log.Info("nemesis: inject", "kind", kind)
+	// Faults are held even when the run ends meanwhile, only shorter; the heal
+	// always runs, on a context of its own.
+	hold := n.jitter(n.cfg.Hold)
+	heal := context.WithoutCancel(ctx)
+	detail, err := n.apply(ctx, heal, kind, hold)
+	f.End = n.cfg.Now()
+	f.Detail = detail
+	if err != nil {
+		f.Err = err.Error()
+		n.log.Warn("nemesis: fault did not go as planned", "kind", kind, "err", err)
+	}
+	n.mu.Lock()
+	n.faults = append(n.faults, f)
+	n.current = ""
+	n.mu.Unlock()
+}
+
+func (n *Nemesis) leader(ctx context.Context) (int, error) {
+	for range 50 {
+		if l := n.c.Leader(ctx); l >= 0 {
+			return l, nil
+		}
+		sleep(ctx, 100*time.Millisecond)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return -1, errors.New("no leader")
+}
+
+func (n *Nemesis) id(i int) string { return n.c.Nodes()[i].ID }
+
+func (n *Nemesis) ids(list []int) string {
+	var s []string
+	for _, i := range list {
+		s = append(s, n.id(i))
+	}
+	return strings.Join(s, ",")
+}
+
+func (n *Nemesis) others(excl ...int) []int {
+	var out []int
+	for i := range n.c.Size() {
+		skip := false
+		for _, e := range excl {
+			skip = skip || e == i
+		}
+		if !skip {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Duration) (string, error) {
+	size := n.c.Size()
+	switch kind {
+	case "partition-halves":
+		perm := n.r.Perm(size)
+		minority := perm[:(size-1)/2]
+		if len(minority) == 0 {
+			minority = perm[:1]
+		}
+		majority := perm[len(minority):]
+		sort.Ints(minority)
+		sort.Ints(majority)
+		n.c.Partition([][]int{minority, majority})
+		sleep(ctx, hold)
+		n.c.HealNetwork()
+		return fmt.Sprintf("%s | %s", n.ids(minority), n.ids(majority)), nil
+
+	case "partition-leader":
+		l, err := n.leader(ctx)
+		if err != nil {
+			return "", err
+		}
+		n.c.Partition([][]int{{l}, n.others(l)})
+		sleep(ctx, hold)
+		n.c.HealNetwork()
+		return "isolated leader " + n.id(l), nil
+
+	case "partition-bridge":
+		// One node sees both sides; the sides do not see each other.
+		perm := n.r.Perm(size)
+		bridge := perm[0]
+		rest := perm[1:]
+		a, b := rest[:len(rest)/2], rest[len(rest)/2:]
+		n.c.SetLinks(a, b, proxy.Setting{Mode: proxy.Cut})
+		sleep(ctx, hold)
+		n.c.HealNetwork()
+		return fmt.Sprintf("bridge %s between %s and %s", n.id(bridge), n.ids(a), n.ids(b)), nil
+
+	case "partition-ring":
+		// Every node sees its ring neighbours only: each sees a majority (for 3 and
+		// 5 nodes), and no two agree on which.
+		perm := n.r.Perm(size)
+		pos := make([]int, size)
+		for p, i := range perm {
+			pos[i] = p
+		}
+		for i := range size {
+			for j := range size {
+				if i == j {
+					continue
+				}
+				d := (pos[i] - pos[j] + size) % size
+				if d == 1 || d == size-1 {
+					n.c.Link(i, j).Set(proxy.Setting{Mode: proxy.Pass})
+				} else {
+					n.c.Link(i, j).Set(proxy.Setting{Mode: proxy.Cut})
+				}
+			}
+		}
+		sleep(ctx, hold)
+		n.c.HealNetwork()
+		return "ring " + n.ids(perm), nil
+
+	case "link-slow":
+		lat := time.Duration(20+n.r.IntN(180)) * time.Millisecond
+		all := n.others()
+		n.c.SetLinks(all, all, proxy.Setting{Mode: proxy.Delay, Latency: lat})
+		sleep(ctx, hold)
+		n.c.HealNetwork()
+		return fmt.Sprintf("every link +%s", lat), nil
+
+	case "link-flaky":
+		rate := 0.01 + n.r.Float64()*0.09
+		all := n.others()
+		n.c.SetLinks(all, all, proxy.Setting{Mode: proxy.Flaky, DropRate: rate})
+		sleep(ctx, hold)
+		n.c.HealNetwork()
+		return fmt.Sprintf("every link resets with p=%.2f per chunk", rate), nil
+
+	case "kill-one", "kill-leader", "kill-all":
+		var victims []int
+		switch kind {
+		case "kill-one":
+			victims = []int{n.r.IntN(size)}
+		case "kill-leader":
+			l, err := n.leader(ctx)
+			if err != nil {
+				return "", err
+			}
+			victims = []int{l}
+		default:
+			victims = n.others()
+		}
+		var errs []error
+		for _, v := range victims {
+			errs = append(errs, n.c.Kill(v))
+		}
+		sleep(ctx, hold/2)
+		for _, v := range victims {
+			errs = append(errs, n.c.StartNode(v))
+		}
+		return "SIGKILL " + n.ids(victims), errors.Join(errs...)
+
+	case "pause-leader":
+		l, err := n.leader(ctx)
+		if err != nil {
+			return "", err
+		}
+		if err := n.c.Pause(l); err != nil {
+			return "", err
+		}
+		sleep(ctx, hold)
+		return "SIGSTOP " + n.id(l), n.c.Resume(l)
+
+	case "membership":
+		return n.membership(ctx, heal)
+
+	case "snapshot-isolate":
+		return n.snapshotIsolate(ctx, heal, hold)
+
+	case "clock-skew":
+		l, err := n.leader(ctx)
+		if err != nil {
+			return "", err
+		}
+		// Backwards by up to a minute, or forwards by up to 15 s: a forward jump
+		// freezes the state machine's clock for as long after the heal (it never
+		// runs backwards), which stalls the short agent leases, so it stays small.
+		offset := -time.Duration(5+n.r.IntN(55)) * time.Second
+		if n.r.IntN(2) == 0 {
+			offset = time.Duration(2+n.r.IntN(13)) * time.Second
+		}
+		ms := offset.Milliseconds()
+		if _, err := n.c.SetHooks(ctx, l, testhooks.StateUpdate{ClockOffsetMs: &ms}); err != nil {
+			return "", err
+		}
+		sleep(ctx, hold)
+		return fmt.Sprintf("%s clock %+v", n.id(l), offset), n.resetClocks(heal)
+	}
+	return "", fmt.Errorf("nemesis: unknown fault %q", kind)
+}
+
+func (n *Nemesis) resetClocks(ctx context.Context) error {
+	var errs []error
+	zero := int64(0)
+	for i := range n.c.Size() {
+		if !n.c.Running(i) {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := n.c.SetHooks(cctx, i, testhooks.StateUpdate{ClockOffsetMs: &zero})
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// membership removes a node, wipes it, and adds it back as a new member.
+func (n *Nemesis) membership(ctx, heal context.Context) (string, error) {
+	l, err := n.leader(ctx)
+	if err != nil {
+		return "", err
+	}
+	// Mostly a follower; sometimes the leader itself, which must hand over.
+	victim := n.others(l)[n.r.IntN(n.c.Size()-1)]
+	if n.r.IntN(4) == 0 {
+		victim = l
+	}
+	id := n.id(victim)
+	rctx, cancel := context.WithTimeout(heal, 20*time.Second)
+	defer cancel()
+	if err := n.c.Remove(rctx, id); err != nil {
+		return "remove " + id, err
+	}
+	n.mu.Lock()
+	n.removed[victim] = true
+	n.mu.Unlock()
+	if err := n.c.Terminate(victim, 10*time.Second); err != nil {
+		return "remove " + id, err
+	}
+	if err := n.c.Wipe(victim); err != nil {
+		return "remove " + id, err
+	}
+	sleep(ctx, time.Second)
+	if err := n.rejoin(heal, victim); err != nil {
+		return "remove " + id + ", wipe, add back", err
+	}
+	return "remove " + id + ", wipe, add back", nil
+}
+
+// rejoin starts a wiped node (it joins through the others) and waits until it is a
+// voter again.
+func (n *Nemesis) rejoin(ctx context.Context, i int) error {
+	if err := n.c.StartNode(i); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if l := n.c.Leader(ctx); l >= 0 {
+			if info, err := n.c.Info(ctx, l); err == nil {
+				for _, m := range info.Nodes {
+					if m.ID == n.id(i) && m.Suffrage == "voter" {
+						n.mu.Lock()
+						delete(n.removed, i)
+						n.mu.Unlock()
+						return nil
+					}
+				}
+			}
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+	return fmt.Errorf("nemesis: %s did not rejoin within a minute", n.id(i))
+}
+
+// snapshotIsolate cuts a follower off until the others have committed far enough past
+// it that their logs no longer hold what it misses, so it must install a snapshot.
+func (n *Nemesis) snapshotIsolate(ctx, heal context.Context, hold time.Duration) (string, error) {
+	l, err := n.leader(ctx)
+	if err != nil {
+		return "", err
+	}
+	victim := n.others(l)[n.r.IntN(n.c.Size()-1)]
+	var from uint64
+	if info, err := n.c.Info(ctx, victim); err == nil {
+		from = info.AppliedIndex
+	}
+	n.c.Partition([][]int{{victim}, n.others(victim)})
+	target := from + n.cfg.SnapshotGap
+	var reached uint64
+	// Wait for the gap, at least hold and at most a bounded time even if the run ends.
+	deadline := time.Now().Add(max(4*hold, 30*time.Second))
+	start := time.Now()
+	wctx := heal
+	for time.Now().Before(deadline) {
+		if cur := n.c.Leader(wctx); cur >= 0 && cur != victim {
+			if info, err := n.c.Info(wctx, cur); err == nil {
+				reached = info.CommitIndex
+			}
+		}
+		if reached >= target && time.Since(start) >= hold {
+			break
+		}
+		if ctx.Err() != nil && time.Since(start) >= hold {
+			break
+		}
+		sleep(wctx, 200*time.Millisecond)
+	}
+	n.c.HealNetwork()
+	detail := fmt.Sprintf("isolated %s at index %d until the others reached %d (wanted %d)", n.id(victim), from, reached, target)
+	if reached < target {
+		return detail, fmt.Errorf("nemesis: the log did not move far enough for a snapshot install")
+	}
+	return detail, nil
+}
+
+// HealAll ends every fault: links pass, paused nodes continue, dead nodes start,
+// removed nodes come back, clocks are reset.
+func (n *Nemesis) HealAll(ctx context.Context) error {
+	n.c.HealNetwork()
+	var errs []error
+	for i := range n.c.Size() {
+		if n.c.Paused(i) {
+			errs = append(errs, n.c.Resume(i))
+		}
+	}
+	n.mu.Lock()
+	removed := make([]int, 0, len(n.removed))
+	for i := range n.removed {
+		removed = append(removed, i)
+	}
+	n.mu.Unlock()
+	for i := range n.c.Size() {
+		if !n.c.Running(i) && !contains(removed, i) {
+			errs = append(errs, n.c.StartNode(i))
+		}
+	}
+	for _, i := range removed {
+		_ = n.c.Terminate(i, 5*time.Second)
+		errs = append(errs, n.c.Wipe(i), n.rejoin(ctx, i))
+	}
+	errs = append(errs, n.c.WaitHealthy(ctx, 90*time.Second))
+	errs = append(errs, n.resetClocks(ctx))
+	return errors.Join(errs...)
+}
+
+func contains(list []int, x int) bool {
+	for _, v := range list {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,235 @@
+// Package workload holds the workloads of jepsen-lite: the register workload, whose
+// history porcupine checks, and the agent workload, whose simulated workers run the
+// reserve → execute → commit loop against a simulated downstream service. Both speak
+// the HTTP API of SPEC section 2 to real nodes.
+package workload
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"syscall"
+	"time"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
+)
+
+// Tenant is the tenant every workload writes under.
+const Tenant = "jepsen"
+
+// API talks to the nodes over HTTP.
+type API struct {
+	http    *http.Client
+	addrs   []string
+	timeout time.Duration
+}
+
+// NewAPI returns a client for the nodes at addrs; every request is bounded by timeout.
+func NewAPI(addrs []string, timeout time.Duration) *API {
+	return &API{addrs: addrs, timeout: timeout, http: &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		MaxIdleConnsPerHost: 64,
+		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
+	}}}
+}
+
+// Addrs lists the node addresses.
+func (a *API) Addrs() []string { return a.addrs }
+
+// Close drops idle connections.
+func (a *API) Close() { a.http.CloseIdleConnections() }
+
+// result classifies an answer: its history type, the wire code of an error answer,
+// and a message.
+type result struct {
+	typ  history.Type
+	code string
+	msg  string
+}
+
+// modelCodes are error answers that are part of the state machine's behaviour: the
+// model must explain them.
+var modelCodes = map[string]bool{
+	idemkv.CodeNotFound:            true,
+	idemkv.CodeFenced:              true,
+	idemkv.CodeFingerprintMismatch: true,
+	idemkv.CodeNotPending:          true,
+}
+
+// do sends one request to node and decodes a 200 answer into out.
+func (a *API) do(ctx context.Context, node int, method, path string, body, out any) result {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return result{typ: history.Fail, msg: err.Error()}
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://"+a.addrs[node]+path, rd)
+	if err != nil {
+		return result{typ: history.Fail, msg: err.Error()}
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := a.http.Do(req)
+	if err != nil {
+		if notSent(err) {
+			return result{typ: history.Fail, msg: err.Error()}
+		}
+		return result{typ: history.Info, msg: err.Error()}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return result{typ: history.Info, msg: "reading the answer: " + err.Error()}
+	}
+	if resp.StatusCode == http.StatusOK {
+		if out != nil {
+			if err := json.Unmarshal(b, out); err != nil {
+				return result{typ: history.Info, msg: "decoding the answer: " + err.Error()}
+			}
+		}
+		return result{typ: history.OK}
+	}
+	var e struct {
+		Error idemkv.Error `json:"error"`
+	}
+	if json.Unmarshal(b, &e) != nil || e.Error.Code == "" {
+		return result{typ: history.Info, msg: fmt.Sprintf("%s: %.200s", resp.Status, b)}
+	}
+	switch {
+	case modelCodes[e.Error.Code]:
+		return result{typ: history.OK, code: e.Error.Code, msg: e.Error.Message}
+	case e.Error.Code == idemkv.CodeInvalidArgument || e.Error.Code == idemkv.CodePayloadTooLarge:
+		// Rejected by validation before anything was proposed.
+		return result{typ: history.Fail, code: e.Error.Code, msg: e.Error.Message}
+	default:
+		// unavailable and internal may come after the command was proposed.
+		return result{typ: history.Info, code: e.Error.Code, msg: e.Error.Message}
+	}
+}
+
+// notSent reports whether a transport error happened before the request could reach
+// a node: then it certainly had no effect.
+func notSent(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED)
+}
+
+func recordPath(key string) string {
+	return "/v1/records/" + url.PathEscape(Tenant) + "/" + url.PathEscape(key)
+}
+
+// toRecord keeps the fields the checkers compare.
+func toRecord(r *idemkv.Record) *history.Record {
+	if r == nil {
+		return nil
+	}
+	out := &history.Record{Status: string(r.Status), Fingerprint: r.Fingerprint, Tool: r.Tool,
+		AttemptID: r.AttemptID, Fence: r.Fence, Attempts: r.Attempts, UpdatedAt: int64(r.UpdatedAt)}
+	if r.Receipt != nil {
+		out.RemoteID = r.Receipt.RemoteID
+	}
+	if r.Error != nil {
+		out.ErrorCode = r.Error.Code
+	}
+	return out
+}
+
+func toReceipt(r *idemkv.Receipt) *history.Receipt {
+	if r == nil {
+		return nil
+	}
+	out := &history.Receipt{Status: string(r.Status), Fingerprint: r.Fingerprint, RemoteID: r.RemoteID}
+	if r.Error != nil {
+		out.ErrorCode = r.Error.Code
+	}
+	return out
+}
+
+// Reserve sends a reserve and converts the answer.
+func (a *API) Reserve(ctx context.Context, node int, req *idemkv.ReserveRequest) (*history.Output, *idemkv.ReserveResult, result) {
+	var res idemkv.ReserveResult
+	r := a.do(ctx, node, http.MethodPost, "/v1/reserve", req, &res)
+	if r.typ != history.OK {
+		return nil, nil, r
+	}
+	if r.code != "" {
+		return &history.Output{Err: r.code}, nil, r
+	}
+	out := &history.Output{Decision: string(res.Decision), Grant: res.Fence, Record: toRecord(res.Record), Receipt: toReceipt(res.Receipt)}
+	if res.Conflict != nil {
+		out.ConflictRemoteID = res.Conflict.ExistingRemoteID
+		out.ConflictFP = res.Conflict.ExistingFingerprint
+	}
+	return out, &res, r
+}
+
+// Commit sends a commit.
+func (a *API) Commit(ctx context.Context, node int, req *idemkv.CommitRequest) (*history.Output, result) {
+	var rc idemkv.Receipt
+	r := a.do(ctx, node, http.MethodPost, "/v1/commit", req, &rc)
+	return output(r, func(o *history.Output) { o.Receipt = toReceipt(&rc) }), r
+}
+
+// Fail sends a fail.
+func (a *API) Fail(ctx context.Context, node int, req *idemkv.FailRequest) (*history.Output, result) {
+	var rec idemkv.Record
+	r := a.do(ctx, node, http.MethodPost, "/v1/fail", req, &rec)
+	return output(r, func(o *history.Output) { o.Record = toRecord(&rec) }), r
+}
+
+// Release sends a release.
+func (a *API) Release(ctx context.Context, node int, req *idemkv.ReleaseRequest) (*history.Output, result) {
+	var rel idemkv.ReleaseResult
+	r := a.do(ctx, node, http.MethodPost, "/v1/release", req, &rel)
+	return output(r, func(o *history.Output) { o.Released = rel.Released }), r
+}
+
+// Heartbeat sends a heartbeat.
+func (a *API) Heartbeat(ctx context.Context, node int, req *idemkv.HeartbeatRequest) (*history.Output, result) {
+	var rec idemkv.Record
+	r := a.do(ctx, node, http.MethodPost, "/v1/heartbeat", req, &rec)
+	return output(r, func(o *history.Output) { o.Record = toRecord(&rec) }), r
+}
+
+// Get reads a record linearizably; wait > 0 long-polls while it is pending.
+func (a *API) Get(ctx context.Context, node int, key string, wait time.Duration) (*history.Output, *idemkv.Record, result) {
+	var rec idemkv.Record
+	path := recordPath(key)
+	if wait > 0 {
+		path += fmt.Sprintf("?wait_ms=%d", wait.Milliseconds())
+	}
+	r := a.do(ctx, node, http.MethodGet, path, nil, &rec)
+	out := output(r, func(o *history.Output) { o.Record = toRecord(&rec) })
+	if out != nil && out.Err == "" {
+		return out, &rec, r
+	}
+	return out, nil, r
+}
+
+func output(r result, fill func(*history.Output)) *history.Output {
+	if r.typ != history.OK {
+		return nil
+	}
+	if r.code != "" {
+		return &history.Output{Err: r.code}
+	}
+	o := &history.Output{}
+	fill(o)
+	return o
+}

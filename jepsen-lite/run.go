@@ -1,0 +1,415 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/idemkv/idemkv/internal/testhooks"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/cluster"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/model"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/nemesis"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/report"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/workload"
+)
+
+// errAnomalies marks a run that completed and found anomalies (exit status 1).
+var errAnomalies = errors.New("anomalies found")
+
+type config struct {
+	Nodes       int
+	Time        time.Duration
+	Concurrency int
+	Families    []string
+	Sabotage    testhooks.Mode
+	Out         string
+	Quiet, Hold time.Duration
+	Slots       int
+	OpTimeout   time.Duration
+	Seed        uint64
+	Binary      string
+	Root        string
+
+	// Raft tuning of every node: fast elections, and snapshots small and often so
+	// that a node cut off for a few seconds needs one.
+	SnapshotThreshold, TrailingLogs uint64
+
+	// Progress receives the live progress line (stderr by default).
+	Progress io.Writer
+}
+
+func defaultConfig() config {
+	return config{Nodes: 3, Time: 60 * time.Second, Concurrency: 16, Out: "jepsen-out", Quiet: 5 * time.Second,
+		Hold: 8 * time.Second, Slots: 8, OpTimeout: 3 * time.Second, Root: ".",
+		SnapshotThreshold: 256, TrailingLogs: 128, Progress: os.Stderr}
+}
+
+// summary is summary.json.
+type summary struct {
+	Verdict     string                    `json:"verdict"`
+	Nodes       int                       `json:"nodes"`
+	Seconds     float64                   `json:"seconds"`
+	Concurrency int                       `json:"concurrency"`
+	Nemesis     []string                  `json:"nemesis"`
+	Sabotage    []string                  `json:"sabotage"`
+	Seed        uint64                    `json:"seed"`
+	Ops         map[string]map[string]int `json:"ops"`
+	Outcomes    map[string]map[string]int `json:"outcomes"`
+	Faults      map[string]int            `json:"faults"`
+	FaultLog    []nemesis.Fault           `json:"fault_log"`
+	Anomalies   map[string]int            `json:"anomalies"`
+	Details     []anomaly                 `json:"anomaly_details"`
+	Linear      model.Result              `json:"linearizability"`
+	Convergence *convergence              `json:"convergence"`
+	Effects     map[string]int            `json:"downstream_effects"`
+}
+
+type anomaly struct {
+	Kind   string `json:"kind"`
+	Key    string `json:"key,omitempty"`
+	Detail string `json:"detail"`
+}
+
+type convergence struct {
+	AppliedIndex uint64            `json:"applied_index"`
+	StateHash    string            `json:"state_hash"`
+	Nodes        map[string]string `json:"nodes"`
+	Converged    bool              `json:"converged"`
+}
+
+func run(ctx context.Context, cfg config) error {
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return err
+	}
+	logFile, err := os.Create(filepath.Join(cfg.Out, "jepsen.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	logger := slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	say := func(format string, args ...any) { fmt.Fprintf(cfg.Progress, format+"\n", args...) }
+
+	bin := cfg.Binary
+	if bin == "" {
+		bin, err = filepath.Abs(filepath.Join(cfg.Out, "idemkv"))
+		if err != nil {
+			return err
+		}
+		say("building idemkv with -tags idemkv_testhooks ...")
+		if err := cluster.Build(ctx, cfg.Root, bin); err != nil {
+			return err
+		}
+	}
+	nodesDir := filepath.Join(cfg.Out, "nodes")
+	if err := os.RemoveAll(nodesDir); err != nil {
+		return err
+	}
+	var env []string
+	if cfg.Sabotage != 0 {
+		env = append(env, testhooks.EnvSabotage+"="+cfg.Sabotage.String())
+	}
+	c, err := cluster.New(cluster.Config{Binary: bin, Dir: nodesDir, Nodes: cfg.Nodes, Env: env, Logger: logger,
+		ServeFlags: []string{"--heartbeat-timeout", "500ms", "--election-timeout", "500ms", "--leader-lease-timeout", "250ms",
+			"--snapshot-threshold", fmt.Sprint(cfg.SnapshotThreshold), "--trailing-logs", fmt.Sprint(cfg.TrailingLogs),
+			"--snapshot-interval", "1s"}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	say("starting %d nodes in %s ...", cfg.Nodes, nodesDir)
+	if err := c.Start(ctx); err != nil {
+		return err
+	}
+
+	hf, err := os.Create(filepath.Join(cfg.Out, "history.jsonl"))
+	if err != nil {
+		return err
+	}
+	defer hf.Close()
+	rec := history.NewRecorder(time.Now(), hf)
+	api := workload.NewAPI(c.APIAddrs(), cfg.OpTimeout)
+	defer api.Close()
+	reg := workload.NewRegister(workload.RegisterConfig{Clients: cfg.Concurrency, Slots: cfg.Slots, OpsPerKey: 40}, api, rec)
+	down := workload.NewDownstream(cfg.Seed)
+	agent := workload.NewAgent(workload.AgentConfig{Workers: max(1, cfg.Concurrency/2), Interval: 25 * time.Millisecond,
+		Lease: 2 * time.Second, Deadline: 15 * time.Second}, api, rec, down)
+	nem := nemesis.New(nemesis.Config{Families: cfg.Families, Quiet: cfg.Quiet, Hold: cfg.Hold, Logger: logger,
+		Now: rec.Now, Seed: cfg.Seed, SnapshotGap: cfg.SnapshotThreshold + cfg.TrailingLogs + 64}, c)
+
+	say("running for %s: %d register clients, %d agent workers, nemesis %s, sabotage %q, seed %d",
+		cfg.Time, cfg.Concurrency, max(1, cfg.Concurrency/2), strings.Join(cfg.Families, ","), cfg.Sabotage.String(), cfg.Seed)
+	runCtx, stopRun := context.WithTimeout(ctx, cfg.Time)
+	defer stopRun()
+	var wg sync.WaitGroup
+	for _, f := range []func(context.Context){reg.Run, agent.Run, nem.Run} {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(runCtx) }()
+	}
+	progressDone := make(chan struct{})
+	go func() { defer close(progressDone); progress(runCtx, cfg, rec, nem) }()
+	wg.Wait()
+	<-progressDone
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+
+	say("healing every fault ...")
+	if err := nem.HealAll(ctx); err != nil {
+		return fmt.Errorf("heal: %w", err)
+	}
+	say("final reads ...")
+	if err := reg.FinalReads(ctx); err != nil {
+		return err
+	}
+	finalRecs, err := agent.FinalRecords(ctx)
+	if err != nil {
+		return err
+	}
+	say("waiting for the nodes to converge ...")
+	conv := converge(ctx, c, 60*time.Second)
+	if err := rec.Flush(); err != nil {
+		return err
+	}
+
+	say("checking %d operations ...", len(rec.Ops()))
+	ops := rec.Ops()
+	var regOps []history.Op
+	for _, op := range ops {
+		if op.Workload == "register" {
+			regOps = append(regOps, op)
+		}
+	}
+	sum := summarize(cfg, ops, nem.Faults(), rec.Now())
+	sum.Convergence = conv
+	lin := model.Check(regOps, 20*time.Second)
+	sum.Linear = lin
+	for _, k := range lin.Illegal {
+		sum.add("nonlinearizable", k.Key, fmt.Sprintf("%d operations on the key have no linearization (see linearizability.html)", k.Ops))
+	}
+	for _, k := range lin.Unknown {
+		sum.add("unchecked", k.Key, "the linearizability check timed out")
+	}
+	for _, a := range model.CheckClock(regOps) {
+		sum.add("clock-regression", a.Key, a.String())
+	}
+	for _, a := range model.CheckDurable(regOps) {
+		sum.add("lost-acknowledged-write", a.Key, fmt.Sprintf("op %d: %s", a.Op, a.Detail))
+	}
+	effects := down.Effects()
+	for _, a := range workload.CheckAgents(ops, effects, finalRecs) {
+		sum.add(a.Kind, a.Key, a.Detail)
+	}
+	for _, list := range effects {
+		for _, e := range list {
+			sum.Effects[e.Class]++
+		}
+	}
+	if !conv.Converged {
+		sum.add("divergence", "", fmt.Sprintf("nodes did not converge: %v", conv.Nodes))
+	}
+	if len(sum.Anomalies) == 0 {
+		sum.Verdict = "valid"
+	} else {
+		sum.Verdict = "invalid"
+	}
+
+	if err := porcupine.VisualizePath(model.Porcupine(), lin.Info, filepath.Join(cfg.Out, "linearizability.html")); err != nil {
+		return fmt.Errorf("write linearizability.html: %w", err)
+	}
+	if err := writeJSON(filepath.Join(cfg.Out, "summary.json"), sum); err != nil {
+		return err
+	}
+	svg, err := os.Create(filepath.Join(cfg.Out, "timeline.svg"))
+	if err != nil {
+		return err
+	}
+	title := fmt.Sprintf("idemkv jepsen-lite: %d nodes, %s, nemesis %s%s: %s", cfg.Nodes, cfg.Time,
+		strings.Join(cfg.Families, ","), sabotageLabel(cfg.Sabotage), sum.Verdict)
+	if err := report.WriteSVG(svg, title, report.Buckets(ops, time.Duration(rec.Now())), sum.FaultLog); err != nil {
+		svg.Close()
+		return err
+	}
+	if err := svg.Close(); err != nil {
+		return err
+	}
+	printVerdict(cfg.Progress, sum)
+	if sum.Verdict != "valid" {
+		return fmt.Errorf("%w: %v (see %s)", errAnomalies, sum.Anomalies, cfg.Out)
+	}
+	return nil
+}
+
+func sabotageLabel(m testhooks.Mode) string {
+	if m == 0 {
+		return ""
+	}
+	return ", sabotage " + m.String()
+}
+
+func (s *summary) add(kind, key, detail string) {
+	s.Anomalies[kind]++
+	// Enough detail to start from; the counts stay exact.
+	if s.Anomalies[kind] <= 50 {
+		s.Details = append(s.Details, anomaly{Kind: kind, Key: key, Detail: detail})
+	}
+}
+
+func summarize(cfg config, ops []history.Op, faults []nemesis.Fault, now int64) *summary {
+	s := &summary{Nodes: cfg.Nodes, Seconds: time.Duration(now).Seconds(), Concurrency: cfg.Concurrency,
+		Nemesis: cfg.Families, Sabotage: cfg.Sabotage.Names(), Seed: cfg.Seed,
+		Ops: map[string]map[string]int{}, Outcomes: map[string]map[string]int{}, Faults: map[string]int{},
+		FaultLog: faults, Anomalies: map[string]int{}, Effects: map[string]int{}}
+	if s.Nemesis == nil {
+		s.Nemesis = []string{}
+	}
+	for _, op := range ops {
+		name := op.Workload + ":" + op.F
+		if op.In.Final {
+			name += ":final"
+		}
+		if s.Ops[name] == nil {
+			s.Ops[name] = map[string]int{}
+			s.Outcomes[name] = map[string]int{}
+		}
+		s.Ops[name][string(op.Type)]++
+		if op.Type == history.OK && op.Out != nil {
+			switch {
+			case op.Out.Err != "":
+				s.Outcomes[name][op.Out.Err]++
+			case op.Out.Decision != "":
+				s.Outcomes[name][op.Out.Decision]++
+			default:
+				s.Outcomes[name]["ok"]++
+			}
+		}
+	}
+	for _, f := range faults {
+		s.Faults[f.Kind]++
+	}
+	return s
+}
+
+// converge waits until every node reports the same applied index and state hash.
+func converge(ctx context.Context, c *cluster.Cluster, timeout time.Duration) *convergence {
+	deadline := time.Now().Add(timeout)
+	var last *convergence
+	for {
+		conv := &convergence{Nodes: map[string]string{}, Converged: true}
+		for i, n := range c.Nodes() {
+			s, err := c.StateHash(ctx, i)
+			if err != nil {
+				conv.Nodes[n.ID] = "error: " + err.Error()
+				conv.Converged = false
+				continue
+			}
+			conv.Nodes[n.ID] = fmt.Sprintf("%d/%s", s.AppliedIndex, s.StateHash)
+			if i == 0 {
+				conv.AppliedIndex, conv.StateHash = s.AppliedIndex, s.StateHash
+			} else if s.AppliedIndex != conv.AppliedIndex || s.StateHash != conv.StateHash {
+				conv.Converged = false
+			}
+		}
+		last = conv
+		if conv.Converged || time.Now().After(deadline) || ctx.Err() != nil {
+			return last
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// progress prints a status line every second on a terminal, every five otherwise.
+func progress(ctx context.Context, cfg config, rec *history.Recorder, nem *nemesis.Nemesis) {
+	tty := false
+	if f, ok := cfg.Progress.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	every := 5 * time.Second
+	if tty {
+		every = time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var prevOK int
+	for {
+		select {
+		case <-ctx.Done():
+			if tty {
+				fmt.Fprintln(cfg.Progress)
+			}
+			return
+		case <-t.C:
+		}
+		st := rec.Stats()
+		rate := float64(st.OK-prevOK) / every.Seconds()
+		prevOK = st.OK
+		cur := nem.Current()
+		if cur == "" {
+			cur = "-"
+		}
+		line := fmt.Sprintf("[%4.0fs/%.0fs] ok %d  unknown %d  failed %d  %.0f ok/s  faults %d  now: %s",
+			time.Duration(rec.Now()).Seconds(), cfg.Time.Seconds(), st.OK, st.Info, st.Fail, rate, len(nem.Faults()), cur)
+		if tty {
+			fmt.Fprintf(cfg.Progress, "\r\033[K%s", line)
+		} else {
+			fmt.Fprintln(cfg.Progress, line)
+		}
+	}
+}
+
+func printVerdict(w io.Writer, s *summary) {
+	fmt.Fprintf(w, "\n%d operations in %.0fs; faults:", countOps(s), s.Seconds)
+	kinds := make([]string, 0, len(s.Faults))
+	for k := range s.Faults {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		fmt.Fprintf(w, " %s×%d", k, s.Faults[k])
+	}
+	fmt.Fprintf(w, "\nlinearizability: %s (%d keys, %d ops); convergence: %v at index %d\n",
+		s.Linear.Result, s.Linear.Keys, s.Linear.Ops, s.Convergence.Converged, s.Convergence.AppliedIndex)
+	if len(s.Anomalies) == 0 {
+		fmt.Fprintln(w, "VALID: no anomalies")
+		return
+	}
+	fmt.Fprintf(w, "INVALID: %v\n", s.Anomalies)
+	for i, d := range s.Details {
+		if i == 10 {
+			fmt.Fprintf(w, "  ... (summary.json has more)\n")
+			break
+		}
+		fmt.Fprintf(w, "  %s %s: %s\n", d.Kind, d.Key, d.Detail)
+	}
+}
+
+func countOps(s *summary) int {
+	n := 0
+	for _, m := range s.Ops {
+		for _, v := range m {
+			n += v
+		}
+	}
+	return n
+}
