@@ -26,6 +26,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/expiry"
 	"github.com/idemkv/idemkv/fsm"
+	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/storage"
 )
@@ -92,7 +93,8 @@ func DefaultConfig() Config {
 		TrailingLogs:       10240,
 		MaxAppendEntries:   512,
 		ApplyTimeout:       10 * time.Second,
-		Now:                time.Now,
+		// testhooks.Now is time.Now outside the test build; jepsen-lite offsets it.
+		Now:                testhooks.Now,
 	}
 }
 
