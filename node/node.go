@@ -94,7 +94,7 @@ func DefaultConfig() Config {
 		MaxAppendEntries:   512,
 		ApplyTimeout:       10 * time.Second,
 		// testhooks.Now is time.Now outside the test build; jepsen-lite offsets it.
-		Now:                testhooks.Now,
+		Now: testhooks.Now,
 	}
 }
 
