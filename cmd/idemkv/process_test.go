@@ -72,7 +72,15 @@ func freePort(t *testing.T) string {
 }
 
 func newProc(t *testing.T, id, join string) *proc {
-	return &proc{t: t, id: id, dataDir: filepath.Join(t.TempDir(), id), httpAddr: freePort(t), raftAddr: freePort(t), join: join}
+	return &proc{t: t, id: id, dataDir: filepath.Join(t.TempDir(), id), httpAddr: freePort(t), raftAddr: freePort(t),
+		join: join, logs: &bytes.Buffer{}}
+}
+
+// logText is everything the process wrote so far, across restarts.
+func (p *proc) logText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.logs.String()
 }
 
 type syncBuffer struct {
@@ -95,7 +103,6 @@ func (p *proc) start() {
 	if p.join != "" {
 		args = append(args, "--join", p.join)
 	}
-	p.logs = &bytes.Buffer{}
 	p.cmd = exec.Command(idemkvBinary(p.t), args...)
 	p.cmd.Stdout = syncBuffer{&p.mu, p.logs}
 	p.cmd.Stderr = syncBuffer{&p.mu, p.logs}
@@ -108,10 +115,8 @@ func (p *proc) start() {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		}
-		p.mu.Lock()
-		defer p.mu.Unlock()
 		if p.t.Failed() {
-			p.t.Logf("--- %s logs ---\n%s", p.id, p.logs.String())
+			p.t.Logf("--- %s logs ---\n%s", p.id, p.logText())
 		}
 	})
 }
@@ -233,7 +238,7 @@ func TestSIGKILLSingleNodeLosesNothing(t *testing.T) {
 	p.start()
 	p.waitReady()
 	checkRecords(t, p.httpAddr, acked)
-	if !strings.Contains(p.logs.String(), "idemkv serving") {
+	if !strings.Contains(p.logText(), "idemkv serving") {
 		t.Fatalf("restarted node did not log its start")
 	}
 }
@@ -299,7 +304,7 @@ func TestSIGTERMShutsDownCleanly(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no exit 20 s after SIGTERM")
 	}
-	if !strings.Contains(p.logs.String(), "stopped") {
+	if !strings.Contains(p.logText(), "stopped") {
 		t.Fatalf("no clean stop in the logs")
 	}
 }
