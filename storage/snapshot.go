@@ -28,9 +28,11 @@ const (
 	tagTrailer   = 0x02
 	maxSnapKey   = 64 << 10
 	maxSnapValue = 64 << 20
-	// restoreBatchBytes bounds the memory a restore holds before committing.
-	restoreBatchBytes = 4 << 20
 )
+
+// restoreBatchBytes bounds the memory a restore holds before committing (a variable
+// so tests can make restores span many batches).
+var restoreBatchBytes = 4 << 20
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 

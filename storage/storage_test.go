@@ -308,6 +308,9 @@ func TestRestoreWritesAppliedIndexLast(t *testing.T) {
 		t.Fatalf("applied key at %d of %d: the test needs it early", i, len(data))
 	}
 	dst := openStore(t, t.TempDir())
+	// Small batches, so that the cut streams below have committed data before failing.
+	defer func(n int) { restoreBatchBytes = n }(restoreBatchBytes)
+	restoreBatchBytes = 512
 	for _, cut := range []int{len(data) / 4, len(data) / 2, len(data) - 5} {
 		if err := dst.restore(bytes.NewReader(data[:cut])); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("cut at %d: err = %v", cut, err)
