@@ -1,0 +1,114 @@
+package idemkv_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkv/idemkv"
+)
+
+func TestReserveValidateFillsDefaults(t *testing.T) {
+	r := idemkv.ReserveRequest{Tenant: "acme", Key: "k", Tool: "t", Fingerprint: "sha256:x"}
+	if err := r.Validate(idemkv.Limits{}, 1_000_000); err != nil {
+		t.Fatal(err)
+	}
+	if r.LeaseTTLMs != 30_000 || r.TTLMs != 86_400_000 {
+		t.Fatalf("defaults: lease %d ttl %d", r.LeaseTTLMs, r.TTLMs)
+	}
+}
+
+func TestReserveValidateNamesTheField(t *testing.T) {
+	now := idemkv.Timestamp(1_000_000_000)
+	ok := func() idemkv.ReserveRequest {
+		return idemkv.ReserveRequest{Tenant: "acme", Key: "k", Tool: "t", Fingerprint: "sha256:x"}
+	}
+	cases := []struct {
+		field string
+		edit  func(*idemkv.ReserveRequest)
+	}{
+		{"tenant", func(r *idemkv.ReserveRequest) { r.Tenant = "" }},
+		{"tenant", func(r *idemkv.ReserveRequest) { r.Tenant = "a/b" }},
+		{"tenant", func(r *idemkv.ReserveRequest) { r.Tenant = strings.Repeat("a", 129) }},
+		{"idempotency_key", func(r *idemkv.ReserveRequest) { r.Key = "" }},
+		{"idempotency_key", func(r *idemkv.ReserveRequest) { r.Key = strings.Repeat("k", 513) }},
+		{"idempotency_key", func(r *idemkv.ReserveRequest) { r.Key = "a\x00b" }},
+		{"idempotency_key", func(r *idemkv.ReserveRequest) { r.Key = "bad\xffutf8" }},
+		{"effect_fingerprint", func(r *idemkv.ReserveRequest) { r.Fingerprint = "" }},
+		{"effect_fingerprint", func(r *idemkv.ReserveRequest) { r.Fingerprint = ""; r.Effect = json.RawMessage("null") }},
+		{"effect_fingerprint", func(r *idemkv.ReserveRequest) { r.Fingerprint = strings.Repeat("f", 129) }},
+		{"effect", func(r *idemkv.ReserveRequest) { r.Effect = json.RawMessage("{") }},
+		{"tool", func(r *idemkv.ReserveRequest) { r.Tool = "" }},
+		{"actor", func(r *idemkv.ReserveRequest) { r.Actor = strings.Repeat("a", 129) }},
+		{"lease_ttl_ms", func(r *idemkv.ReserveRequest) { r.LeaseTTLMs = 999 }},
+		{"lease_ttl_ms", func(r *idemkv.ReserveRequest) { r.LeaseTTLMs = 3_600_001 }},
+		{"ttl_ms", func(r *idemkv.ReserveRequest) { r.TTLMs = 59_999 }},
+		{"ttl_ms", func(r *idemkv.ReserveRequest) { r.TTLMs = 30*24*3_600_000 + 1 }},
+		{"ttl_ms", func(r *idemkv.ReserveRequest) { r.TTLMs = 120_000; r.LeaseTTLMs = 600_000 }},
+		{"expires_at", func(r *idemkv.ReserveRequest) { r.ExpiresAt = now + 1000 }},
+		{"expires_at", func(r *idemkv.ReserveRequest) { r.ExpiresAt = now + 3_600_000; r.TTLMs = 3_600_000 }},
+	}
+	for _, c := range cases {
+		r := ok()
+		c.edit(&r)
+		err := r.Validate(idemkv.Limits{}, now)
+		var e *idemkv.Error
+		if !errors.As(err, &e) || e.Field != c.field || !errors.Is(err, idemkv.ErrInvalidArgument) {
+			t.Errorf("want invalid %s, got %v", c.field, err)
+		}
+	}
+}
+
+func TestCommitPayloadLimit(t *testing.T) {
+	r := idemkv.CommitRequest{Tenant: "a", Key: "k", Fingerprint: "f", Fence: 1, RemoteSystem: "s", RemoteID: "i",
+		Result: json.RawMessage(`"` + strings.Repeat("x", 64<<10) + `"`)}
+	if err := r.Validate(idemkv.Limits{}); !errors.Is(err, idemkv.ErrPayloadTooLarge) {
+		t.Fatalf("64 KiB result: %v, want payload too large", err)
+	}
+	if err := r.Validate(idemkv.Limits{MaxPayloadBytes: 128 << 10}); err != nil {
+		t.Fatalf("raised limit: %v", err)
+	}
+}
+
+func TestLimitsValidate(t *testing.T) {
+	if err := idemkv.DefaultLimits().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := []idemkv.Limits{
+		{MinLeaseTTL: time.Hour, MaxLeaseTTL: time.Minute},
+		{DefaultLeaseTTL: 2 * time.Hour},
+		{DefaultTTL: 31 * 24 * time.Hour},
+		{DefaultTTL: 2 * time.Minute, DefaultLeaseTTL: 10 * time.Minute},
+		{MaxPayloadBytes: 2 << 20},
+	}
+	for _, l := range bad {
+		if err := l.Validate(); err == nil {
+			t.Errorf("%+v: no error", l)
+		}
+	}
+}
+
+func TestErrorMapping(t *testing.T) {
+	for code, status := range map[string]int{
+		idemkv.CodeInvalidArgument: 400, idemkv.CodeUnauthenticated: 401, idemkv.CodePermissionDenied: 403,
+		idemkv.CodeNotFound: 404, idemkv.CodeFenced: 409, idemkv.CodeFingerprintMismatch: 409,
+		idemkv.CodeNotPending: 409, idemkv.CodePayloadTooLarge: 413, idemkv.CodeUnavailable: 503,
+		idemkv.CodeInternal: 500,
+	} {
+		if got := idemkv.HTTPStatus(code); got != status {
+			t.Errorf("%s: %d, want %d", code, got, status)
+		}
+		err := idemkv.Errorf(idemkv.SentinelOf(code), "x")
+		if idemkv.CodeOf(err) != code || !errors.Is(err, idemkv.SentinelOf(code)) {
+			t.Errorf("%s does not round-trip: %v", code, err)
+		}
+	}
+	if idemkv.CodeOf(idemkv.ErrNotLeader) != idemkv.CodeUnavailable {
+		t.Errorf("ErrNotLeader maps to %s", idemkv.CodeOf(idemkv.ErrNotLeader))
+	}
+	if e := idemkv.AsError(errors.New("disk on fire")); e.Code != idemkv.CodeInternal || strings.Contains(e.Message, "fire") {
+		t.Errorf("internal errors leak: %+v", e)
+	}
+}
