@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/telemetry"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
@@ -141,7 +142,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	linearizable := req.Consistency == idemkv.Linearizable
+	linearizable := req.Consistency == idemkv.Linearizable && !testhooks.Sabotaged(testhooks.StaleReads)
 	if linearizable && s.forwardIfFollower(w, r, nil, req.Wait) {
 		return
 	}

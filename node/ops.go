@@ -13,6 +13,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fingerprint"
 	"github.com/idemkv/idemkv/fsm"
+	"github.com/idemkv/idemkv/internal/testhooks"
 )
 
 func (n *Node) now() idemkv.Timestamp {
@@ -127,7 +128,7 @@ func (n *Node) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record,
 		// Take the change signal before reading, so an apply between the read and
 		// the wait is not missed.
 		changed := n.fsm.Changed()
-		if r.Consistency != idemkv.Stale {
+		if r.Consistency != idemkv.Stale && !testhooks.Sabotaged(testhooks.StaleReads) {
 			if err := n.readIndex(ctx); err != nil {
 				return nil, err
 			}
