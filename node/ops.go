@@ -196,6 +196,9 @@ func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 	}
 	start := time.Now()
 	f := n.raft.Apply(buf, timeout)
+	if res, handled, err := n.earlyAck(cmd); handled {
+		return res, err
+	}
 	if err := f.Error(); err != nil {
 		return nil, n.raftError(err)
 	}

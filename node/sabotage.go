@@ -1,0 +1,44 @@
+package node
+
+import (
+	"errors"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fsm"
+	"github.com/idemkv/idemkv/internal/testhooks"
+)
+
+// earlyAck is the EarlyAck sabotage of the test build (internal/testhooks): it answers
+// a write from the leader's local state, as if the entry it has just handed to Raft
+// were already committed and applied, and does not wait for the quorum. jepsen-lite
+// must catch it. The fence it reports is a guess (the next log index), and a second
+// write to the same key before the first applies is answered from the same state.
+// Outside the sabotage, and for writes it does not speculate on, handled is false and
+// the write takes the normal path.
+func (n *Node) earlyAck(cmd *fsm.Command) (res *fsm.Result, handled bool, err error) {
+	if !testhooks.Sabotaged(testhooks.EarlyAck) {
+		return nil, false, nil
+	}
+	get := func(tenant, key string) *idemkv.Record {
+		rec, err := n.fsm.Get(tenant, key, cmd.Now)
+		if err != nil && !errors.Is(err, idemkv.ErrNotFound) {
+			return nil
+		}
+		return rec
+	}
+	switch cmd.Op {
+	case fsm.OpReserve:
+		_, r := fsm.Decide(get(cmd.Reserve.Tenant, cmd.Reserve.Key), cmd.Reserve, cmd.Now, n.raft.LastIndex()+1)
+		return &fsm.Result{Reserve: r}, true, nil
+	case fsm.OpCommit:
+		_, rc, err := fsm.DecideCommit(get(cmd.Commit.Tenant, cmd.Commit.Key), cmd.Commit, cmd.Now)
+		return &fsm.Result{Receipt: rc}, true, err
+	case fsm.OpFail:
+		_, rec, err := fsm.DecideFail(get(cmd.Fail.Tenant, cmd.Fail.Key), cmd.Fail, cmd.Now)
+		return &fsm.Result{Record: rec}, true, err
+	case fsm.OpRelease:
+		released, err := fsm.DecideRelease(get(cmd.Release.Tenant, cmd.Release.Key), cmd.Release, cmd.Now)
+		return &fsm.Result{Released: released}, true, err
+	}
+	return nil, false, nil
+}
