@@ -47,6 +47,7 @@ func (s *Server) routes() {
 	s.handle("GET /healthz", http.HandlerFunc(s.healthz))
 	s.handle("GET /readyz", http.HandlerFunc(s.readyz))
 	s.handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
+	s.mountBackup()
 	s.mountDebug()
 }
 
@@ -56,7 +57,9 @@ func (s *Server) handle(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
-		h.ServeHTTP(sw, r)
+		if s.allowRoute(sw, r, pattern) {
+			h.ServeHTTP(sw, r)
+		}
 		s.metrics.Requests.WithLabelValues(pattern, strconv.Itoa(sw.status())).Observe(time.Since(start).Seconds())
 	}))
 }
@@ -81,6 +84,9 @@ func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req Q
 		body, err := s.decode(w, r, &req)
+		if err == nil {
+			err = s.allowBody(r, &req)
+		}
 		if err == nil {
 			err = validate(&req)
 		}
