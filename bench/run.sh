@@ -127,6 +127,8 @@ start_postgres() {
 		>"$dir/postgres.log" 2>&1 &
 	pids+=($!)
 	wait_for 60 postgres "$bin/pg_isready" -h 127.0.0.1 -p "$PG_PORT"
+	# runuser may not pass a signal on: stop the postmaster itself too.
+	pids+=("$(head -1 "$dir/pg/postmaster.pid")")
 	PG_DSN="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable"
 	log "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') up: port $PG_PORT"
 }
@@ -161,7 +163,10 @@ case "$mode" in
 up)
 	echo "export IDEMKV_BENCH_ETCD=$ETCD_ENDPOINTS IDEMKV_BENCH_PG='$PG_DSN'"
 	log "running; Ctrl-C stops"
-	while :; do sleep 3600; done
+	# A foreground sleep would hold the signal until it ends; wait returns at once.
+	sleep infinity &
+	pids+=($!)
+	wait $!
 	;;
 test)
 	cd "$here"
