@@ -1,0 +1,173 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/telemetry/semconv"
+)
+
+// The low-level calls have exactly the signatures of the node's methods, so that Do
+// runs against either through Store. Their errors wrap the sentinels of the root
+// package; failures to reach any node wrap idemkv.ErrUnavailable.
+
+func keyAttrs(tenant, key string) []attribute.KeyValue {
+	return []attribute.KeyValue{semconv.Tenant.String(tenant), semconv.IdempotencyKey.String(key)}
+}
+
+// Reserve asks for the right to run an effect. A request without an AttemptID gets a
+// fresh one, so that the retries of this call are one attempt to the server.
+func (c *Client) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+	r := *req
+	if r.AttemptID == "" {
+		r.AttemptID = NewAttemptID()
+	}
+	var out idemkv.ReserveResult
+	attrs := append(keyAttrs(r.Tenant, r.Key), semconv.ToolName.String(r.Tool), semconv.AttemptID.String(r.AttemptID))
+	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/reserve", path: "/v1/reserve", body: &r, attrs: attrs}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Commit stores the receipt of the attempt holding req.Fence. A retried commit that
+// had landed gets the stored outcome back.
+func (c *Client) Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error) {
+	var out idemkv.Receipt
+	attrs := append(keyAttrs(req.Tenant, req.Key), semconv.FenceValue(req.Fence))
+	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/commit", path: "/v1/commit", body: req, attrs: attrs}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Fail stores a permanent failure for the attempt holding req.Fence.
+func (c *Client) Fail(ctx context.Context, req *idemkv.FailRequest) (*idemkv.Record, error) {
+	var out idemkv.Record
+	attrs := append(keyAttrs(req.Tenant, req.Key), semconv.FenceValue(req.Fence))
+	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/fail", path: "/v1/fail", body: req, attrs: attrs}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Release gives the key back. When an earlier attempt of this call may have reached
+// the server, not_found means that attempt released the key, and is reported as
+// released.
+func (c *Client) Release(ctx context.Context, req *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error) {
+	var out idemkv.ReleaseResult
+	attrs := append(keyAttrs(req.Tenant, req.Key), semconv.FenceValue(req.Fence))
+	retried, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/release", path: "/v1/release", body: req, attrs: attrs}, &out)
+	if err != nil {
+		if retried && errors.Is(err, idemkv.ErrNotFound) {
+			return &idemkv.ReleaseResult{Released: true}, nil
+		}
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Heartbeat extends the lease of the attempt holding req.Fence.
+func (c *Client) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*idemkv.Record, error) {
+	var out idemkv.Record
+	attrs := append(keyAttrs(req.Tenant, req.Key), semconv.FenceValue(req.Fence))
+	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/heartbeat", path: "/v1/heartbeat", body: req, attrs: attrs}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Get reads a record; with Wait it long-polls until the record is not pending.
+// An absent record is an error wrapping idemkv.ErrNotFound.
+func (c *Client) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {
+	q := url.Values{}
+	if req.Wait > 0 {
+		q.Set("wait_ms", strconv.FormatInt(req.Wait.Milliseconds(), 10))
+	}
+	if req.Consistency != "" {
+		q.Set("consistency", string(req.Consistency))
+	}
+	var out idemkv.Record
+	cl := call{
+		method: http.MethodGet,
+		route:  "/v1/records/{tenant}/{key}",
+		path:   "/v1/records/" + escapeSegment(req.Tenant) + "/" + escapeSegment(req.Key),
+		query:  q,
+		wait:   req.Wait,
+		attrs:  keyAttrs(req.Tenant, req.Key),
+	}
+	if _, err := c.do(ctx, cl, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// List pages through a tenant's records in key order.
+func (c *Client) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error) {
+	q := url.Values{}
+	if req.Prefix != "" {
+		q.Set("prefix", req.Prefix)
+	}
+	if req.Status != "" {
+		q.Set("status", string(req.Status))
+	}
+	if req.Limit != 0 {
+		q.Set("limit", strconv.Itoa(req.Limit))
+	}
+	if req.After != "" {
+		q.Set("after", req.After)
+	}
+	if req.Consistency != "" {
+		q.Set("consistency", string(req.Consistency))
+	}
+	var out idemkv.ListResult
+	cl := call{
+		method: http.MethodGet,
+		route:  "/v1/records/{tenant}",
+		path:   "/v1/records/" + escapeSegment(req.Tenant),
+		query:  q,
+		attrs:  []attribute.KeyValue{semconv.Tenant.String(req.Tenant)},
+	}
+	if _, err := c.do(ctx, cl, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Cluster describes the cluster as the answering node sees it.
+func (c *Client) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
+	var out idemkv.ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodGet, route: "/v1/cluster", path: "/v1/cluster"}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Join adds a node to the cluster.
+func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
+	var out idemkv.ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: req}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Remove removes a node from the cluster.
+func (c *Client) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error) {
+	var out idemkv.ClusterInfo
+	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/remove", path: "/v1/cluster/remove", body: req}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Do runs a tool call through the whole loop of SPEC section 4; see Runner.Do.
+func (c *Client) Do(ctx context.Context, op Op, fn Func) (*Outcome, error) {
+	return c.runner.Do(ctx, op, fn)
+}

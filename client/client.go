@@ -1,0 +1,435 @@
+// Package client is the Go client of idemkv: low-level calls for every endpoint of the
+// HTTP API, and Do, the tool-call adapter that runs the whole loop of SPEC section 4
+// (reserve, replay or conflict, wait, probe, execute under a heartbeat, commit).
+//
+// Agent runtimes embed it, so it must stay light: it never imports Raft, Pebble, the
+// server packages or the OpenTelemetry SDK (only the OpenTelemetry API). Do runs just
+// as well against an in-process node, through the Store interface.
+package client
+
+import (
+	"bytes"
+	"context"
+	cryptorand "crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkv/idemkv"
+)
+
+// HeaderLeader is the answer header that names the leader's API address.
+const HeaderLeader = "Idemkv-Leader"
+
+// ScopeName is the instrumentation scope of the client's spans.
+const ScopeName = "github.com/idemkv/idemkv/client"
+
+// Config configures a Client. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Endpoints are the API addresses of some or all nodes, as host:port or as
+	// http(s)://host:port. The client prefers the leader any node names and falls
+	// back to these.
+	Endpoints []string
+	// Token, when set, is sent as "Authorization: Bearer <token>".
+	Token string
+	// TLSConfig, when set, makes endpoints without a scheme use https.
+	TLSConfig *tls.Config
+	// Timeout bounds one HTTP attempt (a long-poll gets its wait on top).
+	Timeout time.Duration
+	// MaxAttempts bounds the attempts of one call across endpoints. Only failures
+	// that leave the request safe to repeat are retried: transport errors and 503.
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the jittered exponential backoff between
+	// attempts.
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+	// HTTPClient replaces the client's own transport (TLSConfig is then ignored).
+	HTTPClient *http.Client
+
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider          // default: the global provider
+	Propagator     propagation.TextMapPropagator // default: the global propagator
+
+	// Run configures Do; its Logger and TracerProvider default to the ones above.
+	Run RunConfig
+}
+
+// DefaultConfig returns the defaults: one node on the default address.
+func DefaultConfig() Config {
+	return Config{
+		Endpoints:   []string{"127.0.0.1:7420"},
+		Timeout:     10 * time.Second,
+		MaxAttempts: 8,
+		BackoffMin:  20 * time.Millisecond,
+		BackoffMax:  time.Second,
+	}
+}
+
+func (c *Config) withDefaults() {
+	d := DefaultConfig()
+	if len(c.Endpoints) == 0 {
+		c.Endpoints = d.Endpoints
+	}
+	if c.Timeout == 0 {
+		c.Timeout = d.Timeout
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = d.MaxAttempts
+	}
+	if c.BackoffMin == 0 {
+		c.BackoffMin = d.BackoffMin
+	}
+	if c.BackoffMax == 0 {
+		c.BackoffMax = d.BackoffMax
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = otel.GetTextMapPropagator()
+	}
+	if c.Run.Logger == nil {
+		c.Run.Logger = c.Logger
+	}
+	if c.Run.TracerProvider == nil {
+		c.Run.TracerProvider = c.TracerProvider
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	c.withDefaults()
+	for _, ep := range c.Endpoints {
+		if _, err := baseURL(ep, c.TLSConfig != nil); err != nil {
+			return err
+		}
+	}
+	switch {
+	case c.Timeout < 0:
+		return errors.New("client: Timeout must not be negative")
+	case c.MaxAttempts < 1:
+		return errors.New("client: MaxAttempts must be at least 1")
+	case c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin:
+		return errors.New("client: need 0 <= BackoffMin <= BackoffMax")
+	}
+	return c.Run.Validate()
+}
+
+func baseURL(ep string, useTLS bool) (string, error) {
+	if !strings.Contains(ep, "://") {
+		scheme := "http"
+		if useTLS {
+			scheme = "https"
+		}
+		ep = scheme + "://" + ep
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		return "", fmt.Errorf("client: endpoint %q: %w", ep, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return "", fmt.Errorf("client: endpoint %q must be host:port or http(s)://host:port", ep)
+	}
+	return u.Scheme + "://" + u.Host, nil
+}
+
+// Client talks to an idemkv cluster over HTTP. It is safe for concurrent use.
+type Client struct {
+	cfg       Config
+	http      *http.Client
+	scheme    string
+	endpoints []string // base URLs
+	// preferred is the endpoint tried first while no leader is known; it moves on
+	// when that endpoint fails, so that calls do not keep hitting a dead node.
+	preferred atomic.Uint32
+	leaderMu  sync.Mutex
+	leader    string // base URL of the leader, "" if unknown
+	tracer    trace.Tracer
+	prop      propagation.TextMapPropagator
+	log       *slog.Logger
+	runner    *Runner
+}
+
+var _ Store = (*Client)(nil)
+
+// New returns a Client for cfg.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.withDefaults()
+	c := &Client{
+		cfg:    cfg,
+		tracer: cfg.TracerProvider.Tracer(ScopeName),
+		prop:   cfg.Propagator,
+		log:    cfg.Logger,
+	}
+	for _, ep := range cfg.Endpoints {
+		u, _ := baseURL(ep, cfg.TLSConfig != nil)
+		c.endpoints = append(c.endpoints, u)
+	}
+	c.scheme, _, _ = strings.Cut(c.endpoints[0], "://")
+	c.http = cfg.HTTPClient
+	if c.http == nil {
+		c.http = &http.Client{Transport: &http.Transport{
+			Proxy: http.ProxyFromEnvironment,
+			DialContext: (&net.Dialer{
+				Timeout:   5 * time.Second,
+				KeepAlive: 30 * time.Second,
+			}).DialContext,
+			TLSClientConfig:     cfg.TLSConfig,
+			ForceAttemptHTTP2:   true,
+			MaxIdleConns:        64,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     90 * time.Second,
+			TLSHandshakeTimeout: 5 * time.Second,
+		}}
+	}
+	c.runner = NewRunner(c, cfg.Run)
+	return c, nil
+}
+
+// Close releases idle connections.
+func (c *Client) Close() error {
+	c.http.CloseIdleConnections()
+	return nil
+}
+
+// Leader returns the base URL of the leader as last reported, or "".
+func (c *Client) Leader() string {
+	c.leaderMu.Lock()
+	defer c.leaderMu.Unlock()
+	return c.leader
+}
+
+func (c *Client) setLeader(apiAddr string) {
+	u, err := baseURL(apiAddr, c.scheme == "https")
+	if err != nil {
+		return
+	}
+	if !strings.Contains(apiAddr, "://") {
+		u = c.scheme + "://" + apiAddr
+	}
+	c.leaderMu.Lock()
+	c.leader = u
+	c.leaderMu.Unlock()
+}
+
+// demote forgets base as leader and as preferred endpoint after it failed.
+func (c *Client) demote(base string) {
+	c.leaderMu.Lock()
+	if c.leader == base {
+		c.leader = ""
+	}
+	c.leaderMu.Unlock()
+	p := c.preferred.Load()
+	if c.endpoints[int(p)%len(c.endpoints)] == base {
+		c.preferred.CompareAndSwap(p, p+1)
+	}
+}
+
+// target is where the next attempt goes: the leader when one is known, else the
+// preferred endpoint. A failed target is demoted first, so retries move on.
+func (c *Client) target() string {
+	if l := c.Leader(); l != "" {
+		return l
+	}
+	return c.endpoints[int(c.preferred.Load())%len(c.endpoints)]
+}
+
+// call describes one API call.
+type call struct {
+	method string
+	route  string // the pattern, for span names: "/v1/records/{tenant}/{key}"
+	path   string // escaped
+	query  url.Values
+	body   any
+	wait   time.Duration // a long-poll's wait, added to the attempt timeout
+	attrs  []attribute.KeyValue
+}
+
+// do sends cl, retrying on another endpoint after failures that leave the request
+// safe to repeat, and decodes the answer into out. retried reports whether an earlier
+// attempt may have reached the server, which lets callers read some answers (a
+// release that finds nothing) as the echo of their own earlier attempt.
+func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err error) {
+	var body []byte
+	if cl.body != nil {
+		if body, err = json.Marshal(cl.body); err != nil {
+			return false, fmt.Errorf("client: encoding %s: %w", cl.route, err)
+		}
+	}
+	var last error
+	for attempt := 0; attempt < c.cfg.MaxAttempts; attempt++ {
+		if attempt > 0 {
+			if err := sleep(ctx, backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				return retried, fmt.Errorf("client: %s %s: %w (after: %w)", cl.method, cl.route, err, last)
+			}
+		}
+		base := c.target()
+		err := c.attempt(ctx, base, cl, body, out)
+		if err == nil {
+			return retried, nil
+		}
+		if ctx.Err() != nil {
+			return retried, fmt.Errorf("client: %s %s: %w", cl.method, cl.route, context.Cause(ctx))
+		}
+		if !errors.Is(err, idemkv.ErrUnavailable) {
+			return retried, err
+		}
+		retried = true
+		last = err
+		c.demote(base)
+		c.log.LogAttrs(ctx, slog.LevelDebug, "idemkv call failed, retrying",
+			slog.String("route", cl.route), slog.String("endpoint", base),
+			slog.Int("attempt", attempt+1), slog.Any("err", err))
+	}
+	return retried, last
+}
+
+// attempt sends one request to base, under a span of its own.
+func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte, out any) (err error) {
+	u := base + cl.path
+	if len(cl.query) > 0 {
+		u += "?" + cl.query.Encode()
+	}
+	ctx, span := c.tracer.Start(ctx, cl.method+" "+cl.route,
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(append([]attribute.KeyValue{
+			attribute.String("http.request.method", cl.method),
+			attribute.String("url.full", u),
+			attribute.String("server.address", strings.TrimPrefix(strings.TrimPrefix(base, "http://"), "https://")),
+		}, cl.attrs...)...))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
+
+	timeout := c.cfg.Timeout + cl.wait
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(actx, cl.method, u, rd)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
+	}
+	c.prop.Inject(ctx, propagation.HeaderCarrier(req.Header))
+
+	resp, err := c.http.Do(req)
+	if err != nil {
+		// Nothing came back: the request may or may not have been applied. Every
+		// idemkv request is safe to repeat, so this is "try again".
+		return fmt.Errorf("%w: %s %s: %w", idemkv.ErrUnavailable, cl.method, base, err)
+	}
+	defer resp.Body.Close()
+	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+	if l := resp.Header.Get(HeaderLeader); l != "" {
+		c.setLeader(l)
+	}
+	if resp.StatusCode/100 == 2 {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			// A body cut short is a transport failure like any other.
+			return fmt.Errorf("%w: %s %s: reading the answer: %w", idemkv.ErrUnavailable, cl.method, base, err)
+		}
+		return nil
+	}
+	return decodeError(resp)
+}
+
+// decodeError turns an error answer back into the *idemkv.Error the server sent, so
+// that errors.Is finds the same sentinel on both sides of the wire.
+func decodeError(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body struct {
+		Error *idemkv.Error `json:"error"`
+	}
+	if json.Unmarshal(data, &body) == nil && body.Error != nil && body.Error.Code != "" {
+		return body.Error
+	}
+	// Not idemkv's answer: a proxy or a load balancer in between. Gateways that
+	// could not reach a node mean "try another"; anything else is not ours to read.
+	code := idemkv.CodeInternal
+	switch resp.StatusCode {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		code = idemkv.CodeUnavailable
+	}
+	msg := strings.TrimSpace(string(data))
+	if len(msg) > 200 {
+		msg = msg[:200]
+	}
+	return &idemkv.Error{Code: code, Message: fmt.Sprintf("HTTP %d: %s", resp.StatusCode, msg)}
+}
+
+// backoff returns a full-jitter exponential delay for the n-th retry (n >= 1).
+func backoff(n int, lo, hi time.Duration) time.Duration {
+	ceil := hi
+	if n < 30 && lo<<(n-1) < hi && lo<<(n-1) > 0 {
+		ceil = lo << (n - 1)
+	}
+	if ceil <= lo {
+		return lo
+	}
+	return lo + rand.N(ceil-lo)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// NewAttemptID returns a random attempt id. Do sends one per attempt so that a
+// reserve retried after a lost answer is recognised as the same attempt.
+func NewAttemptID() string {
+	var b [12]byte
+	_, _ = cryptorand.Read(b[:])
+	return "att_" + hex.EncodeToString(b[:])
+}
+
+func escapeSegment(s string) string {
+	e := url.PathEscape(s)
+	// A segment that is "." or ".." would be cleaned away by the server's mux.
+	if strings.Trim(e, ".") == "" {
+		return strings.Repeat("%2E", len(e))
+	}
+	return e
+}

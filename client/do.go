@@ -1,0 +1,685 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fingerprint"
+	"github.com/idemkv/idemkv/telemetry/semconv"
+)
+
+// Store is what Do needs from idemkv. The HTTP Client and an in-process node both
+// satisfy it. Errors must wrap the sentinels of the root package; Do retries the ones
+// wrapping idemkv.ErrUnavailable.
+type Store interface {
+	Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
+	Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error)
+	Fail(ctx context.Context, req *idemkv.FailRequest) (*idemkv.Record, error)
+	Release(ctx context.Context, req *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
+	Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*idemkv.Record, error)
+	Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error)
+}
+
+// Class says what a retry of a tool may do to the world (SPEC section 4).
+type Class string
+
+const (
+	// ReadOnly tools run directly, without a reservation.
+	ReadOnly Class = "read_only"
+	// IdempotentMutation tools may run twice with the same effect (a PUT by id); a
+	// recovered attempt simply runs them again.
+	IdempotentMutation Class = "idempotent_mutation"
+	// NonIdempotentMutation tools must not run twice (create a ticket, send money). A
+	// recovered attempt asks the Probe whether the effect happened; without one it
+	// reports ErrInDoubt. It is the class of an Op that names none.
+	NonIdempotentMutation Class = "non_idempotent_mutation"
+)
+
+// Result is what a tool or a probe reports: the downstream system's receipt.
+type Result struct {
+	RemoteSystem string // "linear"
+	RemoteID     string // "LIN-1842"
+	RemoteURL    string // optional
+	// Result is stored as JSON with the receipt and replayed with it (optional).
+	Result any
+}
+
+// Func runs the tool. Its context is cancelled when the lease is lost to a newer
+// attempt; the tool should then stop as soon as it can.
+//
+// Its error decides the record's fate: Permanent(err) stores the failure, which every
+// retry gets back; NotExecuted(err) releases the key; any other error leaves the
+// record pending, and the attempt after the lease runs out recovers.
+type Func func(ctx context.Context) (*Result, error)
+
+// ProbeFunc looks the effect up downstream (by an external id derived from the key,
+// say) after an attempt died with an unknown outcome. It returns the receipt when the
+// effect happened, and (nil, nil) when it certainly did not.
+type ProbeFunc func(ctx context.Context) (*Result, error)
+
+// Op names one tool call.
+type Op struct {
+	Tenant string
+	// Key names the business operation ("conversation_9:approval_17:create_ticket"):
+	// every retry of it, by any worker, carries the same key.
+	Key   string
+	Tool  string
+	Actor string // who runs this attempt; not part of the identity
+	Class Class  // default NonIdempotentMutation
+
+	// Effect is the object of fields that define the side effect; Do fingerprints it
+	// (RFC 8785 + SHA-256) after removing the Drop paths (see
+	// fingerprint.CanonicalizeWithout). []byte and json.RawMessage are taken as JSON
+	// text, anything else is marshalled with encoding/json.
+	Effect any
+	Drop   []string
+	// Fingerprint, instead of Effect, is a fingerprint computed elsewhere.
+	Fingerprint string
+
+	// TTL is how long the record (and its receipt) is kept; zero: the server's default
+	// (24 h). Keep keys until the business process can no longer be retried.
+	TTL time.Duration
+	// LeaseTTL is how long an attempt owns the key without a heartbeat; Do heartbeats
+	// every third of it. Zero: RunConfig.LeaseTTL.
+	LeaseTTL time.Duration
+
+	Probe ProbeFunc
+}
+
+// Outcome is what Do returns when the operation has a committed receipt.
+type Outcome struct {
+	// Decision is the reserve decision that led here: execute, recover or replay.
+	Decision idemkv.Decision
+	// Replayed: the tool did not run; Receipt is the one stored earlier.
+	Replayed bool
+	// Probed: a recovered attempt found the effect through the probe and committed
+	// what it found, without running the tool.
+	Probed      bool
+	Receipt     *idemkv.Receipt
+	Fingerprint string
+	Fence       uint64
+	// Attempts is how many attempts were granted ownership of the key.
+	Attempts uint32
+}
+
+// RunConfig configures a Runner. Zero fields take the defaults of DefaultRunConfig.
+type RunConfig struct {
+	Logger         *slog.Logger
+	TracerProvider trace.TracerProvider // default: the global provider
+	// LeaseTTL is the lease of an Op that names none.
+	LeaseTTL time.Duration
+	// CommitGrace bounds how long Do keeps trying to store an outcome after the tool
+	// ran, even when the caller's context has ended: an effect that happened must be
+	// recorded if at all possible, or the next attempt has to probe for it.
+	CommitGrace time.Duration
+	// PollWait bounds one long-poll while another attempt holds the key.
+	PollWait time.Duration
+	// BackoffMin and BackoffMax bound the jittered backoff between retries of a store
+	// call that failed with unavailable.
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+}
+
+// DefaultRunConfig returns the defaults of Do.
+func DefaultRunConfig() RunConfig {
+	return RunConfig{
+		LeaseTTL:    30 * time.Second,
+		CommitGrace: 30 * time.Second,
+		PollWait:    30 * time.Second,
+		BackoffMin:  20 * time.Millisecond,
+		BackoffMax:  2 * time.Second,
+	}
+}
+
+func (c *RunConfig) withDefaults() {
+	d := DefaultRunConfig()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	set(&c.LeaseTTL, d.LeaseTTL)
+	set(&c.CommitGrace, d.CommitGrace)
+	set(&c.PollWait, d.PollWait)
+	set(&c.BackoffMin, d.BackoffMin)
+	set(&c.BackoffMax, d.BackoffMax)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+}
+
+// Validate reports a configuration that cannot work.
+func (c RunConfig) Validate() error {
+	c.withDefaults()
+	switch {
+	case c.LeaseTTL < time.Second:
+		return errors.New("client: LeaseTTL must be at least 1s (the server's minimum)")
+	case c.CommitGrace < 0 || c.PollWait < 0:
+		return errors.New("client: CommitGrace and PollWait must not be negative")
+	case c.PollWait > idemkv.MaxWait:
+		return fmt.Errorf("client: PollWait must not exceed %s", idemkv.MaxWait)
+	case c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin:
+		return errors.New("client: need 0 <= BackoffMin <= BackoffMax")
+	}
+	return nil
+}
+
+// Runner runs tool calls through a Store. It is safe for concurrent use.
+type Runner struct {
+	store  Store
+	cfg    RunConfig
+	tracer trace.Tracer
+	log    *slog.Logger
+}
+
+// NewRunner returns a Runner over store: the HTTP Client, or an in-process node.
+// Invalid configuration values are replaced by the defaults.
+func NewRunner(store Store, cfg RunConfig) *Runner {
+	if cfg.Validate() != nil {
+		l, tp := cfg.Logger, cfg.TracerProvider
+		cfg = DefaultRunConfig()
+		cfg.Logger, cfg.TracerProvider = l, tp
+	}
+	cfg.withDefaults()
+	return &Runner{store: store, cfg: cfg, tracer: cfg.TracerProvider.Tracer(ScopeName), log: cfg.Logger}
+}
+
+// Log keys.
+const (
+	logKeyKey      = "key"
+	logKeyTool     = "tool"
+	logKeyDecision = "decision"
+	logKeyFence    = "fence"
+	logKeyErr      = "err"
+)
+
+// run is the state of one Do.
+type run struct {
+	*Runner
+	op   Op
+	fp   string
+	span trace.Span
+}
+
+// Do runs fn at most once for op's key, across retries, workers and crashes (SPEC
+// section 4):
+//
+//   - replay: the tool does not run; the stored receipt comes back (Replayed), or
+//     the stored failure as a *FailedError, the same every time;
+//   - conflict: the key names another effect; nothing runs; a *ConflictError;
+//   - in progress: another attempt holds the key; Do waits for its outcome (bounded
+//     by ctx) and reserves again, taking over if that attempt's lease runs out;
+//   - execute: fn runs under a heartbeat that keeps the lease alive; its context is
+//     cancelled if the lease is lost; then the receipt is committed, retrying until
+//     it is stored or fenced;
+//   - recover: an earlier attempt died. An idempotent tool runs again. A
+//     non-idempotent one runs its Probe (found: commit that; not found: run fn);
+//     without a probe Do returns an *InDoubtError and leaves the record pending.
+//
+// A ReadOnly op runs fn directly.
+func (r *Runner) Do(ctx context.Context, op Op, fn Func) (out *Outcome, err error) {
+	if op.Class == "" {
+		op.Class = NonIdempotentMutation
+	}
+	if op.LeaseTTL == 0 {
+		op.LeaseTTL = r.cfg.LeaseTTL
+	}
+	ctx, span := r.tracer.Start(ctx, "execute_tool "+op.Tool,
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(
+			semconv.ToolName.String(op.Tool),
+			semconv.ToolSideEffect.Bool(op.Class != ReadOnly),
+			semconv.ToolClass.String(string(op.Class)),
+			semconv.IdempotencyKey.String(op.Key),
+			semconv.Tenant.String(op.Tenant),
+		))
+	defer func() {
+		if out != nil {
+			span.SetAttributes(semconv.Replayed.Bool(out.Replayed))
+			if out.Receipt != nil && out.Receipt.RemoteID != "" {
+				span.SetAttributes(semconv.ReceiptRemoteID.String(out.Receipt.RemoteID))
+			}
+		}
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}()
+	if fn == nil {
+		return nil, idemkv.Invalid("fn", "a tool function is required")
+	}
+	if err := op.validate(); err != nil {
+		return nil, err
+	}
+	if op.Class == ReadOnly {
+		return r.readOnly(ctx, op, fn)
+	}
+	fp, err := op.fingerprint()
+	if err != nil {
+		return nil, err
+	}
+	span.SetAttributes(semconv.Fingerprint.String(fp))
+	return (&run{Runner: r, op: op, fp: fp, span: span}).loop(ctx, fn)
+}
+
+func (op *Op) validate() error {
+	if err := idemkv.ValidTenant(op.Tenant); err != nil {
+		return err
+	}
+	if err := idemkv.ValidKey(op.Key); err != nil {
+		return err
+	}
+	if op.Tool == "" {
+		return idemkv.Invalid("tool", "tool is required")
+	}
+	switch op.Class {
+	case ReadOnly:
+		return nil
+	case IdempotentMutation, NonIdempotentMutation:
+	default:
+		return idemkv.Invalid("class", "unknown tool class %q", op.Class)
+	}
+	switch {
+	case op.Fingerprint != "" && (op.Effect != nil || len(op.Drop) > 0):
+		return idemkv.Invalid("effect", "give an effect or a fingerprint, not both")
+	case op.Fingerprint == "" && op.Effect == nil:
+		return idemkv.Invalid("effect", "a mutating tool call needs an effect or a fingerprint")
+	case op.LeaseTTL < time.Second:
+		return idemkv.Invalid("lease_ttl_ms", "the lease must be at least 1s")
+	}
+	return nil
+}
+
+func (op *Op) fingerprint() (string, error) {
+	if op.Fingerprint != "" {
+		return op.Fingerprint, nil
+	}
+	var (
+		fp  string
+		err error
+	)
+	switch e := op.Effect.(type) {
+	case json.RawMessage:
+		fp, err = fingerprintJSON(e, op.Drop)
+	case []byte:
+		fp, err = fingerprintJSON(e, op.Drop)
+	default:
+		fp, err = fingerprint.OfValue(e, op.Drop...)
+	}
+	if err != nil {
+		return "", &idemkv.Error{Code: idemkv.CodeInvalidArgument, Field: "effect", Message: err.Error()}
+	}
+	return fp, nil
+}
+
+func fingerprintJSON(data []byte, drop []string) (string, error) {
+	c, err := fingerprint.CanonicalizeWithout(data, drop...)
+	if err != nil {
+		return "", err
+	}
+	return fingerprint.Sum(c), nil
+}
+
+func (r *Runner) readOnly(ctx context.Context, op Op, fn Func) (*Outcome, error) {
+	res, err := fn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &Outcome{Decision: idemkv.DecisionExecute}
+	if res != nil {
+		raw, err := marshalResult(res)
+		if err != nil {
+			return nil, err
+		}
+		out.Receipt = &idemkv.Receipt{Key: op.Key, Status: idemkv.StatusCommitted, RemoteSystem: res.RemoteSystem,
+			RemoteID: res.RemoteID, RemoteURL: res.RemoteURL, Result: raw}
+	}
+	return out, nil
+}
+
+func marshalResult(res *Result) (json.RawMessage, error) {
+	if res.Result == nil {
+		return nil, nil
+	}
+	if raw, ok := res.Result.(json.RawMessage); ok {
+		return raw, nil
+	}
+	b, err := json.Marshal(res.Result)
+	if err != nil {
+		return nil, idemkv.Invalid("result", "result cannot be encoded as JSON: %v", err)
+	}
+	return b, nil
+}
+
+// grant is the ownership a reserve handed this attempt.
+type grant struct {
+	decision idemkv.Decision
+	fence    uint64
+	record   *idemkv.Record
+}
+
+func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
+	op := &x.op
+	req := &idemkv.ReserveRequest{
+		Tenant:      op.Tenant,
+		Key:         op.Key,
+		Tool:        op.Tool,
+		Actor:       op.Actor,
+		Fingerprint: x.fp,
+		AttemptID:   NewAttemptID(),
+		LeaseTTLMs:  op.LeaseTTL.Milliseconds(),
+		TTLMs:       op.TTL.Milliseconds(),
+	}
+	for waits := 0; ; waits++ {
+		res, err := retry(ctx, x.Runner, "reserve", func(ctx context.Context) (*idemkv.ReserveResult, error) {
+			return x.store.Reserve(ctx, req)
+		})
+		if err != nil {
+			return nil, err
+		}
+		decision := res.Decision
+		// A reserve retried after its answer was lost comes back as execute, even when
+		// the lost answer was recover. The record still tells: more than one grant
+		// means an earlier attempt held the key and its outcome is unknown.
+		if decision == idemkv.DecisionExecute && res.Record != nil && res.Record.Attempts > 1 {
+			decision = idemkv.DecisionRecover
+		}
+		x.decided(ctx, decision, res)
+
+		switch decision {
+		case idemkv.DecisionReplay:
+			return x.replay(res)
+		case idemkv.DecisionConflict:
+			ce := &ConflictError{Tenant: op.Tenant, Key: op.Key, Existing: res.Record}
+			if res.Conflict != nil {
+				ce.Conflict = *res.Conflict
+			}
+			return nil, ce
+		case idemkv.DecisionInProgress:
+			if err := x.await(ctx, res, waits); err != nil {
+				return nil, err
+			}
+		case idemkv.DecisionExecute:
+			return x.execute(ctx, grant{decision, res.Fence, res.Record}, fn)
+		case idemkv.DecisionRecover:
+			return x.recover(ctx, grant{decision, res.Fence, res.Record}, fn)
+		default:
+			return nil, idemkv.Errorf(idemkv.ErrInternal, "unknown reserve decision %q", res.Decision)
+		}
+	}
+}
+
+func (x *run) decided(ctx context.Context, d idemkv.Decision, res *idemkv.ReserveResult) {
+	attrs := []attribute.KeyValue{semconv.Decision.String(string(d))}
+	if res.Fence != 0 {
+		attrs = append(attrs, semconv.FenceValue(res.Fence))
+	}
+	if res.Record != nil {
+		attrs = append(attrs, semconv.Attempts.Int(int(res.Record.Attempts)))
+	}
+	if c := res.Conflict; c != nil {
+		attrs = append(attrs, semconv.ConflictReason.String(c.Reason),
+			semconv.ConflictExistingFingerprint.String(c.ExistingFingerprint))
+		if c.ExistingRemoteID != "" {
+			attrs = append(attrs, semconv.ConflictExistingRemoteID.String(c.ExistingRemoteID))
+		}
+	}
+	x.span.SetAttributes(attrs...)
+	x.span.AddEvent("reserve", trace.WithAttributes(attrs...))
+	x.log.LogAttrs(ctx, slog.LevelDebug, "idemkv decision", slog.String(logKeyKey, x.op.Key),
+		slog.String(logKeyTool, x.op.Tool), slog.String(logKeyDecision, string(d)), slog.Uint64(logKeyFence, res.Fence))
+}
+
+func (x *run) replay(res *idemkv.ReserveResult) (*Outcome, error) {
+	rec := res.Receipt
+	if rec == nil && res.Record != nil {
+		rec = res.Record.Outcome()
+	}
+	if rec == nil {
+		return nil, idemkv.Errorf(idemkv.ErrInternal, "replay of %q without a receipt", x.op.Key)
+	}
+	if rec.Status == idemkv.StatusFailed {
+		return nil, &FailedError{Key: x.op.Key, Receipt: rec, Replayed: true}
+	}
+	out := &Outcome{Decision: idemkv.DecisionReplay, Replayed: true, Receipt: rec, Fingerprint: x.fp}
+	if res.Record != nil {
+		out.Fence, out.Attempts = res.Record.Fence, res.Record.Attempts
+	}
+	return out, nil
+}
+
+// await long-polls the record another attempt holds until it is settled or that
+// attempt's lease runs out; the caller then reserves again and learns which.
+func (x *run) await(ctx context.Context, res *idemkv.ReserveResult, waits int) error {
+	wait := x.cfg.PollWait
+	if res.LeaseExpiresAt != 0 {
+		// The server ends the wait at lease expiry itself; the margin covers a
+		// server that only wakes on a change.
+		if until := time.Until(res.LeaseExpiresAt.Time()) + 250*time.Millisecond; until < wait {
+			wait = until
+		}
+	}
+	wait = max(wait, 100*time.Millisecond)
+	start := time.Now()
+	rec, err := x.store.Get(ctx, &idemkv.GetRequest{Tenant: x.op.Tenant, Key: x.op.Key, Wait: wait})
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("idemkv: waiting for the attempt that holds %q: %w", x.op.Key, context.Cause(ctx))
+	case err == nil && rec.Status == idemkv.StatusPending && time.Since(start) < wait/2:
+		// Still held, and the wait ended early: do not spin on a server whose clock
+		// and ours disagree about the lease.
+		return sleep(ctx, backoff(waits+1, x.cfg.BackoffMin, x.cfg.BackoffMax))
+	case err == nil, errors.Is(err, idemkv.ErrNotFound):
+		return nil
+	case errors.Is(err, idemkv.ErrUnavailable):
+		return sleep(ctx, backoff(waits+1, x.cfg.BackoffMin, x.cfg.BackoffMax))
+	default:
+		return err
+	}
+}
+
+func (x *run) recover(ctx context.Context, g grant, fn Func) (*Outcome, error) {
+	if x.op.Class == IdempotentMutation {
+		return x.execute(ctx, g, fn)
+	}
+	if x.op.Probe == nil {
+		x.span.AddEvent("in_doubt")
+		return nil, &InDoubtError{Tenant: x.op.Tenant, Key: x.op.Key, Record: g.record}
+	}
+	found, err, lost := x.underLease(ctx, g.fence, Func(x.op.Probe))
+	if lost != nil {
+		return nil, errors.Join(lost, err)
+	}
+	if err != nil {
+		// Still unknown: the record stays pending for the next attempt.
+		return nil, fmt.Errorf("idemkv: probe for %q: %w", x.op.Key, err)
+	}
+	if found == nil {
+		x.span.AddEvent("probe", trace.WithAttributes(attribute.Bool("found", false)))
+		return x.execute(ctx, g, fn)
+	}
+	x.span.AddEvent("probe", trace.WithAttributes(attribute.Bool("found", true)))
+	out, err := x.commit(ctx, g, found)
+	if out != nil {
+		out.Probed = true
+	}
+	return out, err
+}
+
+func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
+	res, ferr, lost := x.underLease(ctx, g.fence, fn)
+	if lost != nil {
+		// A newer attempt owns the key; it decides the outcome (and probes for ours).
+		return nil, errors.Join(lost, ferr)
+	}
+	var (
+		perm *PermanentError
+		ne   *notExecutedError
+	)
+	switch {
+	case ferr == nil && res == nil:
+		return nil, idemkv.Invalid("result", "the tool returned neither a result nor an error; the record stays pending")
+	case ferr == nil:
+		return x.commit(ctx, g, res)
+	case errors.As(ferr, &ne):
+		return nil, x.release(ctx, g, ferr)
+	case errors.As(ferr, &perm):
+		return x.fail(ctx, g, perm, ferr)
+	default:
+		x.span.AddEvent("left_pending")
+		return nil, ferr
+	}
+}
+
+// underLease runs f while a heartbeat keeps the lease alive. lost is set when the
+// lease went to a newer attempt, in which case f's context was cancelled.
+func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result, err, lost error) {
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	hctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		lost = x.heartbeat(hctx, fence, cancel)
+	}()
+	res, err = f(fctx)
+	stop()
+	wg.Wait()
+	return res, err, lost
+}
+
+func (x *run) heartbeat(ctx context.Context, fence uint64, cancel context.CancelCauseFunc) error {
+	every := x.op.LeaseTTL / 3
+	next := every
+	req := &idemkv.HeartbeatRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fence: fence, LeaseTTLMs: x.op.LeaseTTL.Milliseconds()}
+	for {
+		if sleep(ctx, next) != nil {
+			return nil
+		}
+		hctx, hcancel := context.WithTimeout(ctx, every)
+		_, err := x.store.Heartbeat(hctx, req)
+		hcancel()
+		switch {
+		case err == nil:
+			next = every
+		case errors.Is(err, idemkv.ErrFenced), errors.Is(err, idemkv.ErrNotPending), errors.Is(err, idemkv.ErrNotFound):
+			lost := fmt.Errorf("idemkv: lease on %q lost, the tool was stopped: %w", x.op.Key, err)
+			x.span.AddEvent("lease_lost")
+			cancel(lost)
+			return lost
+		default:
+			if ctx.Err() != nil {
+				return nil
+			}
+			// The lease still has two thirds to run: try again soon.
+			x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv heartbeat failed", slog.String(logKeyKey, x.op.Key), slog.Any(logKeyErr, err))
+			next = max(every/6, 50*time.Millisecond)
+		}
+	}
+}
+
+// graceContext outlives ctx by CommitGrace, so that an outcome is stored even when the
+// caller gave up while the tool ran.
+func (x *run) graceContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), x.cfg.CommitGrace)
+}
+
+func (x *run) commit(ctx context.Context, g grant, res *Result) (*Outcome, error) {
+	raw, err := marshalResult(res)
+	if err != nil {
+		return nil, err
+	}
+	req := &idemkv.CommitRequest{
+		Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence,
+		RemoteSystem: res.RemoteSystem, RemoteID: res.RemoteID, RemoteURL: res.RemoteURL, Result: raw,
+	}
+	gctx, cancel := x.graceContext(ctx)
+	defer cancel()
+	receipt, err := retry(gctx, x.Runner, "commit", func(ctx context.Context) (*idemkv.Receipt, error) {
+		return x.store.Commit(ctx, req)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemkv: the tool ran but its receipt for %q was not stored (remote id %q): %w",
+			x.op.Key, res.RemoteID, err)
+	}
+	if receipt.Status == idemkv.StatusFailed {
+		// The first stored outcome wins, and it was a failure.
+		return nil, &FailedError{Key: x.op.Key, Receipt: receipt, Replayed: true}
+	}
+	return &Outcome{Decision: g.decision, Receipt: receipt, Fingerprint: x.fp, Fence: g.fence, Attempts: attempts(g)}, nil
+}
+
+func attempts(g grant) uint32 {
+	if g.record == nil {
+		return 0
+	}
+	return g.record.Attempts
+}
+
+func (x *run) fail(ctx context.Context, g grant, perm *PermanentError, ferr error) (*Outcome, error) {
+	req := &idemkv.FailRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence, Error: perm.info()}
+	gctx, cancel := x.graceContext(ctx)
+	defer cancel()
+	rec, err := retry(gctx, x.Runner, "fail", func(ctx context.Context) (*idemkv.Record, error) {
+		return x.store.Fail(ctx, req)
+	})
+	if err != nil {
+		return nil, errors.Join(ferr, fmt.Errorf("idemkv: storing the failure of %q: %w", x.op.Key, err))
+	}
+	receipt := rec.Outcome()
+	if receipt != nil && receipt.Status == idemkv.StatusCommitted {
+		return &Outcome{Decision: g.decision, Receipt: receipt, Fingerprint: x.fp, Fence: g.fence, Attempts: rec.Attempts}, nil
+	}
+	if receipt == nil {
+		receipt = &idemkv.Receipt{Key: x.op.Key, Fingerprint: x.fp, Status: idemkv.StatusFailed, Error: &req.Error}
+	}
+	return nil, &FailedError{Key: x.op.Key, Receipt: receipt, Cause: ferr}
+}
+
+func (x *run) release(ctx context.Context, g grant, ferr error) error {
+	req := &idemkv.ReleaseRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence}
+	gctx, cancel := x.graceContext(ctx)
+	defer cancel()
+	_, err := retry(gctx, x.Runner, "release", func(ctx context.Context) (*idemkv.ReleaseResult, error) {
+		return x.store.Release(ctx, req)
+	})
+	switch {
+	case err == nil, errors.Is(err, idemkv.ErrNotFound), errors.Is(err, idemkv.ErrFenced):
+		// Gone already, or a newer attempt owns the key: either way not ours to free.
+		x.span.AddEvent("released")
+		return ferr
+	default:
+		return errors.Join(ferr, fmt.Errorf("idemkv: releasing %q: %w", x.op.Key, err))
+	}
+}
+
+// retry calls f until it succeeds, fails with anything but unavailable, or ctx ends.
+func retry[T any](ctx context.Context, r *Runner, what string, f func(context.Context) (T, error)) (T, error) {
+	for n := 1; ; n++ {
+		v, err := f(ctx)
+		if err == nil || !errors.Is(err, idemkv.ErrUnavailable) {
+			return v, err
+		}
+		r.log.LogAttrs(ctx, slog.LevelDebug, "idemkv unavailable, retrying", slog.String("call", what), slog.Any(logKeyErr, err))
+		if serr := sleep(ctx, backoff(n, r.cfg.BackoffMin, r.cfg.BackoffMax)); serr != nil {
+			var zero T
+			return zero, fmt.Errorf("idemkv: %s: %w (last error: %w)", what, serr, err)
+		}
+	}
+}
