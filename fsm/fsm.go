@@ -431,14 +431,16 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	restoreErr := f.st.Restore(rc)
-	// Reload even on failure: the store was wiped and the bookkeeping must say so.
-	if err := errors.Join(restoreErr, f.load()); err != nil {
-		return fmt.Errorf("fsm: restore: %w", err)
-	}
+	// Reload and wake waiters even on failure: the store was wiped, and the
+	// bookkeeping and anyone watching must see that.
+	err := errors.Join(restoreErr, f.load())
 	f.mu.Lock()
 	close(f.changed)
 	f.changed = make(chan struct{})
 	f.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("fsm: restore: %w", err)
+	}
 	f.logger.Info("restored snapshot", logKeyIndex, f.AppliedIndex())
 	return nil
 }

@@ -283,32 +283,63 @@ func (s *Store) CheckExpiryIndex() error {
 type Batch struct {
 	b   *pebble.Batch
 	buf []byte
+	// expiry remembers, per record key read or written through this batch, where its
+	// index entry is, so that updating a record just read costs no second lookup.
+	expiry map[string]knownExpiry
+}
+
+type knownExpiry struct {
+	at      idemkv.Timestamp
+	present bool
 }
 
 // NewBatch starts a batch. Exactly one of Commit or Close must follow (Close after
 // Commit is allowed).
-func (s *Store) NewBatch() *Batch { return &Batch{b: s.db.NewIndexedBatch()} }
+func (s *Store) NewBatch() *Batch {
+	return &Batch{b: s.db.NewIndexedBatch(), expiry: make(map[string]knownExpiry)}
+}
 
 // Record returns the record of (tenant, key) as the batch sees it, or nil.
 func (b *Batch) Record(tenant, key string) (*idemkv.Record, error) {
-	return getRecord(b.b, tenant, key)
+	k := recordKey(tenant, key)
+	v, err := getValue(b.b, k)
+	if err != nil {
+		return nil, err
+	}
+	if v == nil {
+		b.expiry[string(k)] = knownExpiry{}
+		return nil, nil
+	}
+	rec, err := decodeRecord(tenant, key, v)
+	if err != nil {
+		return nil, err
+	}
+	b.expiry[string(k)] = knownExpiry{at: rec.ExpiresAt, present: true}
+	return rec, nil
+}
+
+// storedExpiry returns where the index entry of record key k is, if it has one.
+func (b *Batch) storedExpiry(k []byte) (knownExpiry, error) {
+	if e, ok := b.expiry[string(k)]; ok {
+		return e, nil
+	}
+	v, err := getValue(b.b, k)
+	if err != nil || v == nil {
+		return knownExpiry{}, err
+	}
+	at, err := storedExpiry(v)
+	return knownExpiry{at: at, present: true}, err
 }
 
 // PutRecord stores rec and moves its expiry index entry along with it.
 func (b *Batch) PutRecord(rec *idemkv.Record) error {
 	k := recordKey(rec.Tenant, rec.Key)
-	old, err := getValue(b.b, k)
+	old, err := b.storedExpiry(k)
 	if err != nil {
 		return err
 	}
-	if old != nil {
-		at, err := storedExpiry(old)
-		if err != nil {
-			return err
-		}
-		if at == rec.ExpiresAt {
-			old = nil // index entry already right
-		} else if err := b.b.Delete(expiryKey(at, rec.Tenant, rec.Key), nil); err != nil {
+	if old.present && old.at != rec.ExpiresAt {
+		if err := b.b.Delete(expiryKey(old.at, rec.Tenant, rec.Key), nil); err != nil {
 			return err
 		}
 	}
@@ -319,24 +350,27 @@ func (b *Batch) PutRecord(rec *idemkv.Record) error {
 	if err := b.b.Set(k, b.buf, nil); err != nil {
 		return err
 	}
-	return b.b.Set(expiryKey(rec.ExpiresAt, rec.Tenant, rec.Key), nil, nil)
+	if !old.present || old.at != rec.ExpiresAt {
+		if err := b.b.Set(expiryKey(rec.ExpiresAt, rec.Tenant, rec.Key), nil, nil); err != nil {
+			return err
+		}
+	}
+	b.expiry[string(k)] = knownExpiry{at: rec.ExpiresAt, present: true}
+	return nil
 }
 
 // DeleteRecord removes the record of (tenant, key) and its expiry index entry. It
 // reports whether there was a record.
 func (b *Batch) DeleteRecord(tenant, key string) (bool, error) {
 	k := recordKey(tenant, key)
-	old, err := getValue(b.b, k)
-	if err != nil || old == nil {
+	old, err := b.storedExpiry(k)
+	if err != nil || !old.present {
 		return false, err
 	}
-	at, err := storedExpiry(old)
-	if err != nil {
+	if err := b.b.Delete(expiryKey(old.at, tenant, key), nil); err != nil {
 		return false, err
 	}
-	if err := b.b.Delete(expiryKey(at, tenant, key), nil); err != nil {
-		return false, err
-	}
+	b.expiry[string(k)] = knownExpiry{}
 	return true, b.b.Delete(k, nil)
 }
 
