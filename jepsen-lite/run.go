@@ -141,7 +141,7 @@ func run(ctx context.Context, cfg config) error {
 	rec := history.NewRecorder(time.Now(), hf)
 	api := workload.NewAPI(c.APIAddrs(), cfg.OpTimeout)
 	defer api.Close()
-	reg := workload.NewRegister(workload.RegisterConfig{Clients: cfg.Concurrency, Slots: cfg.Slots, OpsPerKey: 40}, api, rec)
+	reg := workload.NewRegister(workload.RegisterConfig{Clients: cfg.Concurrency, Slots: cfg.Slots, OpsPerKey: 30}, api, rec)
 	down := workload.NewDownstream(cfg.Seed)
 	agent := workload.NewAgent(workload.AgentConfig{Workers: max(1, cfg.Concurrency/2), Interval: 25 * time.Millisecond,
 		Lease: 2 * time.Second, Deadline: 15 * time.Second}, api, rec, down)

@@ -32,6 +32,9 @@ func Operations(ops []history.Op) []porcupine.Operation {
 	return out
 }
 
+// VisualizeKeys bounds the keys in the visualization of a valid history.
+const VisualizeKeys = 150
+
 // KeyResult is the verdict on one key.
 type KeyResult struct {
 	Key    string                `json:"key"`
@@ -48,6 +51,8 @@ type Result struct {
 	// whose check ran out of time.
 	Illegal []KeyResult `json:"illegal,omitempty"`
 	Unknown []KeyResult `json:"unknown,omitempty"`
+	// Shown is how many keys the visualization holds.
+	Shown int `json:"visualized_keys"`
 	// Info is porcupine's linearization data for the HTML visualization.
 	Info porcupine.LinearizationInfo `json:"-"`
 }
@@ -73,8 +78,23 @@ func Check(ops []history.Op, perKey time.Duration) Result {
 			}
 		}
 	}
-	// The visualization recomputes the linearizations; bound it like the checks.
-	_, res.Info = porcupine.CheckOperationsVerbose(m, all, perKey*time.Duration(min(len(parts), 60)+1))
+	// The visualization shows the keys that failed, or else the first keys of the
+	// run: a whole long run would make a page no browser opens.
+	var show []porcupine.Operation
+	illegal := map[string]bool{}
+	for _, k := range res.Illegal {
+		illegal[k.Key] = true
+	}
+	shown := 0
+	for _, part := range parts {
+		key := part[0].Input.(*history.Op).Key
+		if (len(illegal) > 0 && illegal[key]) || (len(illegal) == 0 && shown < VisualizeKeys) {
+			show = append(show, part...)
+			shown++
+		}
+	}
+	_, res.Info = porcupine.CheckOperationsVerbose(m, show, perKey*time.Duration(min(shown, 60)+1))
+	res.Shown = shown
 	return res
 }
 

@@ -47,6 +47,8 @@ type Register struct {
 	counts []int
 	keys   []string
 	fences map[string][]uint64
+	// done is closed when Run's context ends.
+	done chan struct{}
 }
 
 // NewRegister prepares the workload.
@@ -58,7 +60,7 @@ func NewRegister(cfg RegisterConfig, api *API, rec *history.Recorder) *Register 
 		cfg.OpsPerKey = 40
 	}
 	return &Register{cfg: cfg, api: api, rec: rec, gens: make([]int, cfg.Slots), counts: make([]int, cfg.Slots),
-		fences: map[string][]uint64{}}
+		fences: map[string][]uint64{}, done: make(chan struct{})}
 }
 
 // Keys lists every key the workload has used.
@@ -118,10 +120,16 @@ type registerClient struct {
 	r       *mrand.Rand
 	grants  map[string]grant
 	lost    map[string]idemkv.ReserveRequest
+	// backoff grows while answers are unknown: a node without a leader answers at
+	// once, and a client hammering it would fill the history with unknown outcomes,
+	// each of which the checker must place somewhere.
+	backoff time.Duration
 }
 
 // Run runs the clients until ctx ends.
 func (w *Register) Run(ctx context.Context) {
+	stop := context.AfterFunc(ctx, func() { close(w.done) })
+	defer stop()
 	var wg sync.WaitGroup
 	for i := range w.cfg.Clients {
 		wg.Add(1)
@@ -182,8 +190,17 @@ func (w *Register) op(c *registerClient, f, key string, in history.Input) *histo
 // id, as in Jepsen: the process may still be acting.
 func (w *Register) complete(c *registerClient, op *history.Op, out *history.Output, r result) {
 	w.rec.Complete(op, r.typ, out, r.msg)
-	if r.typ == history.Info {
-		c.process += w.cfg.Clients
+	if r.typ != history.Info {
+		c.backoff = 0
+		return
+	}
+	c.process += w.cfg.Clients
+	c.backoff = min(max(2*c.backoff, 50*time.Millisecond), time.Second)
+	t := time.NewTimer(c.backoff/2 + time.Duration(c.r.Int64N(int64(c.backoff/2))))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-w.done:
 	}
 }
 

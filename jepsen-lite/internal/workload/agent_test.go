@@ -1,0 +1,112 @@
+package workload
+
+import (
+	"testing"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
+)
+
+const fpA, fpB = "sha256:aa", "sha256:bb"
+
+func do(id int64, key, fp, decision string, rc *history.Receipt) history.Op {
+	return history.Op{ID: id, Workload: "agent", F: history.FDo, Key: key, Type: history.OK,
+		In: history.Input{Fingerprint: fp, Class: ClassProbe}, Out: &history.Output{Decision: decision, Receipt: rc}}
+}
+
+func committed(id string) *history.Receipt {
+	return &history.Receipt{Status: "committed", Fingerprint: fpA, RemoteID: id}
+}
+
+func stored(fp, remote string) *idemkv.Record {
+	return &idemkv.Record{Fingerprint: fp, Status: idemkv.StatusCommitted, Receipt: &idemkv.StoredReceipt{RemoteID: remote}}
+}
+
+func kinds(a []AgentAnomaly) map[string]int {
+	out := map[string]int{}
+	for _, x := range a {
+		out[x.Kind]++
+	}
+	return out
+}
+
+func TestCheckAgentsClean(t *testing.T) {
+	conflict := do(3, "k", fpB, OutcomeConflict, nil)
+	conflict.Out.ConflictFP = fpA
+	ops := []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1")), do(2, "k", fpA, OutcomeReplayed, committed("T-1")), conflict}
+	effects := map[string][]Effect{"k": {{Key: "k", RemoteID: "T-1", Class: ClassProbe}}}
+	if a := CheckAgents(ops, effects, map[string]*idemkv.Record{"k": stored(fpA, "T-1")}); len(a) != 0 {
+		t.Fatalf("a clean history has anomalies: %v", a)
+	}
+}
+
+func TestCheckAgentsFindsEachAnomaly(t *testing.T) {
+	effect := func(id string, class string) Effect { return Effect{Key: "k", RemoteID: id, Class: class} }
+	cases := []struct {
+		name    string
+		ops     []history.Op
+		effects []Effect
+		final   *idemkv.Record
+		want    string
+	}{
+		{"double effect", []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1"))},
+			[]Effect{effect("T-1", ClassProbe), effect("T-2", ClassProbe)}, stored(fpA, "T-1"), AnomalyDoubleEffect},
+		{"lost receipt", []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1"))},
+			[]Effect{effect("T-1", ClassProbe)}, nil, AnomalyLostReceipt},
+		{"receipt changed", []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1"))},
+			[]Effect{effect("T-1", ClassProbe)}, stored(fpA, "T-9"), AnomalyReceiptMismatch},
+		{"receipt without effect", []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-7"))},
+			[]Effect{effect("T-1", ClassProbe)}, stored(fpA, "T-7"), AnomalyPhantomReceipt},
+		{"conflict with one argument set", []history.Op{do(1, "k", fpA, OutcomeConflict, nil)},
+			nil, stored(fpA, "T-1"), AnomalyWrongConflict},
+		{"other arguments executed", []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1")), do(2, "k", fpB, OutcomeCommitted, &history.Receipt{Status: "committed", Fingerprint: fpA, RemoteID: "T-1"})},
+			[]Effect{effect("T-1", ClassProbe)}, stored(fpA, "T-1"), AnomalyMissedConflict},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			final := map[string]*idemkv.Record{}
+			if c.final != nil {
+				final["k"] = c.final
+			}
+			got := kinds(CheckAgents(c.ops, map[string][]Effect{"k": c.effects}, final))
+			if got[c.want] == 0 {
+				t.Fatalf("want %s, got %v", c.want, got)
+			}
+		})
+	}
+	// Idempotent effects may repeat.
+	ops := []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1"))}
+	ops[0].In.Class = ClassIdempotent
+	a := CheckAgents(ops, map[string][]Effect{"k": {effect("T-1", ClassIdempotent), effect("T-1", ClassIdempotent)}},
+		map[string]*idemkv.Record{"k": stored(fpA, "T-1")})
+	if len(a) != 0 {
+		t.Fatalf("a repeated idempotent effect was flagged: %v", a)
+	}
+}
+
+func TestDownstream(t *testing.T) {
+	d := NewDownstream(1)
+	d.TimeoutAfterEffect, d.RefuseBeforeEffect = 0, 0
+	id, err := d.Execute("k", "{}", ClassProbe)
+	if err != nil || id == "" {
+		t.Fatalf("Execute = %q, %v", id, err)
+	}
+	if got, found := d.Probe("k"); !found || got != id {
+		t.Fatalf("Probe = %q, %v; want %q", got, found, id)
+	}
+	if _, found := d.Probe("other"); found {
+		t.Fatal("a probe found an effect that never happened")
+	}
+	d.TimeoutAfterEffect = 1
+	if _, err := d.Execute("k2", "{}", ClassProbe); err == nil {
+		t.Fatal("a timeout after the effect returned no error")
+	}
+	if _, found := d.Probe("k2"); !found {
+		t.Fatal("the effect before the timeout is not visible to the probe")
+	}
+	again, _ := func() (string, error) { d.TimeoutAfterEffect = 0; return d.Execute("i", "{}", ClassIdempotent) }()
+	twice, _ := d.Execute("i", "{}", ClassIdempotent)
+	if again != twice || len(d.Effects()["i"]) != 2 {
+		t.Fatalf("idempotent effects: ids %q %q, %d effects", again, twice, len(d.Effects()["i"]))
+	}
+}
