@@ -143,8 +143,11 @@ func run(ctx context.Context, cfg config) error {
 	defer api.Close()
 	reg := workload.NewRegister(workload.RegisterConfig{Clients: cfg.Concurrency, Slots: cfg.Slots, OpsPerKey: 30}, api, rec)
 	down := workload.NewDownstream(cfg.Seed)
-	agent := workload.NewAgent(workload.AgentConfig{Workers: max(1, cfg.Concurrency/2), Interval: 25 * time.Millisecond,
+	agent, err := workload.NewAgent(workload.AgentConfig{Workers: max(1, cfg.Concurrency/2), Interval: 25 * time.Millisecond,
 		Lease: 2 * time.Second, Deadline: 15 * time.Second}, api, rec, down)
+	if err != nil {
+		return err
+	}
 	nem := nemesis.New(nemesis.Config{Families: cfg.Families, Quiet: cfg.Quiet, Hold: cfg.Hold, Logger: logger,
 		Now: rec.Now, Seed: cfg.Seed, SnapshotGap: cfg.SnapshotThreshold + cfg.TrailingLogs + 64}, c)
 

@@ -2,14 +2,17 @@ package workload
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/fingerprint"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
 )
@@ -134,19 +137,27 @@ type AgentOp struct {
 
 // Agent is the agent workload.
 type Agent struct {
-	cfg  AgentConfig
-	api  *API
-	rec  *history.Recorder
-	down *Downstream
+	cfg    AgentConfig
+	api    *API
+	client *client.Client
+	rec    *history.Recorder
+	down   *Downstream
 
 	mu   sync.Mutex
 	keys []string
 	ops  []AgentOp
 }
 
-// NewAgent prepares the workload.
-func NewAgent(cfg AgentConfig, api *API, rec *history.Recorder, down *Downstream) *Agent {
-	return &Agent{cfg: cfg, api: api, rec: rec, down: down}
+// NewAgent prepares the workload. Its workers run the Go client's Do; api is for
+// the final reads.
+func NewAgent(cfg AgentConfig, api *API, rec *history.Recorder, down *Downstream) (*Agent, error) {
+	cl, err := client.New(client.Config{Endpoints: api.Addrs(), Timeout: api.timeout, MaxAttempts: 3,
+		BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
+		Run: client.RunConfig{LeaseTTL: cfg.Lease, CommitGrace: cfg.Deadline, PollWait: cfg.Lease}})
+	if err != nil {
+		return nil, err
+	}
+	return &Agent{cfg: cfg, api: api, client: cl, rec: rec, down: down}, nil
 }
 
 // Keys lists every key used.
@@ -168,10 +179,9 @@ func (a *Agent) Run(ctx context.Context) {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			r := mrand.New(mrand.NewPCG(uint64(i)+1000, uint64(time.Now().UnixNano())))
 			process := 100000 + i
 			for d := range queue {
-				a.deliver(ctx, i, &process, r, d.op)
+				a.deliver(ctx, i, &process, d.op)
 			}
 		}()
 	}
@@ -238,13 +248,13 @@ func (a *Agent) newOp(n int, r *mrand.Rand) AgentOp {
 
 // deliver runs the production loop of SPEC section 4 for one delivery and records it
 // as one operation of the history.
-func (a *Agent) deliver(ctx context.Context, worker int, process *int, r *mrand.Rand, op AgentOp) {
+func (a *Agent) deliver(ctx context.Context, worker int, process *int, op AgentOp) {
 	h := &history.Op{Process: *process, Client: worker, Workload: "agent", F: history.FDo, Key: op.Key,
 		In: history.Input{Class: op.Class, Args: op.Args, Fingerprint: op.FP}}
 	a.rec.Invoke(h)
 	dctx, cancel := context.WithTimeout(ctx, a.cfg.Deadline)
 	defer cancel()
-	out, msg := a.run(dctx, r, op)
+	out, msg := a.run(dctx, op)
 	typ := history.OK
 	if out.Decision == OutcomeAbandoned {
 		typ = history.Info
@@ -253,135 +263,67 @@ func (a *Agent) deliver(ctx context.Context, worker int, process *int, r *mrand.
 	a.rec.Complete(h, typ, out, msg)
 }
 
-func (a *Agent) node(r *mrand.Rand) int { return r.IntN(len(a.api.Addrs())) }
-
-// retry calls f until it gives a determinate answer or ctx ends.
-func retry(ctx context.Context, f func() result) result {
-	backoff := 50 * time.Millisecond
-	for {
-		res := f()
-		if res.typ == history.OK || ctx.Err() != nil {
-			return res
-		}
-		select {
-		case <-ctx.Done():
-			return res
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
-	}
-}
-
-func (a *Agent) run(ctx context.Context, r *mrand.Rand, op AgentOp) (*history.Output, string) {
-	attempt := newID()
+// run is one delivery: client.Do with the downstream call as the tool.
+func (a *Agent) run(ctx context.Context, op AgentOp) (*history.Output, string) {
 	out := &history.Output{}
-	for ctx.Err() == nil {
-		req := idemkv.ReserveRequest{Tenant: Tenant, Key: op.Key, Tool: "jepsen.tickets", Actor: "agent",
-			Fingerprint: op.FP, AttemptID: attempt, LeaseTTLMs: a.cfg.Lease.Milliseconds()}
-		var (
-			res     *idemkv.ReserveResult
-			granted time.Time
-		)
-		rr := retry(ctx, func() result {
-			var r2 result
-			granted = time.Now()
-			_, res, r2 = a.api.Reserve(ctx, a.node(r), &req)
-			return r2
-		})
-		if rr.typ != history.OK || res == nil {
-			out.Decision = OutcomeAbandoned
-			return out, "reserve: " + rr.msg
+	cop := client.Op{Tenant: Tenant, Key: op.Key, Tool: "jepsen.tickets", Actor: "agent",
+		Effect: json.RawMessage(op.Args), LeaseTTL: a.cfg.Lease}
+	switch op.Class {
+	case ClassIdempotent:
+		cop.Class = client.IdempotentMutation
+	default:
+		cop.Class = client.NonIdempotentMutation
+	}
+	if op.Class == ClassProbe {
+		cop.Probe = func(context.Context) (*client.Result, error) {
+			if id, found := a.down.Probe(op.Key); found {
+				return &client.Result{RemoteSystem: "tickets", RemoteID: id}, nil
+			}
+			return nil, nil
 		}
-		switch res.Decision {
-		case idemkv.DecisionReplay:
-			out.Replayed = true
-			out.Receipt = toReceipt(res.Receipt)
-			out.Decision = OutcomeReplayed
-			if res.Receipt != nil && res.Receipt.Status == idemkv.StatusFailed {
-				out.Decision = OutcomeFailed
-			}
-			return out, ""
-		case idemkv.DecisionConflict:
-			out.Decision = OutcomeConflict
-			if res.Conflict != nil {
-				out.ConflictRemoteID = res.Conflict.ExistingRemoteID
-				out.ConflictFP = res.Conflict.ExistingFingerprint
-			}
-			return out, ""
-		case idemkv.DecisionInProgress:
-			// Wait for the other attempt's outcome, or for its lease to run out.
-			wait := min(time.Until(res.LeaseExpiresAt.Time())+50*time.Millisecond, 2*time.Second)
-			if wait > 0 {
-				a.api.Get(ctx, a.node(r), op.Key, wait)
-			}
-			continue
-		case idemkv.DecisionRecover:
-			switch op.Class {
-			case ClassNonIdemNoProbe:
-				out.Decision = OutcomeInDoubt
-				return out, ""
-			case ClassProbe:
-				if id, found := a.down.Probe(op.Key); found {
-					return a.commit(ctx, r, op, res.Fence, id, out)
-				}
-			}
-		}
-		// execute, or recover that must (or may) run the effect again. A grant whose
-		// answer took long may have a lease that is already running out; executing
-		// then could race a recovering worker, so ask again with the same attempt
-		// (which keeps the fence and extends the lease if the key is still ours).
-		if time.Since(granted) > a.cfg.Lease/2 {
-			continue
-		}
-		fence := res.Fence
+	}
+	var effects atomic.Int32
+	res, err := a.client.Do(ctx, cop, func(context.Context) (*client.Result, error) {
 		id, err := a.down.Execute(op.Key, op.Args, op.Class)
 		switch {
 		case errors.Is(err, errRefused):
-			out.Decision = OutcomeReleased
-			rel := retry(ctx, func() result {
-				_, r2 := a.api.Release(ctx, a.node(r), &idemkv.ReleaseRequest{Tenant: Tenant, Key: op.Key, Fingerprint: op.FP, Fence: fence})
-				return r2
-			})
-			if rel.typ != history.OK {
-				out.Decision = OutcomeAbandoned
-			}
-			return out, rel.msg
+			return nil, client.NotExecuted(err)
 		case err != nil:
-			out.Effects++
-			out.Decision = OutcomeAbandoned
-			return out, err.Error()
+			effects.Add(1)
+			return nil, err
 		}
-		out.Effects++
-		return a.commit(ctx, r, op, fence, id, out)
-	}
-	out.Decision = OutcomeAbandoned
-	return out, "deadline"
-}
-
-// commit stores the receipt, retrying until it is stored or fenced.
-func (a *Agent) commit(ctx context.Context, r *mrand.Rand, op AgentOp, fence uint64, id string, out *history.Output) (*history.Output, string) {
-	var co *history.Output
-	res := retry(ctx, func() result {
-		var r2 result
-		co, r2 = a.api.Commit(ctx, a.node(r), &idemkv.CommitRequest{Tenant: Tenant, Key: op.Key, Fingerprint: op.FP,
-			Fence: fence, RemoteSystem: "tickets", RemoteID: id})
-		return r2
+		effects.Add(1)
+		return &client.Result{RemoteSystem: "tickets", RemoteID: id}, nil
 	})
+	out.Effects = int(effects.Load())
+	var (
+		conflict *client.ConflictError
+		failed   *client.FailedError
+	)
 	switch {
-	case res.typ != history.OK:
-		out.Decision = OutcomeAbandoned
-		return out, "commit: " + res.msg
-	case co.Err != "":
-		// Fenced: a newer attempt owns the key; this delivery's outcome is its.
-		out.Decision = OutcomeAbandoned
-		return out, "commit: " + co.Err
-	}
-	out.Receipt = co.Receipt
-	out.Decision = OutcomeCommitted
-	if co.Receipt != nil && co.Receipt.Status == string(idemkv.StatusFailed) {
+	case err == nil:
+		out.Receipt = toReceipt(res.Receipt)
+		out.Replayed = res.Replayed
+		out.Decision = OutcomeCommitted
+		if res.Replayed {
+			out.Decision = OutcomeReplayed
+		}
+		return out, ""
+	case errors.As(err, &conflict):
+		out.Decision = OutcomeConflict
+		out.ConflictFP = conflict.Conflict.ExistingFingerprint
+		out.ConflictRemoteID = conflict.Conflict.ExistingRemoteID
+	case errors.Is(err, client.ErrInDoubt):
+		out.Decision = OutcomeInDoubt
+	case errors.As(err, &failed):
 		out.Decision = OutcomeFailed
+		out.Receipt = toReceipt(failed.Receipt)
+	case errors.Is(err, errRefused):
+		out.Decision = OutcomeReleased
+	default:
+		out.Decision = OutcomeAbandoned
 	}
-	return out, ""
+	return out, err.Error()
 }
 
 // FinalRecords reads every agent key after the last heal.

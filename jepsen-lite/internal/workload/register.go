@@ -120,9 +120,9 @@ type registerClient struct {
 	r       *mrand.Rand
 	grants  map[string]grant
 	lost    map[string]idemkv.ReserveRequest
-	// backoff grows while answers are unknown: a node without a leader answers at
-	// once, and a client hammering it would fill the history with unknown outcomes,
-	// each of which the checker must place somewhere.
+	// backoff grows while no answer comes: a node without a leader, or a dead one,
+	// answers at once, and a client hammering it would fill the history with unknown
+	// outcomes, each of which the checker must place somewhere.
 	backoff time.Duration
 }
 
@@ -190,11 +190,13 @@ func (w *Register) op(c *registerClient, f, key string, in history.Input) *histo
 // id, as in Jepsen: the process may still be acting.
 func (w *Register) complete(c *registerClient, op *history.Op, out *history.Output, r result) {
 	w.rec.Complete(op, r.typ, out, r.msg)
-	if r.typ != history.Info {
+	if r.typ == history.OK {
 		c.backoff = 0
 		return
 	}
-	c.process += w.cfg.Clients
+	if r.typ == history.Info {
+		c.process += w.cfg.Clients
+	}
 	c.backoff = min(max(2*c.backoff, 50*time.Millisecond), time.Second)
 	t := time.NewTimer(c.backoff/2 + time.Duration(c.r.Int64N(int64(c.backoff/2))))
 	defer t.Stop()
