@@ -5,6 +5,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -85,4 +87,73 @@ func New() *Metrics {
 		m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// NodeStats are a node's Raft and storage figures, read on every scrape.
+type NodeStats struct {
+	// State is one of RaftStates.
+	State        string
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64 // applied by the state machine
+	LastLogIndex uint64
+	// LastContact is how long ago this node last heard from the leader: 0 on the
+	// leader, negative when it never has.
+	LastContact time.Duration
+	// Records counts the stored records, expired but unswept ones included.
+	Records int
+}
+
+// RaftStates are the values of the state label of idemkv_raft_state.
+var RaftStates = []string{"follower", "candidate", "leader", "shutdown"}
+
+var (
+	descRaftState = prometheus.NewDesc(namespace+"_raft_state",
+		"1 for the Raft state this node is in, 0 for the others.", []string{"state"}, nil)
+	descTerm = prometheus.NewDesc(namespace+"_raft_term",
+		"Current Raft term.", nil, nil)
+	descCommitIndex = prometheus.NewDesc(namespace+"_raft_commit_index",
+		"Highest log index known to be committed.", nil, nil)
+	descAppliedIndex = prometheus.NewDesc(namespace+"_raft_applied_index",
+		"Highest log index the state machine has applied.", nil, nil)
+	descLastLogIndex = prometheus.NewDesc(namespace+"_raft_last_log_index",
+		"Highest index in this node's Raft log.", nil, nil)
+	descLastContact = prometheus.NewDesc(namespace+"_raft_last_contact_seconds",
+		"Time since this node last heard from the leader (0 on the leader; absent if never).", nil, nil)
+	descRecords = prometheus.NewDesc(namespace+"_records_stored",
+		"Records stored, expired but not yet swept ones included (counted up to one million).", nil, nil)
+)
+
+// RegisterNode adds the figures of a running node to the registry, read from stats on
+// every scrape. It fails if a node is registered already.
+func (m *Metrics) RegisterNode(stats func() NodeStats) error {
+	return m.Registry.Register(nodeCollector(stats))
+}
+
+type nodeCollector func() NodeStats
+
+func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommitIndex, descAppliedIndex,
+		descLastLogIndex, descLastContact, descRecords} {
+		ch <- d
+	}
+}
+
+func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c()
+	for _, state := range RaftStates {
+		v := 0.0
+		if state == s.State {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descRaftState, prometheus.GaugeValue, v, state)
+	}
+	ch <- prometheus.MustNewConstMetric(descTerm, prometheus.GaugeValue, float64(s.Term))
+	ch <- prometheus.MustNewConstMetric(descCommitIndex, prometheus.GaugeValue, float64(s.CommitIndex))
+	ch <- prometheus.MustNewConstMetric(descAppliedIndex, prometheus.GaugeValue, float64(s.AppliedIndex))
+	ch <- prometheus.MustNewConstMetric(descLastLogIndex, prometheus.GaugeValue, float64(s.LastLogIndex))
+	if s.LastContact >= 0 {
+		ch <- prometheus.MustNewConstMetric(descLastContact, prometheus.GaugeValue, s.LastContact.Seconds())
+	}
+	ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(s.Records))
 }

@@ -1,0 +1,200 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fsm"
+	"github.com/idemkv/idemkv/metrics"
+	"github.com/idemkv/idemkv/storage"
+)
+
+// Backup streams a consistent copy of the whole state to w: a read barrier first makes
+// every write acknowledged before the call part of it, then a point-in-time view of
+// Pebble is written while the node keeps serving. Only the leader takes backups; any
+// other node fails with idemkv.ErrNotLeader before writing anything.
+//
+// The stream is the state machine's snapshot format, whose checksummed trailer makes a
+// cut or corrupt copy detectable. Restore seeds a new cluster from it.
+func (n *Node) Backup(ctx context.Context, w io.Writer) error {
+	if err := n.readIndex(ctx); err != nil {
+		return err
+	}
+	snap := n.store.NewSnapshot()
+	defer snap.Close()
+	written, err := snap.WriteTo(&stopWriter{w: w, ctx: ctx, node: n.ctx})
+	if err != nil {
+		return fmt.Errorf("node: backup after %d bytes: %w", written, err)
+	}
+	n.log.Info("backup taken", "bytes", written, "applied_index", n.fsm.AppliedIndex())
+	return nil
+}
+
+// stopWriter fails once the caller gives up or the node shuts down, so that a backup
+// in progress releases its Pebble snapshot before Close closes the store.
+type stopWriter struct {
+	w         io.Writer
+	ctx, node context.Context
+}
+
+func (s *stopWriter) Write(p []byte) (int, error) {
+	if err := s.node.Err(); err != nil {
+		return 0, idemkv.Errorf(idemkv.ErrUnavailable, "node is shutting down")
+	}
+	if err := s.ctx.Err(); err != nil {
+		return 0, fmt.Errorf("backup cancelled: %w", err)
+	}
+	return s.w.Write(p)
+}
+
+// RestoreInfo describes a restored data dir.
+type RestoreInfo struct {
+	// Index and Term are those of the last log entry the backup reflects; the restored
+	// node continues the log after Index, in a later term.
+	Index, Term uint64
+	// Records counts the restored records.
+	Records int
+}
+
+// keyCurrentTerm is where Raft keeps its current term in the stable store (raft.db).
+// Raft does not export the name; TestBackupWhileWritingThenRestoreLosesNothing fails if it changes.
+var keyCurrentTerm = []byte("CurrentTerm")
+
+// Restore seeds cfg.DataDir, which must be empty or absent, from a backup stream so
+// that a node opened on it (same ID and Raft address) starts as a single-node cluster
+// that continues where the backup ends; other nodes then join it.
+//
+// Fences are Raft indexes and must keep growing across the restore, and the state
+// machine skips entries at or below its applied index. So Restore writes, next to
+// Pebble, a Raft snapshot at the backup's applied index and term whose configuration
+// is this node alone, and stores that term as Raft's current term: the node's first
+// election then happens in a later term and its first entry gets the next index. This
+// is what Consul's peers.json recovery does for a cluster that lost its quorum.
+//
+// On failure nothing is left in the data dir.
+func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
+	cfg.withDefaults()
+	switch {
+	case cfg.ID == "":
+		return nil, errors.New("node: restore: an ID is required")
+	case cfg.DataDir == "":
+		return nil, errors.New("node: restore: a data dir is required")
+	}
+	advertise, err := restoreAddress(cfg.RaftAdvertiseOrAddr())
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
+	entries, err := os.ReadDir(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
+	if len(entries) > 0 {
+		return nil, fmt.Errorf("node: restore: data dir %s is not empty; restore only into a new one", cfg.DataDir)
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		for _, name := range []string{"pebble", "raft.db", "snapshots"} {
+			if rmErr := os.RemoveAll(filepath.Join(cfg.DataDir, name)); rmErr != nil {
+				err = errors.Join(err, rmErr)
+			}
+		}
+	}()
+	logger := cfg.Logger.With("node", cfg.ID)
+	st, err := storage.Open(filepath.Join(cfg.DataDir, "pebble"), logger)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, st.Close()) }()
+	f, err := fsm.New(st, metrics.New(), logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Restore(io.NopCloser(r)); err != nil {
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
+	index, term, err := st.Applied()
+	if err != nil {
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
+	if index == 0 || term == 0 {
+		return nil, fmt.Errorf("node: restore: the backup names no applied index: %w", storage.ErrCorrupt)
+	}
+	if err := writeRestoreSnapshot(cfg, logger, f, advertise, index, term); err != nil {
+		return nil, err
+	}
+	if err := setCurrentTerm(cfg.DataDir, term); err != nil {
+		return nil, err
+	}
+	records, _, err := st.Overdue(idemkv.Timestamp(math.MaxInt64), math.MaxInt)
+	if err != nil {
+		return nil, fmt.Errorf("node: restore: count records: %w", err)
+	}
+	logger.Info("restored a backup", "index", index, "term", term, "records", records, "raft_addr", advertise)
+	return &RestoreInfo{Index: index, Term: term, Records: records}, nil
+}
+
+// restoreAddress resolves the Raft address as the transport will advertise it, so the
+// configuration in the snapshot names the node the way its peers will see it.
+func restoreAddress(addr string) (raft.ServerAddress, error) {
+	a, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("node: restore: raft address %q: %w", addr, err)
+	}
+	if a.IP == nil || a.IP.IsUnspecified() {
+		return "", fmt.Errorf("node: restore: the raft address %q must be one peers can dial, not unspecified", addr)
+	}
+	return raft.ServerAddress(a.String()), nil
+}
+
+func writeRestoreSnapshot(cfg Config, logger *slog.Logger, f *fsm.FSM, addr raft.ServerAddress, index, term uint64) error {
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, newHCLogger(logger))
+	if err != nil {
+		return fmt.Errorf("node: restore: snapshot store: %w", err)
+	}
+	// The snapshot store only asks the transport to encode peer addresses for old
+	// snapshot versions; an in-memory one does that the same way as the network one.
+	_, trans := raft.NewInmemTransport(addr)
+	defer trans.Close()
+	conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(cfg.ID), Address: addr}}}
+	sink, err := snaps.Create(raft.SnapshotVersionMax, index, term, conf, index, trans)
+	if err != nil {
+		return fmt.Errorf("node: restore: create snapshot: %w", err)
+	}
+	snap, err := f.Snapshot()
+	if err != nil {
+		return errors.Join(fmt.Errorf("node: restore: %w", err), sink.Cancel())
+	}
+	defer snap.Release()
+	// Persist closes or cancels the sink.
+	if err := snap.Persist(sink); err != nil {
+		return fmt.Errorf("node: restore: %w", err)
+	}
+	return nil
+}
+
+func setCurrentTerm(dataDir string, term uint64) error {
+	bolt, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dataDir, "raft.db")})
+	if err != nil {
+		return fmt.Errorf("node: restore: raft log: %w", err)
+	}
+	if err := bolt.SetUint64(keyCurrentTerm, term); err != nil {
+		return errors.Join(fmt.Errorf("node: restore: set term: %w", err), bolt.Close())
+	}
+	return bolt.Close()
+}

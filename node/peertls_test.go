@@ -1,0 +1,149 @@
+package node_test
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testpki"
+	"github.com/idemkv/idemkv/node"
+)
+
+// rogueStream is a Raft stream layer an attacker controls: plain TCP, or TLS with
+// whatever configuration the attacker has.
+type rogueStream struct {
+	net.Listener
+	tls *tls.Config
+}
+
+func (r *rogueStream) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout}
+	if r.tls == nil {
+		return d.Dial("tcp", string(addr))
+	}
+	return tls.DialWithDialer(d, "tcp", string(addr), r.tls)
+}
+
+// rogue is a Raft transport for an attacker.
+func rogue(t *testing.T, conf *tls.Config) *raft.NetworkTransport {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: &rogueStream{Listener: ln, tls: conf}, MaxPool: 1, Timeout: 3 * time.Second,
+		Logger: hclog.New(&hclog.LoggerOptions{Output: io.Discard}),
+	})
+	t.Cleanup(func() { trans.Close() })
+	return trans
+}
+
+func term(n *node.Node) uint64 {
+	v, _ := strconv.ParseUint(n.RaftStats()["term"], 10, 64)
+	return v
+}
+
+// usurp sends a follower the heartbeat of a self-proclaimed leader in a much later
+// term: a follower that accepts it adopts the term and the new leader.
+func usurp(trans *raft.NetworkTransport, id, addr string, inTerm uint64) error {
+	req := &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("intruder"), Addr: []byte(trans.LocalAddr())},
+		Term:      inTerm,
+	}
+	var resp raft.AppendEntriesResponse
+	return trans.AppendEntries(raft.ServerID(id), raft.ServerAddress(addr), req, &resp)
+}
+
+func TestPeerMutualTLSRefusesPeersWithoutACertificateFromTheCA(t *testing.T) {
+	ctx := opsCtx(t)
+	ca := testpki.NewCA(t, "idemkv peers")
+	certs := make([]*testpki.Leaf, 3)
+	for i := range certs {
+		certs[i] = ca.Issue(t, fmt.Sprintf("n%d", i+1))
+	}
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.RaftTLS = node.PeerTLS(ca.Pool(), certs[i].TLS)
+	}))
+	li := c.WaitLeader()
+	leader := c.Node(li)
+	if _, err := reserveAndCommit(ctx, leader, "before", true); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged()
+	info, err := leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi := (li + 1) % c.Len()
+	follower := c.Node(fi)
+	var followerAddr string
+	for _, ni := range info.Nodes {
+		if ni.ID == follower.ID() {
+			followerAddr = ni.RaftAddr
+		}
+	}
+	startTerm := term(follower)
+
+	foreign := testpki.NewCA(t, "someone else").Issue(t, "n9").TLS
+	attacks := map[string]*tls.Config{
+		"plain TCP":          nil,
+		"TLS without a cert": {RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12},
+		// Go's client would not even send a certificate the server's CA list does not
+		// name; an attacker's client would.
+		"cert from another CA": {RootCAs: ca.Pool(), GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &foreign, nil
+		}},
+		"another CA with the same name": {RootCAs: ca.Pool(), Certificates: []tls.Certificate{testpki.NewCA(t, "idemkv peers").Issue(t, "n1").TLS}},
+	}
+	for name, conf := range attacks {
+		t.Run(name, func(t *testing.T) {
+			err := usurp(rogue(t, conf), follower.ID(), followerAddr, startTerm+100)
+			if err == nil {
+				t.Fatal("the follower took an AppendEntries from a peer without a valid certificate")
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+
+	// The cluster did not notice: same term everywhere, same leader, writes go on.
+	for i := range c.Len() {
+		if got := term(c.Node(i)); got != startTerm {
+			t.Errorf("%s is in term %d, was %d", c.ID(i), got, startTerm)
+		}
+	}
+	if !leader.IsLeader() {
+		t.Fatal("the leader lost its leadership to refused peers")
+	}
+	if _, err := reserveAndCommit(ctx, leader, "after", true); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged()
+	if rec, err := follower.Get(ctx, &idemkv.GetRequest{Tenant: "acme", Key: "after", Consistency: idemkv.Stale}); err != nil || rec.Status != idemkv.StatusCommitted {
+		t.Fatalf("follower after the attacks: %+v, %v", rec, err)
+	}
+
+	// Control: the same message with a certificate the CA signed is obeyed. This is
+	// what the refusals above prevented.
+	insider := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Issue(t, "intruder").TLS}}
+	if err := usurp(rogue(t, insider), follower.ID(), followerAddr, startTerm+100); err != nil {
+		t.Fatalf("a peer with a valid certificate was refused: %v", err)
+	}
+	if err := testcluster.Eventually(5*time.Second, func() error {
+		if got := term(follower); got < startTerm+100 {
+			return fmt.Errorf("follower term %d", got)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
