@@ -1,0 +1,255 @@
+package mcpgw_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/mcpgw"
+)
+
+var (
+	buildOnce sync.Once
+	serverBin string
+	buildErr  error
+)
+
+// ticketServer builds examples/mcp/ticketserver once per test binary.
+func ticketServer(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "ticketserver-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		serverBin = filepath.Join(dir, "ticketserver")
+		out, err := exec.Command("go", "build", "-o", serverBin, "github.com/idemkv/idemkv/examples/mcp/ticketserver").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ticketserver: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return serverBin
+}
+
+// logWriter sends lines to t.Log until the test ends; processes and background
+// goroutines may write after that, which testing would not allow.
+type logWriter struct {
+	mu     sync.Mutex
+	t      testing.TB
+	prefix string
+	done   bool
+}
+
+func newLogWriter(t testing.TB, prefix string) *logWriter {
+	w := &logWriter{t: t, prefix: prefix}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.done = true
+		w.mu.Unlock()
+	})
+	return w
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func testLogger(t testing.TB, prefix string) *slog.Logger {
+	return slog.New(slog.NewTextHandler(newLogWriter(t, prefix), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// env is a gateway in front of a real ticketserver process, backed by a real idemkv
+// node, served over streamable HTTP on loopback.
+type env struct {
+	t       *testing.T
+	idem    *client.Client
+	gw      *mcpgw.Gateway
+	url     string
+	state   string // the ticketserver's state file
+	crash   string // create it to make the next create_ticket die before answering
+	tenant  string
+	spawned *int // upstream processes started
+}
+
+type envOptions struct {
+	policy string        // YAML
+	delay  time.Duration // how long create_ticket takes
+	tp     trace.TracerProvider
+}
+
+func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
+	t.Helper()
+	bin := ticketServer(t)
+	dir := t.TempDir()
+	e := &env{t: t, state: filepath.Join(dir, "tickets.json"), crash: filepath.Join(dir, "crash"), spawned: new(int)}
+
+	policy, err := mcpgw.ParsePolicy([]byte(o.policy))
+	if err != nil {
+		t.Fatalf("policy: %v", err)
+	}
+	e.tenant = policy.Tenant
+	idem, err := client.New(client.Config{
+		Endpoints:      cluster.Endpoints(),
+		Logger:         testLogger(t, "client: "),
+		TracerProvider: o.tp,
+		Propagator:     propagation.TraceContext{},
+		Run:            client.RunConfig{PollWait: 2 * time.Second, BackoffMax: 200 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { idem.Close() })
+	e.idem = idem
+
+	stderr := newLogWriter(t, "ticketserver: ")
+	var mu sync.Mutex
+	args := []string{"--state", e.state, "--crash-after-create", e.crash, "--delay", o.delay.String()}
+	up := mcpgw.NewUpstream(func() mcp.Transport {
+		mu.Lock()
+		*e.spawned++
+		mu.Unlock()
+		cmd := exec.Command(bin, args...)
+		cmd.Stderr = stderr
+		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
+	}, &mcp.Implementation{Name: "idemkv-mcp-gateway-test"}, testLogger(t, "upstream: "))
+
+	cfg := mcpgw.DefaultConfig()
+	cfg.Upstream = up
+	cfg.Runner = idem
+	cfg.Policy = policy
+	cfg.Logger = testLogger(t, "gateway: ")
+	cfg.TracerProvider = o.tp
+	cfg.Propagator = propagation.TraceContext{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gw, err := mcpgw.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := up.Close(); err != nil {
+			t.Logf("closing the upstream: %v", err)
+		}
+	})
+	e.gw = gw
+
+	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return gw.Server() }, nil))
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	return e
+}
+
+// connect opens an MCP session to the gateway with the go-sdk's own client.
+func (e *env) connect(name string) *mcp.ClientSession {
+	e.t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: name, Version: "1"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sess, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.url, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
+	if err != nil {
+		e.t.Fatalf("connecting to the gateway: %v", err)
+	}
+	e.t.Cleanup(func() { _ = sess.Close() })
+	return sess
+}
+
+// call calls a tool; meta may be nil. A protocol error fails the test.
+func (e *env) call(sess *mcp.ClientSession, tool string, args map[string]any, meta mcp.Meta) *mcp.CallToolResult {
+	e.t.Helper()
+	res, err := e.callErr(sess, tool, args, meta)
+	if err != nil {
+		e.t.Fatalf("%s: %v", tool, err)
+	}
+	return res
+}
+
+func (e *env) callErr(sess *mcp.ClientSession, tool string, args map[string]any, meta mcp.Meta) (*mcp.CallToolResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return sess.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args, Meta: meta})
+}
+
+// upstreamState is the ticketserver's own record of what happened, read from its
+// state file: the ground truth of how many tickets exist.
+type upstreamState struct {
+	CreateCalls int `json:"create_calls"`
+	Tickets     []struct {
+		TicketID   string `json:"ticket_id"`
+		IncidentID string `json:"incident_id"`
+		Title      string `json:"title"`
+	} `json:"tickets"`
+	Comments []struct {
+		TicketID string `json:"ticket_id"`
+	} `json:"comments"`
+}
+
+func (e *env) upstream() upstreamState {
+	e.t.Helper()
+	var st upstreamState
+	data, err := os.ReadFile(e.state)
+	if os.IsNotExist(err) {
+		return st
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		e.t.Fatalf("state file: %v", err)
+	}
+	return st
+}
+
+// sc is a result's structured content as a map.
+func sc(t *testing.T, res *mcp.CallToolResult) map[string]any {
+	t.Helper()
+	m, ok := res.StructuredContent.(map[string]any)
+	if !ok {
+		t.Fatalf("structured content is %T, want an object; result: %s", res.StructuredContent, show(res))
+	}
+	return m
+}
+
+func meta(res *mcp.CallToolResult, key string) string {
+	s, _ := res.Meta[key].(string)
+	return s
+}
+
+func show(res *mcp.CallToolResult) string {
+	b, _ := json.Marshal(res)
+	return string(b)
+}
+
+func text(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, t.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}

@@ -1,0 +1,336 @@
+package mcpgw
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/client"
+)
+
+// ErrPolicy is wrapped by every error about a policy file.
+var ErrPolicy = errors.New("mcpgw: invalid policy")
+
+// MissingKey says what happens to a mutating call that carries no idempotency key and
+// for which the policy has no key template (or the template cannot be filled).
+type MissingKey string
+
+const (
+	// Refuse answers with a tool error and does not call the upstream (the default).
+	Refuse MissingKey = "refuse"
+	// PassThrough forwards the call unprotected, as if the gateway were not there.
+	PassThrough MissingKey = "pass_through"
+)
+
+// DefaultTenant is the tenant of calls when neither the policy nor the call names one.
+const DefaultTenant = "default"
+
+// Policy is the gateway's policy file. Every field is optional: without a policy the
+// gateway classifies tools by their annotations, takes keys only from _meta, refuses
+// mutating calls without one, and records everything under DefaultTenant.
+//
+//	tenant: acme
+//	tools:
+//	  create_ticket:
+//	    key: "{tenant}:{incident_id}:create_ticket"
+//	    effect: [incident_id, title, severity]
+//	    remote_id: ticket_id
+//	    probe:
+//	      tool: find_ticket
+//	      arguments: {incident_id: "{incident_id}", title: "{title}"}
+//	      found: found
+//	      result: ticket
+type Policy struct {
+	// Tenant records calls whose _meta names no tenant.
+	Tenant string `yaml:"tenant"`
+	// MissingKey is the default for tools that do not set their own.
+	MissingKey MissingKey `yaml:"missing_key"`
+	// LeaseTTL and TTL are the defaults for tools that do not set their own; zero:
+	// idemkv's defaults (30 s and 24 h).
+	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	TTL      time.Duration `yaml:"ttl"`
+	// RemoteSystem names the upstream in receipts; default: the upstream server's
+	// name from its initialize answer.
+	RemoteSystem string `yaml:"remote_system"`
+	// Tools holds the per-tool rules, by tool name.
+	Tools map[string]*ToolPolicy `yaml:"tools"`
+}
+
+// ToolPolicy is the rule for one tool.
+type ToolPolicy struct {
+	// Class overrides what the tool's annotations say (read_only,
+	// idempotent_mutation, non_idempotent_mutation).
+	Class client.Class `yaml:"class"`
+	// Key is the key template used when the call's _meta carries no key.
+	Key string `yaml:"key"`
+	// Effect lists the argument paths that define the side effect; empty: every
+	// argument except Volatile.
+	Effect []string `yaml:"effect"`
+	// Volatile lists argument paths that never count (trace ids, timestamps, model
+	// wording); "*" matches any member ("items.*.note"). See
+	// fingerprint.CanonicalizeWithout.
+	Volatile []string `yaml:"volatile"`
+	// Probe looks an effect up after an attempt died with an unknown outcome; only
+	// non-idempotent tools use it.
+	Probe *ProbePolicy `yaml:"probe"`
+	// RemoteID and RemoteURL are paths into the result's structured content that
+	// name the downstream object ("ticket_id"); without RemoteID the receipt's remote
+	// id is the idempotency key.
+	RemoteID  string `yaml:"remote_id"`
+	RemoteURL string `yaml:"remote_url"`
+	// RetryableErrors: an isError answer means the effect did not happen and a retry
+	// may succeed, so the key is released instead of the failure being stored.
+	RetryableErrors bool `yaml:"retryable_errors"`
+	// MissingKey, LeaseTTL and TTL override the policy-wide defaults.
+	MissingKey MissingKey    `yaml:"missing_key"`
+	LeaseTTL   time.Duration `yaml:"lease_ttl"`
+	TTL        time.Duration `yaml:"ttl"`
+}
+
+// ProbePolicy names an upstream tool that finds an effect by arguments.
+type ProbePolicy struct {
+	// Tool is the upstream tool to call.
+	Tool string `yaml:"tool"`
+	// Arguments maps each probe argument to a template over the original call
+	// (see Template); a template that is one placeholder keeps the argument's JSON
+	// type. Empty: the probe gets the original call's arguments.
+	Arguments map[string]string `yaml:"arguments"`
+	// Found is a path into the probe's structured result whose value says whether
+	// the effect exists (true, a non-empty string, a non-zero number, a non-empty
+	// object). Empty: any non-empty structured result counts as found.
+	Found string `yaml:"found"`
+	// Result is the path of the effect's own result inside the probe's answer; it
+	// becomes the structured content of the recovered call. Empty: the whole answer.
+	Result string `yaml:"result"`
+}
+
+// LoadPolicy reads and validates a policy file.
+func LoadPolicy(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
+	p, err := ParsePolicy(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
+}
+
+// ParsePolicy decodes and validates a policy. Unknown fields are errors: a typo in a
+// policy must not silently turn protection off.
+func ParsePolicy(data []byte) (*Policy, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var p Policy
+	if err := dec.Decode(&p); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// Validate reports the first thing in p that cannot work.
+func (p *Policy) Validate() error {
+	if p.Tenant != "" {
+		if err := idemkv.ValidTenant(p.Tenant); err != nil {
+			return fmt.Errorf("%w: tenant: %w", ErrPolicy, err)
+		}
+	}
+	if err := validMissingKey(p.MissingKey); err != nil {
+		return fmt.Errorf("%w: missing_key: %w", ErrPolicy, err)
+	}
+	if err := validDurations(p.LeaseTTL, p.TTL); err != nil {
+		return fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
+	names := make([]string, 0, len(p.Tools))
+	for name := range p.Tools {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		tp := p.Tools[name]
+		if tp == nil {
+			continue
+		}
+		if _, err := compile(tp); err != nil {
+			return fmt.Errorf("%w: tools.%s: %w", ErrPolicy, name, err)
+		}
+	}
+	return nil
+}
+
+func validMissingKey(m MissingKey) error {
+	switch m {
+	case "", Refuse, PassThrough:
+		return nil
+	}
+	return fmt.Errorf("%q is neither %s nor %s", m, Refuse, PassThrough)
+}
+
+func validDurations(lease, ttl time.Duration) error {
+	l := idemkv.DefaultLimits()
+	if lease != 0 && (lease < l.MinLeaseTTL || lease > l.MaxLeaseTTL) {
+		return fmt.Errorf("lease_ttl %s outside [%s, %s]", lease, l.MinLeaseTTL, l.MaxLeaseTTL)
+	}
+	if ttl != 0 && (ttl < l.MinTTL || ttl > l.MaxTTL) {
+		return fmt.Errorf("ttl %s outside [%s, %s]", ttl, l.MinTTL, l.MaxTTL)
+	}
+	return nil
+}
+
+// compiled is a ToolPolicy with its templates parsed.
+type compiled struct {
+	*ToolPolicy
+	key       *Template
+	probeArgs map[string]*Template
+}
+
+func compile(tp *ToolPolicy) (*compiled, error) {
+	c := &compiled{ToolPolicy: tp}
+	switch tp.Class {
+	case "", client.ReadOnly, client.IdempotentMutation, client.NonIdempotentMutation:
+	default:
+		return nil, fmt.Errorf("class %q is not %s, %s or %s", tp.Class,
+			client.ReadOnly, client.IdempotentMutation, client.NonIdempotentMutation)
+	}
+	if err := validMissingKey(tp.MissingKey); err != nil {
+		return nil, fmt.Errorf("missing_key: %w", err)
+	}
+	if err := validDurations(tp.LeaseTTL, tp.TTL); err != nil {
+		return nil, err
+	}
+	if tp.Key != "" {
+		t, err := ParseTemplate(tp.Key)
+		if err != nil {
+			return nil, fmt.Errorf("key: %w", err)
+		}
+		c.key = t
+	}
+	for _, paths := range [][]string{tp.Effect, tp.Volatile} {
+		for _, p := range paths {
+			if err := validPath(p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, p := range []string{tp.RemoteID, tp.RemoteURL} {
+		if p != "" {
+			if err := validPath(p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if pr := tp.Probe; pr != nil {
+		if pr.Tool == "" {
+			return nil, errors.New("probe.tool is required")
+		}
+		for _, p := range []string{pr.Found, pr.Result} {
+			if p != "" {
+				if err := validPath(p); err != nil {
+					return nil, fmt.Errorf("probe: %w", err)
+				}
+			}
+		}
+		c.probeArgs = make(map[string]*Template, len(pr.Arguments))
+		for arg, src := range pr.Arguments {
+			t, err := ParseTemplate(src)
+			if err != nil {
+				return nil, fmt.Errorf("probe.arguments.%s: %w", arg, err)
+			}
+			c.probeArgs[arg] = t
+		}
+	}
+	return c, nil
+}
+
+// Classify returns the tool class of SPEC section 4 for tool: the policy's class
+// when it names one, else the annotations' verdict. readOnlyHint makes a tool read
+// only; idempotentHint makes it an idempotent mutation; anything else, including no
+// annotations at all, is a non-idempotent mutation, which is MCP's own default.
+func Classify(tool *mcp.Tool, tp *ToolPolicy) client.Class {
+	if tp != nil && tp.Class != "" {
+		return tp.Class
+	}
+	a := tool.Annotations
+	switch {
+	case a == nil:
+		return client.NonIdempotentMutation
+	case a.ReadOnlyHint:
+		return client.ReadOnly
+	case a.IdempotentHint:
+		return client.IdempotentMutation
+	}
+	return client.NonIdempotentMutation
+}
+
+// rule is everything the gateway decided about one tool.
+type rule struct {
+	tool       *mcp.Tool
+	class      client.Class
+	policy     *compiled
+	missingKey MissingKey
+	leaseTTL   time.Duration
+	ttl        time.Duration
+}
+
+func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
+	tp := p.Tools[tool.Name]
+	if tp == nil {
+		tp = &ToolPolicy{}
+	}
+	c, err := compile(tp)
+	if err != nil {
+		return nil, err
+	}
+	r := &rule{tool: tool, class: Classify(tool, tp), policy: c,
+		missingKey: tp.MissingKey, leaseTTL: tp.LeaseTTL, ttl: tp.TTL}
+	if r.missingKey == "" {
+		r.missingKey = p.MissingKey
+	}
+	if r.missingKey == "" {
+		r.missingKey = Refuse
+	}
+	if r.leaseTTL == 0 {
+		r.leaseTTL = p.LeaseTTL
+	}
+	if r.ttl == 0 {
+		r.ttl = p.TTL
+	}
+	return r, nil
+}
+
+func (p *Policy) tenant() string {
+	if p.Tenant != "" {
+		return p.Tenant
+	}
+	return DefaultTenant
+}
+
+// String describes the rule for logs.
+func (r *rule) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s", r.tool.Name, r.class)
+	if r.class == client.ReadOnly {
+		return b.String()
+	}
+	if r.policy.key != nil {
+		fmt.Fprintf(&b, ", key %s", r.policy.key)
+	}
+	if r.policy.Probe != nil {
+		fmt.Fprintf(&b, ", probe %s", r.policy.Probe.Tool)
+	}
+	fmt.Fprintf(&b, ", without a key: %s", r.missingKey)
+	return b.String()
+}

@@ -1,0 +1,243 @@
+package mcpgw
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/client"
+)
+
+// The _meta keys the gateway reads from calls and writes on results. Keys under
+// MetaPrefix are the gateway's own: it never forwards them upstream.
+const (
+	MetaPrefix = "io.idemkv/"
+	// MetaIdempotencyKey (call): the key of the business operation.
+	MetaIdempotencyKey = MetaPrefix + "idempotency_key"
+	// MetaTenant (call): the tenant, overriding the policy's.
+	MetaTenant = MetaPrefix + "tenant"
+	// MetaActor (call): who runs the attempt; default: the MCP client's name.
+	MetaActor = MetaPrefix + "actor"
+	// MetaDecision (result): execute, replay, recover or conflict.
+	MetaDecision = MetaPrefix + "decision"
+	// MetaError (result): why the gateway answered with a tool error of its own; one
+	// of the Code* values.
+	MetaError = MetaPrefix + "error"
+	// MetaFingerprint (result): the effect fingerprint of the call.
+	MetaFingerprint = MetaPrefix + "effect_fingerprint"
+	// MetaWarning (result): the upstream answered but idemkv could not store the
+	// outcome; a retry will recover it.
+	MetaWarning = MetaPrefix + "warning"
+)
+
+// The codes of MetaError.
+const (
+	// CodeConflict: the key names a different effect or tool; nothing ran.
+	CodeConflict = "conflict"
+	// CodeMissingKey: a mutating call without a key was refused; nothing ran.
+	CodeMissingKey = "missing_idempotency_key"
+	// CodeInDoubt: an earlier attempt died and the tool has no probe; nothing ran.
+	CodeInDoubt = "in_doubt"
+	// CodeOutcomeUnknown: the upstream failed while the call was in flight; the
+	// record stays pending and a retry with the same key recovers it.
+	CodeOutcomeUnknown = "outcome_unknown"
+	// CodeUpstreamUnavailable: the upstream could not be reached; nothing ran.
+	CodeUpstreamUnavailable = "upstream_unavailable"
+	// CodeStoreUnavailable: idemkv could not be reached; nothing ran.
+	CodeStoreUnavailable = "idemkv_unavailable"
+	// CodeInvalidArgument: the call cannot be recorded as it is (a key that is not
+	// printable, arguments that are not an object); nothing ran.
+	CodeInvalidArgument = "invalid_argument"
+	// CodeInternal: anything else.
+	CodeInternal = "internal"
+)
+
+// FailureCode is the code a stored upstream tool error (isError) carries in idemkv.
+const FailureCode = "mcp_tool_error"
+
+// DefaultMaxReceiptBytes is how large a stored result may be by default: idemkv's
+// default limit for a record's result and error details.
+const DefaultMaxReceiptBytes = 64 << 10
+
+// encodeResult turns a CallToolResult into what idemkv stores, within max bytes. A
+// result too large loses its unstructured content first (the structured content says
+// the same thing to a program), then everything but a note; truncated reports that.
+func encodeResult(res *mcp.CallToolResult, max int) (raw json.RawMessage, truncated bool, err error) {
+	clean := *res
+	clean.Meta = withoutOwnMeta(res.Meta)
+	if raw, err = json.Marshal(&clean); err != nil {
+		return nil, false, fmt.Errorf("mcpgw: encoding the tool result: %w", err)
+	}
+	if len(raw) <= max {
+		return raw, false, nil
+	}
+	size := len(raw)
+	if clean.StructuredContent != nil {
+		slim := clean
+		slim.Content = []mcp.Content{&mcp.TextContent{Text: "(the unstructured content was too large to store; see the structured content)"}}
+		if raw, err = json.Marshal(&slim); err == nil && len(raw) <= max {
+			return raw, true, nil
+		}
+	}
+	note := &mcp.CallToolResult{
+		IsError: res.IsError,
+		Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(
+			"idemkv: the tool's result (%d bytes) was larger than the %d bytes that can be stored; the call did take effect", size, max)}},
+	}
+	if raw, err = json.Marshal(note); err != nil {
+		return nil, false, fmt.Errorf("mcpgw: encoding the tool result: %w", err)
+	}
+	return raw, true, nil
+}
+
+// decodeResult reads a stored result back. A receipt committed by other means (a
+// person resolving an in-doubt record with `idemkv commit`) may hold any JSON or
+// none: the answer then describes the receipt itself.
+func decodeResult(receipt *idemkv.Receipt) *mcp.CallToolResult {
+	if len(receipt.Result) > 0 && isObject(receipt.Result) {
+		var res mcp.CallToolResult
+		if err := json.Unmarshal(receipt.Result, &res); err == nil && res.Content != nil {
+			return &res
+		}
+	}
+	desc := map[string]any{
+		"status":        receipt.Status,
+		"remote_system": receipt.RemoteSystem,
+		"remote_id":     receipt.RemoteID,
+	}
+	if receipt.RemoteURL != "" {
+		desc["remote_url"] = receipt.RemoteURL
+	}
+	if len(receipt.Result) > 0 {
+		desc["result"] = receipt.Result
+	}
+	return structuredResult(desc, false)
+}
+
+// decodeFailure reads a stored failure back: the upstream's own isError answer when
+// the gateway stored it, else one made of the stored code and message.
+func decodeFailure(receipt *idemkv.Receipt) *mcp.CallToolResult {
+	info := receipt.Error
+	if info == nil {
+		info = &idemkv.ErrorInfo{Code: client.DefaultFailureCode, Message: "the operation failed"}
+	}
+	if info.Code == FailureCode && isObject(info.Details) {
+		var res mcp.CallToolResult
+		if err := json.Unmarshal(info.Details, &res); err == nil && res.Content != nil {
+			res.IsError = true
+			return &res
+		}
+	}
+	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: info.Code + ": " + info.Message}}}
+	res.StructuredContent = map[string]any{"code": info.Code, "message": info.Message}
+	return res
+}
+
+func isObject(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) > 0 && raw[0] == '{'
+}
+
+// structuredResult is a result whose structured content is v and whose text is v as
+// JSON, which is how the go-sdk fills in results of typed tools.
+func structuredResult(v any, isError bool) *mcp.CallToolResult {
+	text, err := json.Marshal(v)
+	if err != nil {
+		text = []byte(fmt.Sprintf("%v", v))
+	}
+	return &mcp.CallToolResult{
+		Content:           []mcp.Content{&mcp.TextContent{Text: string(text)}},
+		StructuredContent: v,
+		IsError:           isError,
+	}
+}
+
+// errorResult is a tool error the gateway answers itself: a sentence for the model,
+// the details as structured content, and the code in _meta.
+func errorResult(code, msg string, details any) *mcp.CallToolResult {
+	res := &mcp.CallToolResult{IsError: true, Meta: mcp.Meta{MetaError: code}}
+	text := msg
+	if details != nil {
+		if b, err := json.Marshal(details); err == nil {
+			text += "\n" + string(b)
+		}
+		res.StructuredContent = details
+	}
+	res.Content = []mcp.Content{&mcp.TextContent{Text: text}}
+	return res
+}
+
+// withoutOwnMeta copies m without the gateway's keys.
+func withoutOwnMeta(m mcp.Meta) mcp.Meta {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(mcp.Meta, len(m))
+	for k, v := range m {
+		if !strings.HasPrefix(k, MetaPrefix) {
+			out[k] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// annotate sets the gateway's _meta keys on a copy of res.
+func annotate(res *mcp.CallToolResult, kv ...string) *mcp.CallToolResult {
+	out := *res
+	meta := make(mcp.Meta, len(res.Meta)+len(kv)/2)
+	for k, v := range res.Meta {
+		meta[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			meta[kv[i]] = kv[i+1]
+		}
+	}
+	out.Meta = meta
+	return &out
+}
+
+// structured returns a result's structured content, or the JSON object its first text
+// content holds (servers written before structured content often answer that way).
+func structured(res *mcp.CallToolResult) any {
+	if res.StructuredContent != nil {
+		return normalize(res.StructuredContent)
+	}
+	for _, c := range res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			var v any
+			dec := json.NewDecoder(strings.NewReader(t.Text))
+			dec.UseNumber()
+			if dec.Decode(&v) == nil {
+				if _, ok := v.(map[string]any); ok {
+					return v
+				}
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// normalize re-decodes v with json.Number, so that paths and templates see the same
+// values however v was built.
+func normalize(v any) any {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return v
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var out any
+	if dec.Decode(&out) != nil {
+		return v
+	}
+	return out
+}

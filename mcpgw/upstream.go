@@ -1,0 +1,159 @@
+package mcpgw
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// ErrUpstream is wrapped by errors about reaching the upstream MCP server.
+var ErrUpstream = errors.New("mcpgw: upstream")
+
+// Upstream is a connection to the MCP server behind the gateway that comes back after
+// the server dies: a stdio server is started again, an HTTP one reconnected, on the
+// next call. The tickets an upstream created before it died are what the probe looks
+// for.
+type Upstream struct {
+	transport func() mcp.Transport
+	client    *mcp.Client
+	log       *slog.Logger
+
+	mu     sync.Mutex
+	sess   *mcp.ClientSession
+	ended  chan struct{} // closed when sess has ended
+	closed bool
+	wg     sync.WaitGroup // session watchers
+}
+
+// NewUpstream returns an Upstream that connects through a fresh transport from
+// transport every time it (re)connects: a new mcp.CommandTransport for a stdio
+// server (an exec.Cmd runs once), or a mcp.StreamableClientTransport.
+func NewUpstream(transport func() mcp.Transport, impl *mcp.Implementation, logger *slog.Logger) *Upstream {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Upstream{
+		transport: transport,
+		client:    mcp.NewClient(impl, nil),
+		log:       logger,
+	}
+}
+
+// Session returns the live session, connecting first when there is none.
+func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return nil, fmt.Errorf("%w: closed", ErrUpstream)
+	}
+	if u.sess != nil {
+		select {
+		case <-u.ended:
+			u.log.LogAttrs(ctx, slog.LevelWarn, "upstream session ended, reconnecting")
+			u.sess = nil
+		default:
+			return u.sess, nil
+		}
+	}
+	sess, err := u.client.Connect(ctx, u.transport(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connecting: %w", ErrUpstream, err)
+	}
+	ended := make(chan struct{})
+	u.sess, u.ended = sess, ended
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		_ = sess.Wait()
+		close(ended)
+	}()
+	return sess, nil
+}
+
+// Close ends the session (a stdio server gets its stdin closed, then signals) and
+// waits for it.
+func (u *Upstream) Close() error {
+	u.mu.Lock()
+	u.closed = true
+	sess := u.sess
+	u.sess = nil
+	u.mu.Unlock()
+	var err error
+	if sess != nil {
+		err = sess.Close()
+	}
+	u.wg.Wait()
+	return err
+}
+
+// callError says what a failed tools/call means for the effect.
+type callError struct {
+	err error
+	// sent: the request may have reached the upstream, so the effect may have
+	// happened. Unsent requests and requests the upstream refused as malformed
+	// certainly did not take effect.
+	sent bool
+}
+
+func (e *callError) Error() string { return e.err.Error() }
+func (e *callError) Unwrap() error { return e.err }
+
+// rejected reports whether err is the upstream refusing the request itself (no such
+// tool, arguments that fail the schema), which happens before any tool code runs.
+func rejected(err error) (*jsonrpc.Error, bool) {
+	var we *jsonrpc.Error
+	if !errors.As(err, &we) {
+		return nil, false
+	}
+	switch we.Code {
+	case jsonrpc.CodeParseError, jsonrpc.CodeInvalidRequest, jsonrpc.CodeMethodNotFound, jsonrpc.CodeInvalidParams:
+		return we, true
+	}
+	return we, false
+}
+
+// CallTool calls a tool upstream. Its errors are *callError values that say whether
+// the call may have taken effect.
+func (u *Upstream) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	sess, err := u.Session(ctx)
+	if err != nil {
+		return nil, &callError{err: err}
+	}
+	res, err := sess.CallTool(ctx, params)
+	if err != nil {
+		_, refused := rejected(err)
+		return nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused}
+	}
+	return res, nil
+}
+
+// Tools lists every tool the upstream offers, page by page.
+func (u *Upstream) Tools(ctx context.Context) ([]*mcp.Tool, error) {
+	sess, err := u.Session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var tools []*mcp.Tool
+	for t, err := range sess.Tools(ctx, nil) {
+		if err != nil {
+			return nil, fmt.Errorf("%w: listing tools: %w", ErrUpstream, err)
+		}
+		tools = append(tools, t)
+	}
+	return tools, nil
+}
+
+// Info returns the upstream's initialize answer, or nil before the first connection.
+func (u *Upstream) Info() *mcp.InitializeResult {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.sess == nil {
+		return nil
+	}
+	return u.sess.InitializeResult()
+}
