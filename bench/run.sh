@@ -6,7 +6,7 @@
 #
 #   bench/run.sh [compare flags…]   the comparison (see `go run . -h` in bench/)
 #   bench/run.sh test               start etcd and PostgreSQL, run the bench module's tests
-#   bench/run.sh up                 start etcd and PostgreSQL and wait (Ctrl-C stops them)
+#   bench/run.sh up                 start all three and wait (Ctrl-C stops them)
 #
 # Environment: BENCH_DIR (data dirs; default a fresh dir under /var/tmp, removed at
 # exit unless KEEP=1), BENCH_OUT (results; default bench/results).
@@ -161,7 +161,8 @@ start_postgres
 
 case "$mode" in
 up)
-	echo "export IDEMKV_BENCH_ETCD=$ETCD_ENDPOINTS IDEMKV_BENCH_PG='$PG_DSN'"
+	start_idemkv
+	echo "export IDEMKV_BENCH_ETCD=$ETCD_ENDPOINTS IDEMKV_BENCH_PG='$PG_DSN' IDEMKV_BENCH_IDEMKV=$IDEMKV_ENDPOINTS"
 	log "running; Ctrl-C stops"
 	# A foreground sleep would hold the signal until it ends; wait returns at once.
 	sleep infinity &

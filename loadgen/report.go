@@ -34,8 +34,10 @@ type KindReport struct {
 	Ops        uint64            `json:"ops"`
 	Throughput float64           `json:"ops_per_sec"`
 	Errors     map[string]uint64 `json:"errors,omitempty"`
-	Latency    Summary           `json:"latency"`
-	hist       *Histogram
+	// ErrorSamples holds one message for each error code.
+	ErrorSamples map[string]string `json:"error_samples,omitempty"`
+	Latency      Summary           `json:"latency"`
+	hist         *Histogram
 }
 
 // Kind returns the report of the named kind ("new", "replay", "conflict",
@@ -71,8 +73,12 @@ func (r *runner) report(workers []*worker, elapsed time.Duration) *Report {
 			for code, n := range st.errors {
 				if kr.Errors == nil {
 					kr.Errors = make(map[string]uint64)
+					kr.ErrorSamples = make(map[string]string)
 				}
 				kr.Errors[code] += n
+				if _, ok := kr.ErrorSamples[code]; !ok {
+					kr.ErrorSamples[code] = st.samples[code]
+				}
 			}
 		}
 		kr.Ops = kr.hist.Count()

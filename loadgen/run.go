@@ -154,15 +154,22 @@ var statNames = [numStats]string{"new", "replay", "conflict", "in_progress", "ne
 type stat struct {
 	hist   Histogram
 	errors map[string]uint64
+	// samples keeps the first message of each code: a count alone does not say
+	// whether "unavailable" was a timeout, an election or a refused connection.
+	samples map[string]string
 }
 
 func (s *stat) fail(err error) {
 	if s.errors == nil {
 		s.errors = make(map[string]uint64)
+		s.samples = make(map[string]string)
 	}
 	code := idemkv.CodeOf(err)
 	if errors.Is(err, errUnexpected) {
 		code = err.Error()
+	}
+	if s.errors[code] == 0 {
+		s.samples[code] = err.Error()
 	}
 	s.errors[code]++
 }

@@ -147,6 +147,9 @@ func TestRunCountsWrongDecisionsAndStoreErrors(t *testing.T) {
 			t.Errorf("new errors[%s] = %d, want %d (all: %v)", code, got, count, rep.Kind("new").Errors)
 		}
 	}
+	if msg := rep.Kind("new.reserve").ErrorSamples[idemkv.CodeUnavailable]; !strings.Contains(msg, "no leader") {
+		t.Errorf("sample of unavailable: %q, want the store's message", msg)
+	}
 	if got := rep.Kind("new.commit").Errors[idemkv.CodeFenced]; got != 100 {
 		t.Errorf("new.commit fenced = %d, want 100", got)
 	}
