@@ -316,6 +316,12 @@ func sweep(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more b
 		}
 		swept++
 	}
+	if len(entries) > 0 {
+		// Every entry up to the last one read is gone now: later scans skip them.
+		if err := b.MarkSwept(entries[len(entries)-1]); err != nil {
+			return swept, more, err
+		}
+	}
 	return swept, more, nil
 }
 

@@ -16,6 +16,7 @@ import (
 //	x/<8-byte big-endian expires_at><tenant>\x00<key>  expiry index (empty value)
 //	m/applied                                    applied index + term (16 bytes)
 //	m/clock                                      state machine clock (8 bytes)
+//	m/swept                                      expiry key of the last entry swept
 //	n/<id>                                       replicated node metadata
 const (
 	prefixRecord = "r/"
@@ -26,6 +27,7 @@ const (
 var (
 	keyApplied = []byte("m/applied")
 	keyClock   = []byte("m/clock")
+	keySwept   = []byte("m/swept")
 )
 
 func recordKey(tenant, key string) []byte {

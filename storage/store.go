@@ -275,7 +275,21 @@ func (s *Store) CheckExpiryIndex() error {
 	if records != entries {
 		return fmt.Errorf("%w: %d records but %d expiry entries", ErrCorrupt, records, entries)
 	}
-	return nil
+	// Scans start after the swept mark: an entry at or before it would never be swept.
+	bound, err := sweptBound(snap)
+	if err != nil {
+		return err
+	}
+	below, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte(prefixExpiry), UpperBound: bound})
+	if err != nil {
+		return err
+	}
+	defer below.Close()
+	if below.First() {
+		e, _ := parseExpiryKey(below.Key())
+		return fmt.Errorf("%w: index entry %q/%q at %s lies before the swept mark", ErrCorrupt, e.Tenant, e.Key, e.ExpiresAt)
+	}
+	return below.Error()
 }
 
 // Batch is an atomic group of writes whose reads see its own earlier writes, so that
@@ -374,7 +388,8 @@ func (b *Batch) DeleteRecord(tenant, key string) (bool, error) {
 	return true, b.b.Delete(k, nil)
 }
 
-// Expired returns up to limit expiry index entries at or before now, earliest first.
+// Expired returns up to limit expiry index entries at or before now, earliest first,
+// after the last entry marked swept.
 func (b *Batch) Expired(now idemkv.Timestamp, limit int) ([]ExpiryEntry, error) {
 	var out []ExpiryEntry
 	err := scanExpired(b.b, now, limit, func(e ExpiryEntry) { out = append(out, e) })
@@ -385,6 +400,18 @@ func (b *Batch) Expired(now idemkv.Timestamp, limit int) ([]ExpiryEntry, error) 
 // no longer matches its record, which only a bug could produce.
 func (b *Batch) DeleteExpiry(e ExpiryEntry) error {
 	return b.b.Delete(expiryKey(e.ExpiresAt, e.Tenant, e.Key), nil)
+}
+
+// MarkSwept records that no index entry up to and including e is left, so that later
+// scans of the index start after it. Without the mark every scan would start at the
+// oldest expiry and step over the tombstone of each entry swept before it (until
+// compaction drops them): sweeping a backlog would cost its square, and counting it
+// would cost every record ever swept.
+//
+// The mark stays valid because a record is only ever written with an expiry after the
+// state machine clock, which is at or past the expiry of every swept entry.
+func (b *Batch) MarkSwept(e ExpiryEntry) error {
+	return b.b.Set(keySwept, expiryKey(e.ExpiresAt, e.Tenant, e.Key), nil)
 }
 
 // SetApplied records that every log entry up to index is reflected in the store.
@@ -461,7 +488,15 @@ func scanExpired(r pebble.Reader, now idemkv.Timestamp, limit int, fn func(Expir
 	if limit <= 0 {
 		return nil
 	}
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte(prefixExpiry), UpperBound: expiryBound(now)})
+	lower, err := sweptBound(r)
+	if err != nil {
+		return err
+	}
+	upper := expiryBound(now)
+	if bytes.Compare(lower, upper) >= 0 {
+		return nil
+	}
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return fmt.Errorf("storage: expiry scan: %w", err)
 	}
@@ -476,6 +511,23 @@ func scanExpired(r pebble.Reader, now idemkv.Timestamp, limit int, fn func(Expir
 		n++
 	}
 	return it.Error()
+}
+
+// sweptBound is the first index key a scan must look at: the one right after the
+// swept mark, or the start of the index.
+func sweptBound(r pebble.Reader) ([]byte, error) {
+	mark, err := getValue(r, keySwept)
+	if err != nil || mark == nil {
+		return []byte(prefixExpiry), err
+	}
+	if !bytes.HasPrefix(mark, []byte(prefixExpiry)) {
+		return nil, fmt.Errorf("%w: swept mark %q", ErrCorrupt, mark)
+	}
+	if _, err := parseExpiryKey(mark); err != nil {
+		return nil, fmt.Errorf("%w: swept mark %q", ErrCorrupt, mark)
+	}
+	// mark+"\x00" is the smallest key greater than mark.
+	return append(mark, 0), nil
 }
 
 // pebbleLogger routes Pebble's printf-style logging into slog.
