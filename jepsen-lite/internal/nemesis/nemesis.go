@@ -393,7 +393,13 @@ func (n *Nemesis) membership(ctx, heal context.Context) (string, error) {
 	rctx, cancel := context.WithTimeout(heal, 20*time.Second)
 	defer cancel()
 	if err := n.c.Remove(rctx, id); err != nil {
-		return "remove " + id, err
+		// The answer may be lost while the removal went through (removing the
+		// leader ends its leadership). Wiping a node that is still a voter would let
+		// it vote twice in a term, which no real failure does; so go on only once the
+		// configuration shows it gone.
+		if !n.awaitRemoved(rctx, victim) {
+			return "remove " + id, err
+		}
 	}
 	n.mu.Lock()
 	n.removed[victim] = true
@@ -409,6 +415,26 @@ func (n *Nemesis) membership(ctx, heal context.Context) (string, error) {
 		return "remove " + id + ", wipe, add back", err
 	}
 	return "remove " + id + ", wipe, add back", nil
+}
+
+// awaitRemoved reports whether a leader other than node i shows a configuration
+// without it, polling until ctx ends.
+func (n *Nemesis) awaitRemoved(ctx context.Context, i int) bool {
+	for ctx.Err() == nil {
+		if l := n.c.Leader(ctx); l >= 0 && l != i {
+			if info, err := n.c.Info(ctx, l); err == nil {
+				member := false
+				for _, m := range info.Nodes {
+					member = member || m.ID == n.id(i)
+				}
+				if !member {
+					return true
+				}
+			}
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+	return false
 }
 
 // rejoin starts a wiped node (it joins through the others) and waits until it is a
