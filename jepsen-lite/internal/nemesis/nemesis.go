@@ -397,7 +397,10 @@ func (n *Nemesis) membership(ctx, heal context.Context) (string, error) {
 		// leader ends its leadership). Wiping a node that is still a voter would let
 		// it vote twice in a term, which no real failure does; so go on only once the
 		// configuration shows it gone.
-		if !n.awaitRemoved(rctx, victim) {
+		actx, stop := context.WithTimeout(heal, 15*time.Second)
+		gone := n.awaitRemoved(actx, victim)
+		stop()
+		if !gone {
 			return "remove " + id, err
 		}
 	}
