@@ -30,6 +30,14 @@ var (
 	buildErr  error
 )
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if serverBin != "" {
+		os.RemoveAll(filepath.Dir(serverBin))
+	}
+	os.Exit(code)
+}
+
 // ticketServer builds examples/mcp/ticketserver once per test binary.
 func ticketServer(t *testing.T) string {
 	t.Helper()

@@ -436,5 +436,3 @@ func jsonOf(t *testing.T, v any) string {
 	}
 	return string(b)
 }
-
-
