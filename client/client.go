@@ -206,7 +206,10 @@ func New(cfg Config) (*Client, error) {
 			TLSHandshakeTimeout: 5 * time.Second,
 		}}
 	}
-	c.runner = NewRunner(c, cfg.Run)
+	var err error
+	if c.runner, err = NewRunner(c, cfg.Run); err != nil {
+		return nil, err
+	}
 	return c, nil
 }
 

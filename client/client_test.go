@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/telemetry"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
 
@@ -511,5 +513,65 @@ func TestBackoffIsBoundedAndJittered(t *testing.T) {
 	}
 	if len(seen) < 10 {
 		t.Fatalf("only %d distinct delays: no jitter", len(seen))
+	}
+}
+
+// W3C trace context crosses the wire: the server span that the API's tracing
+// middleware starts is the child of the client's HTTP span, and carries the decision.
+func TestTraceContinuesOnTheServer(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prevTP, prevProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() {
+		otel.SetTracerProvider(prevTP)
+		otel.SetTextMapPropagator(prevProp)
+	})
+	store := &apiStore{memStore: newMemStore()}
+	srv := httptest.NewServer(api.New(api.Config{Store: store, Logger: testLogger(t), Middleware: telemetry.HTTPMiddleware}).Handler())
+	t.Cleanup(srv.Close)
+	store.self = strings.TrimPrefix(srv.URL, "http://")
+
+	c := newClient(t, Config{Endpoints: []string{srv.URL}, TracerProvider: tp, Propagator: propagation.TraceContext{}})
+	op := ticketOp("k-traced", "Outage X")
+	out, err := c.Do(ctxT(t), op, func(context.Context) (*Result, error) {
+		return &Result{RemoteSystem: "linear", RemoteID: "LIN-7"}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		byID[s.SpanContext().SpanID()] = s
+	}
+	var server sdktrace.ReadOnlySpan
+	for _, s := range byID {
+		if s.SpanKind() == trace.SpanKindServer && s.Name() == "POST /v1/reserve" {
+			server = s
+		}
+	}
+	if server == nil {
+		t.Fatal("no server span for the reserve")
+	}
+	httpSpan, ok := byID[server.Parent().SpanID()]
+	if !ok || httpSpan.SpanKind() != trace.SpanKindClient || httpSpan.Name() != "POST /v1/reserve" {
+		t.Fatalf("the server span's parent %v is not the client's HTTP span", server.Parent())
+	}
+	doSpan, ok := byID[httpSpan.Parent().SpanID()]
+	if !ok || doSpan.Name() != "execute_tool create_ticket" {
+		t.Fatal("the client's HTTP span is not under the Do span")
+	}
+	var decision, fp string
+	for _, kv := range server.Attributes() {
+		switch kv.Key {
+		case semconv.Decision:
+			decision = kv.Value.AsString()
+		case semconv.Fingerprint:
+			fp = kv.Value.AsString()
+		}
+	}
+	if decision != "execute" || fp != out.Fingerprint {
+		t.Fatalf("server span decision %q fingerprint %q", decision, fp)
 	}
 }

@@ -222,8 +222,11 @@ func TestProductionGrade(t *testing.T) {
 		key := "conversation_9:approval_19:create_ticket"
 		op := createTicket(key, "Outage Z")
 		// The runtime's call into idemkv times out after the commit landed.
-		lossy := client.NewRunner(lostCommitAnswer{e.client}, client.RunConfig{Logger: logger(t), CommitGrace: time.Second})
-		_, err := lossy.Do(timeout(t, 20*time.Second), op, e.create(key))
+		lossy, err := client.NewRunner(lostCommitAnswer{e.client}, client.RunConfig{Logger: logger(t), CommitGrace: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = lossy.Do(timeout(t, 20*time.Second), op, e.create(key))
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("got %v", err)
 		}
@@ -428,7 +431,10 @@ func TestProductionGrade(t *testing.T) {
 
 	t.Run("Do runs against an in-process node", func(t *testing.T) {
 		leader := e.cluster.Node(e.cluster.LeaderIndex(t))
-		r := client.NewRunner(leader, client.RunConfig{Logger: logger(t)})
+		r, err := client.NewRunner(leader, client.RunConfig{Logger: logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
 		key := "conversation_9:approval_27:create_ticket"
 		first, err := r.Do(timeout(t, 20*time.Second), createTicket(key, "Outage P"), e.create(key))
 		if err != nil || first.Decision != idemkv.DecisionExecute {

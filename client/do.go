@@ -187,15 +187,12 @@ type Runner struct {
 }
 
 // NewRunner returns a Runner over store: the HTTP Client, or an in-process node.
-// Invalid configuration values are replaced by the defaults.
-func NewRunner(store Store, cfg RunConfig) *Runner {
-	if cfg.Validate() != nil {
-		l, tp := cfg.Logger, cfg.TracerProvider
-		cfg = DefaultRunConfig()
-		cfg.Logger, cfg.TracerProvider = l, tp
+func NewRunner(store Store, cfg RunConfig) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	cfg.withDefaults()
-	return &Runner{store: store, cfg: cfg, tracer: cfg.TracerProvider.Tracer(ScopeName), log: cfg.Logger}
+	return &Runner{store: store, cfg: cfg, tracer: cfg.TracerProvider.Tracer(ScopeName), log: cfg.Logger}, nil
 }
 
 // Log keys.

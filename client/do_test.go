@@ -67,7 +67,11 @@ func newEnv(t *testing.T) *testEnv {
 		BackoffMax:     10 * time.Millisecond,
 		CommitGrace:    5 * time.Second,
 	}
-	return &testEnv{store: store, runner: NewRunner(store, cfg), spans: rec, tickets: newTickets()}
+	runner, err := NewRunner(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testEnv{store: store, runner: runner, spans: rec, tickets: newTickets()}
 }
 
 func ticketOp(key, title string) Op {
