@@ -231,6 +231,12 @@ func (c *Client) setLeader(apiAddr string) {
 	if err != nil {
 		return
 	}
+	// A node bound to a wildcard address advertises nothing a client can dial;
+	// following it would cost a failed attempt on every call.
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://"))
+	if ip := net.ParseIP(host); err != nil || host == "" || (ip != nil && ip.IsUnspecified()) {
+		return
+	}
 	if !strings.Contains(apiAddr, "://") {
 		u = c.scheme + "://" + apiAddr
 	}

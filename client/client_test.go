@@ -575,3 +575,17 @@ func TestTraceContinuesOnTheServer(t *testing.T) {
 		t.Fatalf("server span decision %q fingerprint %q", decision, fp)
 	}
 }
+
+func TestClientIgnoresUndialableLeader(t *testing.T) {
+	c := newClient(t, Config{Endpoints: []string{"127.0.0.1:7420"}})
+	for _, addr := range []string{"0.0.0.0:7420", "[::]:7420", ":7420", "not a host"} {
+		c.setLeader(addr)
+		if l := c.Leader(); l != "" {
+			t.Errorf("leader %q adopted from %q", l, addr)
+		}
+	}
+	c.setLeader("10.0.0.5:7420")
+	if l := c.Leader(); l != "http://10.0.0.5:7420" {
+		t.Errorf("leader %q", l)
+	}
+}

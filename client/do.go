@@ -97,7 +97,8 @@ type Op struct {
 	Probe ProbeFunc
 }
 
-// Outcome is what Do returns when the operation has a committed receipt.
+// Outcome is what Do returns when the operation has a committed receipt. For a
+// ReadOnly op, Receipt is built from fn's result and stored nowhere.
 type Outcome struct {
 	// Decision is the reserve decision that led here: execute, recover or replay.
 	Decision idemkv.Decision
