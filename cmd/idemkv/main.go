@@ -66,6 +66,7 @@ upper case with dashes as underscores (--data-dir is IDEMKV_DATA_DIR).`,
 	root.AddCommand(
 		newServeCommand(),
 		newVersionCommand(),
+		newMCPGatewayCommand(),
 	)
 	addClientCommands(root)
 	addExtraCommands(root)

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/spf13/cobra"
+
+	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/mcpgw"
+	"github.com/idemkv/idemkv/telemetry"
+)
+
+type mcpGatewayOptions struct {
+	upstreamCmd     string
+	upstreamURL     string
+	listen          string
+	policy          string
+	maxReceiptBytes int
+	logLevel        string
+	logFormat       string
+	shutdownGrace   time.Duration
+	conn            clientFlags
+}
+
+func newMCPGatewayCommand() *cobra.Command {
+	o := mcpGatewayOptions{maxReceiptBytes: mcpgw.DefaultMaxReceiptBytes, shutdownGrace: 5 * time.Second}
+	cmd := &cobra.Command{
+		Use:   "mcp-gateway",
+		Short: "Serve an MCP server's tools with idempotent tool calls",
+		Long: `Serve the tools of another MCP server (the upstream) and run every mutating
+tools/call through idemkv, so that a retried call replays the stored result instead of
+running the side effect again. Read-only tools pass straight through.
+
+The upstream is a command speaking MCP on stdio (--upstream-cmd, started again if it
+dies) or a streamable HTTP endpoint (--upstream-url). The gateway serves MCP on stdio,
+or on streamable HTTP at http://ADDR/mcp with --listen ADDR.
+
+A mutating call needs an idempotency key: _meta["io.idemkv/idempotency_key"], or a key
+template from the --policy file. See docs/mcp-gateway.md.
+
+  idemkv mcp-gateway --upstream-cmd "ticketserver --state tickets.json" --policy policy.yaml
+  idemkv mcp-gateway --upstream-url http://127.0.0.1:8080/mcp --listen 127.0.0.1:7430`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runMCPGateway(cmd.Context(), o, cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.upstreamCmd, "upstream-cmd", "", "command line of a stdio MCP server (split like a shell would, without running one)")
+	f.StringVar(&o.upstreamURL, "upstream-url", "", "URL of a streamable HTTP MCP server")
+	f.StringVar(&o.listen, "listen", "", "serve streamable HTTP on this address (path /mcp) instead of stdio")
+	f.StringVar(&o.policy, "policy", "", "policy file (YAML): classes, key templates, effects, probes")
+	f.IntVar(&o.maxReceiptBytes, "max-receipt-bytes", o.maxReceiptBytes, "largest tool result stored (at most the nodes' --max-payload-bytes)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
+	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for calls in flight (--listen)")
+	o.conn.register(cmd)
+	return cmd
+}
+
+// runMCPGateway serves until ctx ends or, on stdio, until the client closes stdin.
+func runMCPGateway(ctx context.Context, o mcpGatewayOptions, stderr io.Writer) error {
+	if (o.upstreamCmd == "") == (o.upstreamURL == "") {
+		return errors.New("give exactly one of --upstream-cmd and --upstream-url")
+	}
+	logger, err := newLogger(o.logLevel, o.logFormat, stderr)
+	if err != nil {
+		return err
+	}
+	if o.listen == "" && strings.Contains(os.Getenv("OTEL_TRACES_EXPORTER"), "console") {
+		// The console exporter writes to stdout, which carries MCP on stdio.
+		return errors.New("OTEL_TRACES_EXPORTER=console would write into the MCP stream on stdout; use otlp, or --listen")
+	}
+	shutdownTracing, err := telemetry.Setup(ctx, "idemkv-mcp-gateway")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(sctx); err != nil {
+			logger.Warn("flushing spans", "err", err)
+		}
+	}()
+
+	policy := &mcpgw.Policy{}
+	if o.policy != "" {
+		if policy, err = mcpgw.LoadPolicy(o.policy); err != nil {
+			return err
+		}
+	}
+	tlsConf, err := o.conn.tlsConfig()
+	if err != nil {
+		return err
+	}
+	idem, err := client.New(client.Config{
+		Endpoints: o.conn.endpoints, Token: o.conn.token, TLSConfig: tlsConf, Timeout: o.conn.timeout, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	defer idem.Close()
+
+	transport, err := upstreamTransport(o, stderr)
+	if err != nil {
+		return err
+	}
+	up := mcpgw.NewUpstream(transport, &mcp.Implementation{Name: "idemkv-mcp-gateway", Version: version}, logger)
+	defer func() {
+		if err := up.Close(); err != nil {
+			logger.Debug("closing the upstream", "err", err)
+		}
+	}()
+	cfg := mcpgw.DefaultConfig()
+	cfg.Upstream, cfg.Runner, cfg.Policy = up, idem, policy
+	cfg.MaxReceiptBytes = o.maxReceiptBytes
+	cfg.Version = version
+	cfg.Logger = logger
+	gw, err := mcpgw.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+
+	if o.listen == "" {
+		logger.Info("serving MCP on stdio")
+		err := gw.Server().Run(ctx, &mcp.StdioTransport{})
+		if err != nil && ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	return serveMCPHTTP(ctx, gw, o, logger)
+}
+
+func upstreamTransport(o mcpGatewayOptions, stderr io.Writer) (func() mcp.Transport, error) {
+	if o.upstreamURL != "" {
+		return func() mcp.Transport { return &mcp.StreamableClientTransport{Endpoint: o.upstreamURL} }, nil
+	}
+	argv, err := splitCommand(o.upstreamCmd)
+	if err != nil {
+		return nil, fmt.Errorf("--upstream-cmd: %w", err)
+	}
+	return func() mcp.Transport {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Stderr = stderr
+		return &mcp.CommandTransport{Command: cmd}
+	}, nil
+}
+
+func serveMCPHTTP(ctx context.Context, gw *mcpgw.Gateway, o mcpGatewayOptions, logger *slog.Logger) error {
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return gw.Server() },
+		&mcp.StreamableHTTPOptions{Logger: logger}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	logger.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		// Sessions hold SSE streams open; past the grace they are cut.
+		_ = srv.Close()
+	}
+	<-served
+	return nil
+}
+
+// splitCommand splits a command line into words the way a POSIX shell would, without
+// running one: single quotes keep everything, double quotes keep everything but \" and
+// \\, and a backslash outside quotes escapes the next character. Nothing is expanded.
+func splitCommand(s string) ([]string, error) {
+	var (
+		words  []string
+		cur    strings.Builder
+		inWord bool
+		quote  byte
+	)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case quote == '\'':
+			if c == '\'' {
+				quote = 0
+			} else {
+				cur.WriteByte(c)
+			}
+		case quote == '"':
+			switch {
+			case c == '"':
+				quote = 0
+			case c == '\\' && i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\\'):
+				i++
+				cur.WriteByte(s[i])
+			default:
+				cur.WriteByte(c)
+			}
+		case c == '\'' || c == '"':
+			quote, inWord = c, true
+		case c == '\\':
+			if i+1 == len(s) {
+				return nil, errors.New("trailing backslash")
+			}
+			i++
+			cur.WriteByte(s[i])
+			inWord = true
+		case c == ' ' || c == '\t' || c == '\n':
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteByte(c)
+			inWord = true
+		}
+	}
+	if quote != 0 {
+		return nil, fmt.Errorf("unclosed %c quote", quote)
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	if len(words) == 0 {
+		return nil, errors.New("empty command")
+	}
+	return words, nil
+}

@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/mcpgw"
+)
+
+// The tests in this file run `idemkv mcp-gateway` as a process in front of the example
+// ticketserver process, and talk to it with the go-sdk's own client.
+
+// lineLog sends a process's output to t.Log until the test ends.
+type lineLog struct {
+	mu     sync.Mutex
+	t      *testing.T
+	prefix string
+	done   bool
+}
+
+func newLineLog(t *testing.T, prefix string) *lineLog {
+	l := &lineLog{t: t, prefix: prefix}
+	t.Cleanup(func() {
+		l.mu.Lock()
+		l.done = true
+		l.mu.Unlock()
+	})
+	return l
+}
+
+func (l *lineLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.done {
+		l.t.Log(l.prefix + strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func buildTicketServer(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ticketserver")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/idemkv/idemkv/examples/mcp/ticketserver").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ticketserver: %v\n%s", err, out)
+	}
+	return bin
+}
+
+const gatewayTestPolicy = `
+tenant: cmdtest
+tools:
+  create_ticket:
+    key: "{tenant}:{incident_id}:create_ticket"
+    volatile: [trace_id]
+    remote_id: ticket_id
+    probe: {tool: find_ticket, arguments: {incident_id: "{incident_id}"}, found: found, result: ticket}
+`
+
+func writePolicy(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(p, []byte(gatewayTestPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func ticketCount(t *testing.T, state string) int {
+	t.Helper()
+	var st struct {
+		Tickets []json.RawMessage `json:"tickets"`
+	}
+	data, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatal(err)
+	}
+	return len(st.Tickets)
+}
+
+// createTwice sends the same create_ticket call twice (the retry with another trace
+// id) and checks the second is the first's replay.
+func createTwice(t *testing.T, sess *mcp.ClientSession, state string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var results []*mcp.CallToolResult
+	for _, trace := range []string{"a", "b"} {
+		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "create_ticket", Arguments: map[string]any{
+			"incident_id": "INC-1", "title": "db down", "severity": "high", "trace_id": trace}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.IsError {
+			t.Fatalf("create_ticket failed: %+v", res.Content)
+		}
+		results = append(results, res)
+	}
+	if d0, d1 := results[0].Meta[mcpgw.MetaDecision], results[1].Meta[mcpgw.MetaDecision]; d0 != "execute" || d1 != "replay" {
+		t.Fatalf("decisions %v then %v, want execute then replay", d0, d1)
+	}
+	if !reflect.DeepEqual(results[0].StructuredContent, results[1].StructuredContent) {
+		t.Fatalf("the replay differs: %v vs %v", results[0].StructuredContent, results[1].StructuredContent)
+	}
+	if n := ticketCount(t, state); n != 1 {
+		t.Fatalf("the upstream holds %d tickets, want 1", n)
+	}
+}
+
+func TestMCPGatewayStdio(t *testing.T) {
+	bin, ts := idemkvBinary(t), buildTicketServer(t)
+	cluster := testcluster.Start(t, 1)
+	state := filepath.Join(t.TempDir(), "tickets with space.json")
+	cmd := exec.Command(bin, "mcp-gateway",
+		"--upstream-cmd", ts+" --state '"+state+"'",
+		"--policy", writePolicy(t),
+		"--endpoint", cluster.Endpoint(0))
+	cmd.Stderr = newLineLog(t, "gateway: ")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sess, err := mcp.NewClient(&mcp.Implementation{Name: "agent"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	tools, err := sess.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tools.Tools) != 5 {
+		t.Fatalf("the gateway lists %d tools, want the ticketserver's 5", len(tools.Tools))
+	}
+	createTwice(t, sess, state)
+}
+
+func TestMCPGatewayStreamableHTTP(t *testing.T) {
+	bin, ts := idemkvBinary(t), buildTicketServer(t)
+	cluster := testcluster.Start(t, 1)
+	state := filepath.Join(t.TempDir(), "tickets.json")
+	upAddr, gwAddr := freePort(t), freePort(t)
+
+	start := func(name string, c *exec.Cmd) {
+		c.Stderr = newLineLog(t, name+": ")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		})
+	}
+	start("ticketserver", exec.Command(ts, "--state", state, "--listen", upAddr))
+	waitFor(t, 20*time.Second, "ticketserver listening", func() error {
+		conn, err := net.Dial("tcp", upAddr)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	})
+	start("gateway", exec.Command(bin, "mcp-gateway", "--upstream-url", "http://"+upAddr+"/mcp",
+		"--listen", gwAddr, "--policy", writePolicy(t), "--endpoint", cluster.Endpoint(0)))
+	waitFor(t, 20*time.Second, "gateway listening", func() error {
+		resp, err := http.Get("http://" + gwAddr + "/healthz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("healthz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sess, err := mcp.NewClient(&mcp.Implementation{Name: "agent"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: "http://" + gwAddr + "/mcp", DisableStandaloneSSE: true, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	createTwice(t, sess, state)
+}
+
+func TestSplitCommand(t *testing.T) {
+	for in, want := range map[string][]string{
+		`server --state tickets.json`:       {"server", "--state", "tickets.json"},
+		`  a   b  `:                         {"a", "b"},
+		`srv --title 'two words' "x \"y\""`: {"srv", "--title", "two words", `x "y"`},
+		`a\ b c`:                            {"a b", "c"},
+		`a''b ""`:                           {"ab", ""},
+		`'$HOME' "$HOME"`:                   {"$HOME", "$HOME"},
+	} {
+		got, err := splitCommand(in)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("splitCommand(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "   ", `a 'open`, `a "open`, `a\`} {
+		if got, err := splitCommand(in); err == nil {
+			t.Errorf("splitCommand(%q) = %q, want an error", in, got)
+		}
+	}
+}
