@@ -390,13 +390,9 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 		if err != nil {
 			return nil, err
 		}
+		// A reserve retried after its answer was lost gets the decision that was
+		// granted (the state machine answers recover again), so it is used as is.
 		decision := res.Decision
-		// A reserve retried after its answer was lost comes back as execute, even when
-		// the lost answer was recover. The record still tells: more than one grant
-		// means an earlier attempt held the key and its outcome is unknown.
-		if decision == idemkv.DecisionExecute && res.Record != nil && res.Record.Attempts > 1 {
-			decision = idemkv.DecisionRecover
-		}
 		x.decided(ctx, decision, res)
 
 		switch decision {

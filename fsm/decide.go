@@ -60,12 +60,18 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 	switch {
 	case req.AttemptID != "" && req.AttemptID == cur.AttemptID:
 		// The same attempt asking again (its answer was lost): it keeps its fence,
-		// even if its lease ran out meanwhile, since nobody else was granted one.
+		// even if its lease ran out meanwhile, since nobody else was granted one. It
+		// gets the decision it was granted: an attempt that took over from a dead one
+		// (attempts > 1) must still hear recover, or it would skip its probe.
 		next = cur.Clone()
 		next.UpdatedAt = now
 		next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+leaseTTL(req.LeaseTTLMs))
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
-		return next, granted(idemkv.DecisionExecute, next)
+		d := idemkv.DecisionExecute
+		if cur.Attempts > 1 {
+			d = idemkv.DecisionRecover
+		}
+		return next, granted(d, next)
 	case cur.LeaseExpiresAt > now:
 		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionInProgress, LeaseExpiresAt: cur.LeaseExpiresAt, Record: cur}
 	default:

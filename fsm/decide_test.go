@@ -136,6 +136,17 @@ func TestDecide(t *testing.T) {
 			}),
 		},
 		{
+			name: "pending after a recover, same attempt_id asks again: recover again, same fence",
+			cur:  pendingRec(func(r *idemkv.Record) { r.Attempts = 2 }), req: reserveReq(func(r *idemkv.ReserveRequest) { r.AttemptID = "att-1" }), now: t0 + 1000,
+			decision: idemkv.DecisionRecover, fence: 7,
+			next: pendingRec(func(r *idemkv.Record) {
+				r.Attempts = 2
+				r.UpdatedAt = t0 + 1000
+				r.LeaseExpiresAt = t0 + 1000 + lease
+				r.ExpiresAt = t0 + 1000 + ttl
+			}),
+		},
+		{
 			name: "pending, same effect, lease live: in_progress", cur: pendingRec(), req: reserveReq(), now: t0 + lease - 1,
 			decision: idemkv.DecisionInProgress,
 		},
