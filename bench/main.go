@@ -12,6 +12,7 @@ import (
 	"image/color"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"os/signal"
@@ -184,6 +185,13 @@ func run(ctx context.Context, o options, logger *slog.Logger, stdout io.Writer) 
 	logger.Info("fsync probe", "p50_ms", res.Fsync.P50, "p99_ms", res.Fsync.P99)
 
 	syss := systems(o)
+	// The scale points come first, on the fresh cluster, so that the record counts
+	// they report are exact.
+	if len(o.scale) > 0 && o.idemkv != "" {
+		if res.Scale, err = measureScale(ctx, o, logger, syss[0]); err != nil {
+			return err
+		}
+	}
 	// Systems take turns at each concurrency, so that anything else the machine does
 	// during the run falls on all of them alike.
 	for _, c := range o.concurrency {
@@ -202,11 +210,6 @@ func run(ctx context.Context, o options, logger *slog.Logger, stdout io.Writer) 
 				return err
 			}
 			res.Replay = append(res.Replay, p)
-		}
-	}
-	if len(o.scale) > 0 && o.idemkv != "" {
-		if res.Scale, err = measureScale(ctx, o, logger, syss[0]); err != nil {
-			return err
 		}
 	}
 	res.Targets = verdicts(res, o)
@@ -290,7 +293,6 @@ func measureScale(ctx context.Context, o options, logger *slog.Logger, s system)
 		return nil, err
 	}
 	defer tgt.Close()
-	// Records the earlier points wrote are not counted: the figure is a floor.
 	loaded := 0
 	var out []Point
 	for _, n := range o.scale {
@@ -388,11 +390,15 @@ func verdicts(r *Results, o options) []Verdict {
 	if len(r.Scale) >= 2 {
 		first, last := r.Scale[0], r.Scale[len(r.Scale)-1]
 		change := last.ReserveP99/first.ReserveP99 - 1
+		measured := fmt.Sprintf("%+.0f%% (%.2f ms at %d records, %.2f ms at %d records)",
+			change*100, first.ReserveP99, first.Records, last.ReserveP99, last.Records)
+		if last.Records < 10_000_000 {
+			measured += "; 10 million records not reached in this run"
+		}
 		out = append(out, Verdict{
-			Target: "reserve p99 unchanged (within 20%) from 10 thousand to 10 million stored records",
-			Measured: fmt.Sprintf("%+.0f%% (%.2f ms at %d records, %.2f ms at %d records)",
-				change*100, first.ReserveP99, first.Records, last.ReserveP99, last.Records),
-			Met: change <= 0.2 && last.Records >= 10_000_000,
+			Target:   "reserve p99 unchanged (within 20%) from 10 thousand to 10 million stored records",
+			Measured: measured,
+			Met:      math.Abs(change) <= 0.2 && last.Records >= 10_000_000,
 		})
 	}
 	if idem != nil && pg != nil {
@@ -466,7 +472,7 @@ func markdown(r *Results) string {
 		}
 	}
 	if len(r.Scale) > 0 {
-		b.WriteString("\nidemkv reserve latency against stored records:\n\n| records (at least) | clients | ops/s | reserve p50 ms | reserve p99 ms |\n|---:|---:|---:|---:|---:|\n")
+		b.WriteString("\nidemkv reserve latency against stored records:\n\n| records | clients | ops/s | reserve p50 ms | reserve p99 ms |\n|---:|---:|---:|---:|---:|\n")
 		for _, p := range r.Scale {
 			fmt.Fprintf(&b, "| %d | %d | %.0f | %.2f | %.2f |\n", p.Records, p.Concurrency, p.OpsPerSec, p.ReserveP50, p.ReserveP99)
 		}

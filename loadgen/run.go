@@ -336,7 +336,7 @@ func (r *runner) one(ctx context.Context, w *worker) {
 	}
 	took := time.Since(t0)
 	if err != nil {
-		if ctx.Err() != nil {
+		if ended(ctx) {
 			// The phase ended under the operation: neither a result nor a failure.
 			return
 		}
@@ -358,7 +358,7 @@ func (r *runner) commitNew(ctx context.Context, w *worker, key string, stats *[n
 		err = fmt.Errorf("%w: %s", errUnexpected, res.Decision)
 	}
 	if err != nil {
-		if stats != nil && ctx.Err() == nil {
+		if stats != nil && !ended(ctx) {
 			stats[statNewReserve].fail(err)
 		}
 		return err
@@ -370,7 +370,7 @@ func (r *runner) commitNew(ctx context.Context, w *worker, key string, stats *[n
 		return err
 	}
 	if err != nil {
-		if ctx.Err() == nil {
+		if !ended(ctx) {
 			stats[statNewCommit].fail(err)
 		}
 		return err
@@ -389,6 +389,17 @@ func (r *runner) expect(ctx context.Context, kind Kind, req *Reserve) error {
 		return fmt.Errorf("%w: %s", errUnexpected, res.Decision)
 	}
 	return nil
+}
+
+// ended reports whether the phase is over. Drivers such as pgx turn the context's
+// deadline into a socket deadline, whose timeout can surface a moment before the
+// context itself reports that it is done.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 func attemptID(run string, w *worker) string {
