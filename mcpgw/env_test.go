@@ -164,6 +164,7 @@ func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 			t.Logf("closing the upstream: %v", err)
 		}
 	})
+	t.Cleanup(func() { _ = gw.Close() })
 	e.gw = gw
 
 	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return gw.Server() }, nil))

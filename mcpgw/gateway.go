@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"unicode"
 	"unicode/utf8"
 
@@ -132,6 +133,12 @@ type Gateway struct {
 	tracer       trace.Tracer
 	prop         propagation.TextMapPropagator
 	log          *slog.Logger
+
+	mu      sync.Mutex        // guards rules and offered
+	offered map[string]string // tool name -> the tool as JSON, to notice changes
+
+	stop context.CancelFunc
+	wg   sync.WaitGroup
 }
 
 // New connects to the upstream, reads its tools and builds the gateway's server.
@@ -142,13 +149,14 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	}
 	cfg.withDefaults()
 	g := &Gateway{
-		cfg:    cfg,
-		up:     cfg.Upstream,
-		runner: cfg.Runner,
-		rules:  map[string]*rule{},
-		tracer: cfg.TracerProvider.Tracer(ScopeName),
-		prop:   cfg.Propagator,
-		log:    cfg.Logger,
+		cfg:     cfg,
+		up:      cfg.Upstream,
+		runner:  cfg.Runner,
+		rules:   map[string]*rule{},
+		offered: map[string]string{},
+		tracer:  cfg.TracerProvider.Tracer(ScopeName),
+		prop:    cfg.Propagator,
+		log:     cfg.Logger,
 	}
 	tools, err := g.up.Tools(ctx)
 	if err != nil {
@@ -157,8 +165,8 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	info := g.up.Info()
 	g.remoteSystem = remoteSystem(cfg.Policy.RemoteSystem, info)
 	opts := &mcp.ServerOptions{
-		Logger:       cfg.Logger,
-		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{}},
+		Logger:       slog.New(atLeast{cfg.Logger.Handler(), slog.LevelWarn}),
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 	}
 	if info != nil {
 		opts.Instructions = info.Instructions
@@ -177,23 +185,85 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("%w: tools.%s: the probe tool %q is not offered by the upstream", ErrPolicy, name, tp.Probe.Tool)
 		}
 	}
+	if err := g.offer(ctx, tools); err != nil {
+		return nil, err
+	}
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	g.stop = stop
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		g.watch(wctx)
+	}()
+	return g, nil
+}
+
+// offer makes the server offer exactly tools, each under its rule. The go-sdk tells
+// connected clients when the list changed.
+func (g *Gateway) offer(ctx context.Context, tools []*mcp.Tool) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	seen := map[string]bool{}
 	for _, t := range tools {
+		seen[t.Name] = true
 		if err := schemaIsObject(t); err != nil {
 			// The go-sdk would panic, and MCP requires object schemas anyway.
 			g.log.LogAttrs(ctx, slog.LevelWarn, "not offering an upstream tool with an invalid schema",
 				slog.String(logKeyTool, t.Name), slog.Any(logKeyErr, err))
 			continue
 		}
-		r, err := cfg.Policy.rule(t)
-		if err != nil {
-			return nil, fmt.Errorf("%w: tools.%s: %w", ErrPolicy, t.Name, err)
+		b, _ := json.Marshal(t)
+		if g.offered[t.Name] == string(b) {
+			continue
 		}
-		g.rules[t.Name] = r
-		g.log.LogAttrs(ctx, slog.LevelInfo, "tool", slog.String(logKeyTool, t.Name),
+		r, err := g.cfg.Policy.rule(t)
+		if err != nil {
+			return fmt.Errorf("%w: tools.%s: %w", ErrPolicy, t.Name, err)
+		}
+		g.rules[t.Name], g.offered[t.Name] = r, string(b)
+		g.log.LogAttrs(ctx, slog.LevelInfo, "offering tool", slog.String(logKeyTool, t.Name),
 			slog.String(logKeyClass, string(r.class)), slog.String(logKeyRule, r.String()))
 		g.server.AddTool(t, g.handler(r))
 	}
-	return g, nil
+	var gone []string
+	for name := range g.offered {
+		if !seen[name] {
+			gone = append(gone, name)
+			delete(g.offered, name)
+			delete(g.rules, name)
+		}
+	}
+	if len(gone) > 0 {
+		g.log.LogAttrs(ctx, slog.LevelInfo, "upstream tools gone", slog.Any(logKeyTool, gone))
+		g.server.RemoveTools(gone...)
+	}
+	return nil
+}
+
+// watch lists the upstream's tools again whenever they may have changed.
+func (g *Gateway) watch(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.up.ToolsChanged():
+		}
+		tools, err := g.up.Tools(ctx)
+		if err == nil {
+			err = g.offer(ctx, tools)
+		}
+		if err != nil && ctx.Err() == nil {
+			g.log.LogAttrs(ctx, slog.LevelWarn, "could not refresh the upstream's tools", slog.Any(logKeyErr, err))
+		}
+	}
+}
+
+// Close stops following the upstream's tool list. The Upstream is the caller's to
+// close.
+func (g *Gateway) Close() error {
+	g.stop()
+	g.wg.Wait()
+	return nil
 }
 
 // Server is the MCP server to serve (mcp.StdioTransport, mcp.StreamableHTTPHandler...).
@@ -201,6 +271,8 @@ func (g *Gateway) Server() *mcp.Server { return g.server }
 
 // Class returns the class the gateway gave a tool, and whether it offers the tool.
 func (g *Gateway) Class(tool string) (client.Class, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	r, ok := g.rules[tool]
 	if !ok {
 		return "", false
@@ -653,4 +725,23 @@ func (g *Gateway) probe(r *rule, c *call, meta mcp.Meta) client.ProbeFunc {
 		trace.SpanFromContext(ctx).AddEvent("probe_found", trace.WithAttributes(attribute.String("probe.tool", pp.Tool)))
 		return g.receipt(r, c.key, structuredResult(found, false))
 	}
+}
+
+// atLeast drops records below min: the go-sdk logs every session at info, which
+// drowns the gateway's own lines.
+type atLeast struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h atLeast) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h atLeast) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return atLeast{h.Handler.WithAttrs(attrs), h.min}
+}
+
+func (h atLeast) WithGroup(name string) slog.Handler {
+	return atLeast{h.Handler.WithGroup(name), h.min}
 }

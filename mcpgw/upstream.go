@@ -23,6 +23,10 @@ type Upstream struct {
 	client    *mcp.Client
 	log       *slog.Logger
 
+	// changed gets a value when the upstream's tools may have changed: it said so,
+	// or it was restarted.
+	changed chan struct{}
+
 	mu     sync.Mutex
 	sess   *mcp.ClientSession
 	ended  chan struct{} // closed when sess has ended
@@ -37,12 +41,24 @@ func NewUpstream(transport func() mcp.Transport, impl *mcp.Implementation, logge
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Upstream{
-		transport: transport,
-		client:    mcp.NewClient(impl, nil),
-		log:       logger,
+	u := &Upstream{transport: transport, log: logger, changed: make(chan struct{}, 1)}
+	u.client = mcp.NewClient(impl, &mcp.ClientOptions{
+		Logger:                 slog.New(atLeast{logger.Handler(), slog.LevelWarn}),
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { u.toolsChanged() },
+	})
+	return u
+}
+
+func (u *Upstream) toolsChanged() {
+	select {
+	case u.changed <- struct{}{}:
+	default: // one pending signal covers any number of changes
 	}
 }
+
+// ToolsChanged receives a value when the upstream's tools may have changed since they
+// were last listed.
+func (u *Upstream) ToolsChanged() <-chan struct{} { return u.changed }
 
 // Session returns the live session, connecting first when there is none.
 func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
@@ -51,11 +67,12 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 	if u.closed {
 		return nil, fmt.Errorf("%w: closed", ErrUpstream)
 	}
+	reconnect := false
 	if u.sess != nil {
 		select {
 		case <-u.ended:
 			u.log.LogAttrs(ctx, slog.LevelWarn, "upstream session ended, reconnecting")
-			u.sess = nil
+			u.sess, reconnect = nil, true
 		default:
 			return u.sess, nil
 		}
@@ -72,6 +89,10 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 		_ = sess.Wait()
 		close(ended)
 	}()
+	if reconnect {
+		// A restarted server may be a new version with other tools.
+		u.toolsChanged()
+	}
 	return sess, nil
 }
 

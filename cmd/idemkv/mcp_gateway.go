@@ -131,6 +131,7 @@ func runMCPGateway(ctx context.Context, o mcpGatewayOptions, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	defer gw.Close()
 
 	if o.listen == "" {
 		logger.Info("serving MCP on stdio")

@@ -1,0 +1,138 @@
+package mcpgw_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/mcpgw"
+)
+
+// failRunner fails the test if a call reaches idemkv.
+type failRunner struct{ t *testing.T }
+
+func (f failRunner) Do(context.Context, client.Op, client.Func) (*client.Outcome, error) {
+	f.t.Error("a call was recorded")
+	return nil, context.Canceled
+}
+
+var _ mcpgw.Runner = failRunner{}
+
+func noop(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, struct{}, error) {
+	return nil, struct{}{}, nil
+}
+
+// The gateway follows the upstream's tool list: a tool added or removed upstream is
+// added or removed for the agents, who are told the list changed.
+func TestToolListFollowsUpstream(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	upstream := mcp.NewServer(&mcp.Implementation{Name: "inproc"}, nil)
+	mcp.AddTool(upstream, &mcp.Tool{Name: "a", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, noop)
+
+	var (
+		mu       sync.Mutex
+		sessions []*mcp.ServerSession
+	)
+	up := mcpgw.NewUpstream(func() mcp.Transport {
+		c, s := mcp.NewInMemoryTransports()
+		ss, err := upstream.Connect(ctx, s, nil)
+		if err != nil {
+			t.Errorf("upstream connect: %v", err)
+		}
+		mu.Lock()
+		sessions = append(sessions, ss)
+		mu.Unlock()
+		return c
+	}, &mcp.Implementation{Name: "gw"}, testLogger(t, "upstream: "))
+	t.Cleanup(func() {
+		_ = up.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sessions {
+			_ = s.Close()
+		}
+	})
+	cfg := mcpgw.DefaultConfig()
+	cfg.Upstream, cfg.Runner, cfg.Logger = up, failRunner{t}, testLogger(t, "gateway: ")
+	gw, err := mcpgw.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
+
+	notified := make(chan struct{}, 8)
+	agent := mcp.NewClient(&mcp.Implementation{Name: "agent"}, &mcp.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { notified <- struct{}{} },
+	})
+	ct, st := mcp.NewInMemoryTransports()
+	ss, err := gw.Server().Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ss.Close() })
+	sess, err := agent.Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sess.Close() })
+
+	names := func() []string {
+		res, err := sess.ListTools(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, tool := range res.Tools {
+			out = append(out, tool.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	waitTools := func(want ...string) {
+		t.Helper()
+		select {
+		case <-notified:
+		case <-ctx.Done():
+			t.Fatalf("no tools/list_changed; tools %v, want %v", names(), want)
+		}
+		if err := testcluster.Eventually(10*time.Second, func() error {
+			if got := names(); !slices.Equal(got, want) {
+				return &mismatch{got, want}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := names(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("tools %v, want [a]", got)
+	}
+	mcp.AddTool(upstream, &mcp.Tool{Name: "b", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, noop)
+	waitTools("a", "b")
+	if class, ok := gw.Class("b"); !ok || class != client.IdempotentMutation {
+		t.Fatalf("new tool b: class %q offered %v", class, ok)
+	}
+	upstream.RemoveTools("a")
+	waitTools("b")
+	if _, ok := gw.Class("a"); ok {
+		t.Fatal("removed tool a is still classified")
+	}
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "a"})
+	if err == nil {
+		t.Fatalf("calling a removed tool: %+v, want a protocol error", res)
+	}
+}
+
+type mismatch struct{ got, want []string }
+
+func (m *mismatch) Error() string {
+	return fmt.Sprintf("tools %v, want %v", m.got, m.want)
+}
