@@ -74,7 +74,7 @@ var familyColor = map[string]string{
 func WriteSVG(w io.Writer, title string, buckets []Bucket, faults []nemesis.Fault) error {
 	const (
 		width, left, right = 1200, 70, 20
-		top, panelH, gap   = 60, 220, 50
+		top, panelH, gap   = 72, 220, 50
 		height             = top + 2*panelH + gap + 60
 	)
 	plotW := float64(width - left - right)
@@ -85,8 +85,10 @@ func WriteSVG(w io.Writer, title string, buckets []Bucket, faults []nemesis.Faul
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
 	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="15" font-weight="bold">%s</text>`+"\n", left, html.EscapeString(title))
 
-	// Fault windows.
-	for i, f := range faults {
+	// Fault windows. Labels go in the first of three rows where they fit; a label
+	// that fits nowhere is left out (the window's tooltip still names it).
+	var rowEnd [3]float64
+	for _, f := range faults {
 		x0, x1 := x(float64(f.Start)/1e9), x(float64(f.End)/1e9)
 		if x1-x0 < 1 {
 			x1 = x0 + 1
@@ -97,7 +99,14 @@ func WriteSVG(w io.Writer, title string, buckets []Bucket, faults []nemesis.Faul
 		}
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="%s" fill-opacity="0.18"><title>%s</title></rect>`+"\n",
 			x0, top, x1-x0, 2*panelH+gap, c, html.EscapeString(f.Kind+": "+f.Detail+errSuffix(f)))
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="%s" font-size="10">%s</text>`+"\n", x0+2, top-4-12*(i%2), c, html.EscapeString(f.Kind))
+		labelW := 6.0 * float64(len(f.Kind))
+		for row := range rowEnd {
+			if x0 >= rowEnd[row] {
+				fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="%s" font-size="10">%s</text>`+"\n", x0+2, top-4-12*row, c, html.EscapeString(f.Kind))
+				rowEnd[row] = x0 + labelW + 4
+				break
+			}
+		}
 	}
 
 	// Throughput panel.
