@@ -1,0 +1,541 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/auth"
+	"github.com/idemkv/idemkv/node"
+	"github.com/idemkv/idemkv/storage"
+)
+
+// addExtraCommands adds the operator commands beyond serving and the client.
+func addExtraCommands(root *cobra.Command) {
+	root.AddCommand(newAuthCommand(), newBackupCommand(), newRestoreCommand(), newMembersCommand(), newStatusCommand())
+}
+
+func newAuthCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "auth", Short: "Tokens for --auth-file"}
+	var generate bool
+	hash := &cobra.Command{
+		Use:   "hash-token [TOKEN]",
+		Short: "Print the hash of a token for the token file (reads the token from stdin without an argument)",
+		Long: `Print the hash a token file stores for a token. The token comes from the argument,
+or from the first line of standard input, which keeps it out of the shell history.
+With --generate, a new random token is made: the first line printed is the token (give
+it to the client), the second its hash (put it in the token file).
+
+  idemkv auth hash-token --generate
+  printf %s "$TOKEN" | idemkv auth hash-token`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out := cmd.OutOrStdout()
+			if generate {
+				if len(args) > 0 {
+					return errors.New("--generate makes its own token; give none")
+				}
+				tok, err := auth.NewToken()
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(out, "%s\n%s\n", tok, auth.HashToken(tok))
+				return err
+			}
+			var tok string
+			if len(args) == 1 {
+				tok = args[0]
+			} else {
+				line, err := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+				if err != nil && !errors.Is(err, io.EOF) {
+					return fmt.Errorf("reading the token: %w", err)
+				}
+				tok = strings.TrimRight(line, "\r\n")
+			}
+			if tok == "" {
+				return errors.New("no token given")
+			}
+			_, err := fmt.Fprintln(out, auth.HashToken(tok))
+			return err
+		},
+	}
+	hash.Flags().BoolVar(&generate, "generate", false, "make a new random token and print it with its hash")
+	cmd.AddCommand(hash)
+	return cmd
+}
+
+// opsClient speaks to individual nodes: the operator commands need answers from a
+// given node (status) or streams (backup), which the client package does not offer.
+type opsClient struct {
+	hc        *http.Client
+	token     string
+	scheme    string
+	endpoints []string
+}
+
+func newOpsClient(cf *clientFlags) (*opsClient, error) {
+	tlsConf, err := cf.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
+	c := &opsClient{token: cf.token, scheme: "http", endpoints: cf.endpoints}
+	if tlsConf != nil {
+		c.scheme = "https"
+	}
+	if len(c.endpoints) == 0 {
+		return nil, errors.New("--endpoint is required")
+	}
+	c.hc = &http.Client{Transport: &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: cf.timeout}).DialContext,
+		TLSClientConfig:       tlsConf,
+		TLSHandshakeTimeout:   cf.timeout,
+		ResponseHeaderTimeout: cf.timeout,
+	}}
+	return c, nil
+}
+
+func (c *opsClient) url(endpoint, path string) string {
+	if strings.Contains(endpoint, "://") {
+		return strings.TrimSuffix(endpoint, "/") + path
+	}
+	return c.scheme + "://" + endpoint + path
+}
+
+// send makes one request and returns the answer if it is a 200; any other answer
+// becomes the error it carries.
+func (c *opsClient) send(ctx context.Context, method, endpoint, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.url(endpoint, path), rd)
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e struct {
+		Error *idemkv.Error `json:"error"`
+	}
+	if json.Unmarshal(raw, &e) == nil && e.Error != nil {
+		return nil, fmt.Errorf("%s: %w", endpoint, e.Error)
+	}
+	return nil, fmt.Errorf("%s: %s: %s", endpoint, resp.Status, bytes.TrimSpace(raw))
+}
+
+func (c *opsClient) call(ctx context.Context, method, endpoint, path string, body, out any) error {
+	resp, err := c.send(ctx, method, endpoint, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s: decoding the answer: %w", endpoint, err)
+	}
+	return nil
+}
+
+// each tries f on the endpoints in turn and moves on only when a node is unreachable
+// or unavailable; any other answer is final.
+func (c *opsClient) each(f func(endpoint string) error) error {
+	var errs []error
+	for _, ep := range c.endpoints {
+		err := f(ep)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+		var e *idemkv.Error
+		if errors.As(err, &e) && !errors.Is(err, idemkv.ErrUnavailable) {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func newBackupCommand() *cobra.Command {
+	var cf clientFlags
+	var out string
+	cmd := &cobra.Command{
+		Use:   "backup --out FILE",
+		Short: "Take a consistent backup of a running cluster through its API (admin token)",
+		Long: `Take a consistent backup of a running cluster. Any node serves it (followers forward
+to the leader); it holds every write acknowledged before it started, and writes go on
+while it runs. The file is written next to FILE, checked by restoring it into a scratch
+store beside it, and only then renamed to FILE, so FILE is always a complete backup.
+
+  idemkv backup --out idemkv-$(date +%F).backup --endpoint 127.0.0.1:7420 --token "$ADMIN_TOKEN"`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newOpsClient(&cf)
+			if err != nil {
+				return err
+			}
+			return runBackup(cmd.Context(), c, out, cmd.OutOrStdout())
+		},
+	}
+	cf.register(cmd)
+	cmd.Flags().StringVar(&out, "out", "", "file to write (must not exist)")
+	_ = cmd.MarkFlagRequired("out")
+	return cmd
+}
+
+func runBackup(ctx context.Context, c *opsClient, out string, w io.Writer) (err error) {
+	if _, err := os.Stat(out); err == nil {
+		return fmt.Errorf("%s exists; backups never overwrite", out)
+	}
+	dir := filepath.Dir(out)
+	tmp, err := os.CreateTemp(dir, ".idemkv-backup-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	var written int64
+	err = c.each(func(ep string) error {
+		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if err := tmp.Truncate(0); err != nil {
+			return err
+		}
+		resp, err := c.send(ctx, http.MethodGet, ep, "/v1/backup", nil)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if ct := resp.Header.Get("Content-Type"); ct != api.BackupContentType {
+			return fmt.Errorf("%s answered %q, not a backup", ep, ct)
+		}
+		written, err = io.Copy(tmp, resp.Body)
+		if err != nil {
+			return fmt.Errorf("%s: the transfer broke after %d bytes: %w", ep, written, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	v, err := verifyBackup(dir, tmp)
+	if err != nil {
+		return fmt.Errorf("the backup does not verify, nothing written to %s: %w", out, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "wrote %s: %d bytes, %d records, index %d, term %d\n", out, written, v.Records, v.Index, v.Term)
+	return err
+}
+
+// verifyBackup restores r into a scratch store in dir, which checks every frame and
+// the checksum trailer, and reports what the backup holds.
+func verifyBackup(dir string, r io.Reader) (info *node.RestoreInfo, err error) {
+	scratch, err := os.MkdirTemp(dir, ".idemkv-verify-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(scratch)
+	st, err := storage.Open(scratch, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, st.Close()) }()
+	if err := st.Restore(r); err != nil {
+		return nil, err
+	}
+	index, term, err := st.Applied()
+	if err != nil {
+		return nil, err
+	}
+	if index == 0 {
+		return nil, fmt.Errorf("no applied index: %w", storage.ErrCorrupt)
+	}
+	records, _, err := st.Overdue(idemkv.Timestamp(math.MaxInt64), math.MaxInt)
+	if err != nil {
+		return nil, err
+	}
+	return &node.RestoreInfo{Index: index, Term: term, Records: records}, nil
+}
+
+func newRestoreCommand() *cobra.Command {
+	var from, logLevel string
+	cfg := node.DefaultConfig()
+	cmd := &cobra.Command{
+		Use:   "restore --from FILE --data-dir DIR --id ID --raft-addr ADDR",
+		Short: "Seed the data dir of a new cluster's first node from a backup",
+		Long: `Seed an empty data dir from a backup. Start idemkv serve on it with the same --id and
+--raft-addr (or --advertise-raft-addr): the node comes up as a single-node cluster that
+holds every record of the backup and continues its Raft log, so every new fence is
+above every restored one. Then join the other nodes to it as usual (--join).
+
+  idemkv restore --from idemkv.backup --data-dir /var/lib/idemkv --id n1 --raft-addr 10.0.0.1:7421
+  idemkv serve   --data-dir /var/lib/idemkv --id n1 --raft-addr 10.0.0.1:7421 ...`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			logger, err := newLogger(logLevel, "text", cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			cfg.Logger = logger
+			f, err := os.Open(from)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			info, err := node.Restore(cfg, f)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(),
+				"restored %d records into %s at index %d, term %d\nstart it with: idemkv serve --id %s --data-dir %s --raft-addr %s\n",
+				info.Records, cfg.DataDir, info.Index, info.Term, cfg.ID, cfg.DataDir, cfg.RaftAdvertiseOrAddr())
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&from, "from", "", "backup file (from idemkv backup)")
+	fl.StringVar(&cfg.DataDir, "data-dir", "", "data dir to seed; must be empty or absent")
+	fl.StringVar(&cfg.ID, "id", "", "ID of the node that will serve the data dir")
+	fl.StringVar(&cfg.RaftAddr, "raft-addr", cfg.RaftAddr, "the node's --raft-addr")
+	fl.StringVar(&cfg.RaftAdvertise, "advertise-raft-addr", "", "the node's --advertise-raft-addr, if it has one")
+	fl.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	for _, n := range []string{"from", "data-dir", "id"} {
+		_ = cmd.MarkFlagRequired(n)
+	}
+	return cmd
+}
+
+func newMembersCommand() *cobra.Command {
+	var cf clientFlags
+	cmd := &cobra.Command{
+		Use:   "members",
+		Short: "Add nodes to the cluster or remove them (admin token)",
+		Long: `Change the membership through any node (followers forward to the leader).
+
+A node that leaves for good should be removed while it still runs, then stopped: the
+cluster shrinks its quorum first, so the node's absence never counts against it, and
+the removed node stops taking part at once. A leader that is removed hands over to
+another voter. Stopping a node with SIGTERM without removing it keeps it a member
+(it is expected back); a leader hands leadership over before it stops.`,
+	}
+	cf.register(cmd)
+	var join idemkv.JoinRequest
+	add := &cobra.Command{
+		Use:   "add --id ID --raft-addr HOST:PORT --api-addr HOST:PORT",
+		Short: "Add a node as a voter (a new node started with --join does this itself)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return membersChange(cmd, &cf, "/v1/cluster/join", &join)
+		},
+	}
+	add.Flags().StringVar(&join.ID, "id", "", "node ID")
+	add.Flags().StringVar(&join.RaftAddr, "raft-addr", "", "Raft address peers dial")
+	add.Flags().StringVar(&join.APIAddr, "api-addr", "", "API address clients and peers use")
+	var rm idemkv.RemoveRequest
+	remove := &cobra.Command{
+		Use:   "remove --id ID",
+		Short: "Remove a node from the cluster (graceful leave: remove, then stop it)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return membersChange(cmd, &cf, "/v1/cluster/remove", &rm)
+		},
+	}
+	remove.Flags().StringVar(&rm.ID, "id", "", "node ID")
+	for _, c := range []*cobra.Command{add, remove} {
+		_ = c.MarkFlagRequired("id")
+	}
+	for _, n := range []string{"raft-addr", "api-addr"} {
+		_ = add.MarkFlagRequired(n)
+	}
+	cmd.AddCommand(add, remove)
+	return cmd
+}
+
+func membersChange(cmd *cobra.Command, cf *clientFlags, path string, body any) error {
+	c, err := newOpsClient(cf)
+	if err != nil {
+		return err
+	}
+	var info idemkv.ClusterInfo
+	if err := c.each(func(ep string) error {
+		return c.call(cmd.Context(), http.MethodPost, ep, path, body, &info)
+	}); err != nil {
+		return err
+	}
+	return printJSON(cmd.OutOrStdout(), &info)
+}
+
+// NodeStatus is one line of idemkv status: a node as it sees itself.
+type NodeStatus struct {
+	ID           string `json:"id"`
+	APIAddr      string `json:"api_addr"`
+	RaftAddr     string `json:"raft_addr"`
+	Suffrage     string `json:"suffrage"`
+	Role         string `json:"role,omitempty"`
+	Term         uint64 `json:"term,omitempty"`
+	CommitIndex  uint64 `json:"commit_index,omitempty"`
+	AppliedIndex uint64 `json:"applied_index,omitempty"`
+	// Lag is how many entries the node has yet to apply of those the leader knows
+	// committed.
+	Lag   *uint64 `json:"lag,omitempty"`
+	Error string  `json:"error,omitempty"`
+}
+
+func newStatusCommand() *cobra.Command {
+	var cf clientFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every node's role, term, commit and applied index, and lag",
+		Long: `Ask one node for the membership, then every member for its own view: its role, term,
+commit index and applied index. Lag is the leader's commit index minus the node's
+applied index. Nodes that do not answer are shown with the error.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := newOpsClient(&cf)
+			if err != nil {
+				return err
+			}
+			nodes, err := clusterStatus(cmd.Context(), c)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), nodes)
+			}
+			return printStatus(cmd.OutOrStdout(), nodes)
+		},
+	}
+	cf.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func clusterStatus(ctx context.Context, c *opsClient) ([]NodeStatus, error) {
+	var members idemkv.ClusterInfo
+	if err := c.each(func(ep string) error {
+		return c.call(ctx, http.MethodGet, ep, "/v1/cluster", nil, &members)
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]NodeStatus, len(members.Nodes))
+	var leaderCommit uint64
+	leaderKnown := false
+	for i, m := range members.Nodes {
+		s := NodeStatus{ID: m.ID, APIAddr: m.APIAddr, RaftAddr: m.RaftAddr, Suffrage: m.Suffrage}
+		if m.APIAddr == "" {
+			s.Error = "no API address registered yet"
+			out[i] = s
+			continue
+		}
+		var own idemkv.ClusterInfo
+		if err := c.call(ctx, http.MethodGet, m.APIAddr, "/v1/cluster", nil, &own); err != nil {
+			s.Error = err.Error()
+			out[i] = s
+			continue
+		}
+		for _, self := range own.Nodes {
+			if self.ID == m.ID {
+				s.Role = self.State
+			}
+		}
+		s.Term, s.CommitIndex, s.AppliedIndex = own.Term, own.CommitIndex, own.AppliedIndex
+		if s.Role == "leader" {
+			leaderCommit, leaderKnown = own.CommitIndex, true
+		}
+		out[i] = s
+	}
+	for i := range out {
+		if leaderKnown && out[i].Error == "" {
+			lag := uint64(0)
+			if leaderCommit > out[i].AppliedIndex {
+				lag = leaderCommit - out[i].AppliedIndex
+			}
+			out[i].Lag = &lag
+		}
+	}
+	return out, nil
+}
+
+func printStatus(w io.Writer, nodes []NodeStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tROLE\tSUFFRAGE\tTERM\tCOMMIT\tAPPLIED\tLAG\tAPI\tRAFT")
+	dash := func(v uint64, ok bool) string {
+		if !ok {
+			return "-"
+		}
+		return strconv.FormatUint(v, 10)
+	}
+	for _, n := range nodes {
+		ok := n.Error == ""
+		lag := "-"
+		if n.Lag != nil {
+			lag = strconv.FormatUint(*n.Lag, 10)
+		}
+		role := n.Role
+		if !ok {
+			role = "unreachable"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, role, n.Suffrage,
+			dash(n.Term, ok), dash(n.CommitIndex, ok), dash(n.AppliedIndex, ok), lag, n.APIAddr, n.RaftAddr)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.Error != "" {
+			if _, err := fmt.Fprintf(w, "%s: %s\n", n.ID, n.Error); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
