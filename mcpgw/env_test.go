@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -94,27 +95,31 @@ func testLogger(t testing.TB, prefix string) *slog.Logger {
 // env is a gateway in front of a real ticketserver process, backed by a real idemkv
 // node, served over streamable HTTP on loopback.
 type env struct {
-	t       *testing.T
-	idem    *client.Client
-	gw      *mcpgw.Gateway
-	url     string
-	state   string // the ticketserver's state file
-	crash   string // create it to make the next create_ticket die before answering
-	tenant  string
-	spawned *int // upstream processes started
+	t      *testing.T
+	idem   *client.Client
+	gw     *mcpgw.Gateway
+	url    string
+	state  string // the ticketserver's state file
+	crash  string // create it to make the next create_ticket die before answering
+	tenant string
+	mu     sync.Mutex
+	procs  []*exec.Cmd // upstream processes, in start order
 }
 
 type envOptions struct {
 	policy string        // YAML
 	delay  time.Duration // how long create_ticket takes
 	tp     trace.TracerProvider
+	// brokenRestart: every upstream start after the first fails, as if the binary
+	// were gone.
+	brokenRestart bool
 }
 
 func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 	t.Helper()
 	bin := ticketServer(t)
 	dir := t.TempDir()
-	e := &env{t: t, state: filepath.Join(dir, "tickets.json"), crash: filepath.Join(dir, "crash"), spawned: new(int)}
+	e := &env{t: t, state: filepath.Join(dir, "tickets.json"), crash: filepath.Join(dir, "crash")}
 
 	policy, err := mcpgw.ParsePolicy([]byte(o.policy))
 	if err != nil {
@@ -135,13 +140,16 @@ func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 	e.idem = idem
 
 	stderr := newLogWriter(t, "ticketserver: ")
-	var mu sync.Mutex
 	args := []string{"--state", e.state, "--crash-after-create", e.crash, "--delay", o.delay.String()}
 	up := mcpgw.NewUpstream(func() mcp.Transport {
-		mu.Lock()
-		*e.spawned++
-		mu.Unlock()
-		cmd := exec.Command(bin, args...)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		path := bin
+		if o.brokenRestart && len(e.procs) > 0 {
+			path = filepath.Join(dir, "no-such-server")
+		}
+		cmd := exec.Command(path, args...)
+		e.procs = append(e.procs, cmd)
 		cmd.Stderr = stderr
 		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
 	}, &mcp.Implementation{Name: "idemkv-mcp-gateway-test"}, testLogger(t, "upstream: "))
@@ -171,6 +179,32 @@ func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
 	return e
+}
+
+// spawned is how many times the upstream was started.
+func (e *env) spawned() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.procs)
+}
+
+// killUpstream kills the running upstream process and waits until it is gone.
+func (e *env) killUpstream() {
+	e.t.Helper()
+	e.mu.Lock()
+	cmd := e.procs[len(e.procs)-1]
+	e.mu.Unlock()
+	if err := cmd.Process.Kill(); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := testcluster.Eventually(10*time.Second, func() error {
+		if err := cmd.Process.Signal(syscall.Signal(0)); err == nil {
+			return fmt.Errorf("pid %d still running", cmd.Process.Pid)
+		}
+		return nil
+	}); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // connect opens an MCP session to the gateway with the go-sdk's own client.

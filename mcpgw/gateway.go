@@ -314,13 +314,48 @@ func schemaIsObject(t *mcp.Tool) error {
 	return nil
 }
 
+// handler serves tools/call for one tool, under a server span that continues the
+// agent's trace.
 func (g *Gateway) handler(r *rule) mcp.ToolHandler {
-	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
 		ctx = g.extract(ctx, req.Params.Meta)
+		ctx, span := g.tracer.Start(ctx, "tools/call "+r.tool.Name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(
+				semconv.ToolName.String(r.tool.Name),
+				semconv.ToolSideEffect.Bool(r.class != client.ReadOnly),
+				semconv.ToolClass.String(string(r.class)),
+			))
+		defer func() {
+			switch {
+			case err != nil:
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+			case res != nil:
+				annotateSpan(span, res)
+			}
+			span.End()
+		}()
 		if r.class == client.ReadOnly {
-			return g.passThrough(ctx, r, req)
+			return g.passThrough(ctx, req)
 		}
 		return g.mutate(ctx, r, req)
+	}
+}
+
+// annotateSpan puts what the gateway decided on its span.
+func annotateSpan(span trace.Span, res *mcp.CallToolResult) {
+	for key, attr := range map[string]attribute.Key{
+		MetaIdempotencyKey: semconv.IdempotencyKey,
+		MetaTenant:         semconv.Tenant,
+		MetaDecision:       semconv.Decision,
+		MetaFingerprint:    semconv.Fingerprint,
+	} {
+		if v, ok := res.Meta[key].(string); ok {
+			span.SetAttributes(attr.String(v))
+		}
+	}
+	if code, ok := res.Meta[MetaError].(string); ok {
+		span.SetStatus(codes.Error, code)
 	}
 }
 
@@ -360,20 +395,8 @@ func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage
 	return p
 }
 
-func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
-	ctx, span := g.tracer.Start(ctx, "execute_tool "+r.tool.Name, trace.WithAttributes(
-		semconv.ToolName.String(r.tool.Name),
-		semconv.ToolSideEffect.Bool(r.class != client.ReadOnly),
-		semconv.ToolClass.String(string(r.class)),
-	))
-	defer func() {
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-	}()
-	res, err = g.up.CallTool(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta))
+func (g *Gateway) passThrough(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	res, err := g.up.CallTool(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta))
 	if err == nil {
 		return res, nil
 	}
@@ -403,7 +426,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return refusal, nil
 	}
 	if c.key == "" {
-		return g.passThrough(ctx, r, req)
+		return g.passThrough(ctx, req)
 	}
 	op := client.Op{
 		Tenant: c.tenant, Key: c.key, Tool: r.tool.Name, Actor: c.actor, Class: r.class,

@@ -87,6 +87,33 @@ func TestGateway(t *testing.T) {
 		}
 	})
 
+	t.Run("ExamplePolicy", func(t *testing.T) {
+		data, err := os.ReadFile("../examples/mcp/policy.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := newEnv(t, cluster, envOptions{policy: string(data)})
+		s := e.connect("agent")
+		first := e.call(s, "create_ticket", ticketArgs("INC-1", "db down"), nil)
+		second := e.call(s, "create_ticket", ticketArgs("INC-1", "db down again"), nil)
+		ticket := sc(t, first)["ticket_id"]
+		closed := e.call(s, "close_ticket", map[string]any{"ticket_id": ticket}, nil)
+		refused := e.call(s, "add_comment", map[string]any{"ticket_id": ticket, "text": "hi"}, nil)
+		switch {
+		case meta(first, mcpgw.MetaDecision) != "execute":
+			t.Fatalf("create_ticket: %s", show(first))
+		case meta(second, mcpgw.MetaError) != mcpgw.CodeConflict:
+			t.Fatalf("another title for the same incident: want a conflict, got %s", show(second))
+		case closed.IsError || meta(closed, mcpgw.MetaIdempotencyKey) != fmt.Sprintf("demo:%v:close_ticket", ticket):
+			t.Fatalf("close_ticket: %s", show(closed))
+		case meta(refused, mcpgw.MetaError) != mcpgw.CodeMissingKey:
+			t.Fatalf("add_comment without a key: %s", show(refused))
+		}
+		if rec := e.record("demo:INC-1:create_ticket"); rec.Receipt.RemoteURL != "https://tickets.example/"+ticket.(string) {
+			t.Fatalf("receipt %+v, want the ticket's URL", rec.Receipt)
+		}
+	})
+
 	t.Run("DuplicateCallCreatesOneTicket", func(t *testing.T) {
 		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("dup")})
 		s := e.connect("agent")
@@ -245,8 +272,8 @@ func TestGateway(t *testing.T) {
 		if len(st.Tickets) != 1 || st.CreateCalls != 1 {
 			t.Fatalf("upstream has %d tickets after %d create calls, want 1 and 1", len(st.Tickets), st.CreateCalls)
 		}
-		if *e.spawned != 2 {
-			t.Errorf("the upstream was started %d times, want 2 (once more after it died)", *e.spawned)
+		if n := e.spawned(); n != 2 {
+			t.Errorf("the upstream was started %d times, want 2 (once more after it died)", n)
 		}
 		rec := e.record("crash:INC-4:create_ticket")
 		if rec.Status != idemkv.StatusCommitted || rec.Attempts != 2 || rec.Receipt.RemoteID != st.Tickets[0].TicketID {
@@ -277,6 +304,23 @@ tools:
 		}
 		if rec := e.record("doubt:INC-5:create_ticket"); rec.Status != idemkv.StatusPending || rec.Attempts != 2 {
 			t.Fatalf("record %+v, want pending after 2 attempts, for a person to resolve", rec)
+		}
+	})
+
+	t.Run("UnreachableUpstreamReleasesTheKey", func(t *testing.T) {
+		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("unreachable"), brokenRestart: true})
+		s := e.connect("agent")
+		e.killUpstream()
+		res := e.call(s, "create_ticket", ticketArgs("INC-11", "x"), nil)
+		if !res.IsError || meta(res, mcpgw.MetaError) != mcpgw.CodeUpstreamUnavailable || !strings.Contains(text(res), "was not called") {
+			t.Fatalf("want an upstream_unavailable tool error, got %s", show(res))
+		}
+		if _, err := e.idem.Get(context.Background(), &idemkv.GetRequest{Tenant: "unreachable", Key: "unreachable:INC-11:create_ticket"}); !errors.Is(err, idemkv.ErrNotFound) {
+			t.Fatalf("nothing ran, so the key must be free again; get: %v", err)
+		}
+		ro := e.call(s, "list_tickets", nil, nil)
+		if !ro.IsError || meta(ro, mcpgw.MetaError) != mcpgw.CodeUpstreamUnavailable {
+			t.Fatalf("a read-only call to a dead upstream: %s", show(ro))
 		}
 	})
 
@@ -386,21 +430,34 @@ tools:
 		if res.IsError {
 			t.Fatalf("call failed: %s", show(res))
 		}
-		var tool sdktrace.ReadOnlySpan
+		var call, tool sdktrace.ReadOnlySpan
 		inTrace := 0
 		for _, sp := range rec.Ended() {
 			if sp.SpanContext().TraceID().String() == traceID {
 				inTrace++
 			}
-			if sp.Name() == "execute_tool create_ticket" {
+			switch sp.Name() {
+			case "tools/call create_ticket":
+				call = sp
+			case "execute_tool create_ticket":
 				tool = sp
 			}
 		}
-		if tool == nil {
-			t.Fatal("no execute_tool span")
+		if call == nil || tool == nil {
+			t.Fatalf("spans: gateway %v, tool %v", call, tool)
 		}
-		if tool.SpanContext().TraceID().String() != traceID || tool.Parent().SpanID().String() != spanID {
-			t.Fatalf("tool span in trace %s under %s, want %s under %s", tool.SpanContext().TraceID(), tool.Parent().SpanID(), traceID, spanID)
+		if call.SpanContext().TraceID().String() != traceID || call.Parent().SpanID().String() != spanID {
+			t.Fatalf("gateway span in trace %s under %s, want %s under %s", call.SpanContext().TraceID(), call.Parent().SpanID(), traceID, spanID)
+		}
+		if tool.Parent().SpanID() != call.SpanContext().SpanID() {
+			t.Fatalf("the tool span is not under the gateway's span")
+		}
+		attrs := map[string]string{}
+		for _, a := range call.Attributes() {
+			attrs[string(a.Key)] = a.Value.String()
+		}
+		if attrs["agent.idempotency.decision"] != "execute" || attrs["agent.idempotency.key"] != "trace:INC-10:create_ticket" {
+			t.Fatalf("gateway span attributes %v", attrs)
 		}
 		if inTrace < 3 {
 			t.Fatalf("%d spans joined the agent's trace, want the tool span and idemkv's reserve and commit calls", inTrace)
