@@ -180,3 +180,64 @@ tools:
 		t.Errorf("forwarded arguments %s, want the agent's, volatile fields included", got.args)
 	}
 }
+
+// When idemkv fails around the tool, the agent learns whether the tool ran: if it did,
+// it gets the tool's answer (and a warning that the outcome was not stored); if not,
+// an error saying nothing ran.
+func TestStoreFailuresAroundTheTool(t *testing.T) {
+	var calls int
+	var mu sync.Mutex
+	upstream := mcp.NewServer(&mcp.Implementation{Name: "inproc"}, nil)
+	upstream.AddTool(&mcp.Tool{Name: "send", InputSchema: map[string]any{"type": "object"}},
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			mu.Lock()
+			calls++
+			mu.Unlock()
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil
+		})
+	unavailable := idemkv.Errorf(idemkv.ErrUnavailable, "no leader")
+	for _, tc := range []struct {
+		name     string
+		runTool  bool
+		wantRan  bool
+		wantCode string
+	}{
+		{name: "reserve failed", runTool: false, wantCode: mcpgw.CodeStoreUnavailable},
+		{name: "commit failed", runTool: true, wantRan: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runner := runnerFunc(func(ctx context.Context, _ client.Op, fn client.Func) (*client.Outcome, error) {
+				if tc.runTool {
+					if _, err := fn(ctx); err != nil {
+						t.Errorf("tool: %v", err)
+					}
+				}
+				return nil, unavailable
+			})
+			sess := inProcess(t, upstream, runner, "", nil)
+			mu.Lock()
+			before := calls
+			mu.Unlock()
+			res, err := sess.CallTool(context.Background(), &mcp.CallToolParams{Name: "send", Meta: mcp.Meta{mcpgw.MetaIdempotencyKey: "k"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			ran := calls > before
+			mu.Unlock()
+			if ran != tc.wantRan {
+				t.Fatalf("the tool ran: %v, want %v", ran, tc.wantRan)
+			}
+			if tc.wantRan {
+				warning, _ := res.Meta[mcpgw.MetaWarning].(string)
+				if res.IsError || text(res) != "sent" || !strings.Contains(warning, "could not store") {
+					t.Fatalf("want the tool's answer with a warning, got %s", show(res))
+				}
+				return
+			}
+			if !res.IsError || res.Meta[mcpgw.MetaError] != tc.wantCode || !strings.Contains(text(res), "was not called") {
+				t.Fatalf("want a %s error, got %s", tc.wantCode, show(res))
+			}
+		})
+	}
+}

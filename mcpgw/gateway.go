@@ -488,26 +488,27 @@ func (g *Gateway) failure(ctx context.Context, r *rule, c *call, err error, upst
 		probe    *probeError
 		ce       *callError
 	)
+	isFailed := errors.As(err, &failed)
 	switch {
 	case errors.As(err, &conflict):
 		return annotate(errorResult(CodeConflict, fmt.Sprintf(
 			"idemkv: the idempotency key %q was already used for a different %s; %s was not called.",
 			c.key, conflictSubject(conflict.Conflict), r.tool.Name), conflict.Conflict),
 			append(meta, MetaDecision, string(idemkv.DecisionConflict))...), nil
-	case errors.As(err, &failed) && failed.Replayed:
+	case isFailed && failed.Replayed:
 		return annotate(decodeFailure(failed.Receipt), append(meta, MetaDecision, string(idemkv.DecisionReplay))...), nil
 	case upstream != nil:
 		// The tool ran: the agent gets its answer. A stored or released failure is
 		// the expected path; anything else means idemkv could not record the
 		// outcome, and the next attempt will recover it.
 		meta = append(meta, MetaDecision, string(idemkv.DecisionExecute))
-		if failed == nil && !upstream.IsError {
+		if !isFailed && !upstream.IsError {
 			g.log.LogAttrs(ctx, slog.LevelWarn, "the tool ran but its outcome was not stored",
 				slog.String(logKeyTool, r.tool.Name), slog.String(logKeyKey, c.key), slog.Any(logKeyErr, err))
 			meta = append(meta, MetaWarning, "the tool ran but idemkv could not store its outcome: "+err.Error())
 		}
 		return annotate(upstream, meta...), nil
-	case errors.As(err, &failed):
+	case isFailed:
 		return annotate(decodeFailure(failed.Receipt), append(meta, MetaDecision, string(idemkv.DecisionExecute))...), nil
 	case errors.As(err, &inDoubt):
 		details := map[string]any{"status": "in_doubt", "tenant": c.tenant, "idempotency_key": c.key}
