@@ -27,11 +27,12 @@ type Upstream struct {
 	// or it was restarted.
 	changed chan struct{}
 
-	mu     sync.Mutex
-	sess   *mcp.ClientSession
-	ended  chan struct{} // closed when sess has ended
-	closed bool
-	wg     sync.WaitGroup // session watchers
+	mu        sync.Mutex
+	sess      *mcp.ClientSession
+	ended     chan struct{} // closed when sess has ended
+	connected bool          // a session was made before
+	closed    bool
+	wg        sync.WaitGroup // session watchers and closers
 }
 
 // NewUpstream returns an Upstream that connects through a fresh transport from
@@ -67,22 +68,24 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 	if u.closed {
 		return nil, fmt.Errorf("%w: closed", ErrUpstream)
 	}
-	reconnect := false
 	if u.sess != nil {
 		select {
 		case <-u.ended:
-			u.log.LogAttrs(ctx, slog.LevelWarn, "upstream session ended, reconnecting")
-			u.sess, reconnect = nil, true
+			u.sess = nil
 		default:
 			return u.sess, nil
 		}
+	}
+	if u.connected {
+		u.log.LogAttrs(ctx, slog.LevelWarn, "upstream session ended, reconnecting")
 	}
 	sess, err := u.client.Connect(ctx, u.transport(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connecting: %w", ErrUpstream, err)
 	}
 	ended := make(chan struct{})
-	u.sess, u.ended = sess, ended
+	reconnect := u.connected
+	u.sess, u.ended, u.connected = sess, ended, true
 	u.wg.Add(1)
 	go func() {
 		defer u.wg.Done()
@@ -147,10 +150,31 @@ func (u *Upstream) CallTool(ctx context.Context, params *mcp.CallToolParams) (*m
 	}
 	res, err := sess.CallTool(ctx, params)
 	if err != nil {
-		_, refused := rejected(err)
+		we, refused := rejected(err)
+		if we == nil && ctx.Err() == nil {
+			// Not an answer but a broken connection: the next call must not find
+			// this session still looking alive.
+			u.drop(sess)
+		}
 		return nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused}
 	}
 	return res, nil
+}
+
+// drop forgets sess, if it is still the current session, and closes it in the
+// background (a stdio server that is still alive gets time to exit).
+func (u *Upstream) drop(sess *mcp.ClientSession) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.sess != sess {
+		return
+	}
+	u.sess = nil
+	u.wg.Add(1)
+	go func() {
+		defer u.wg.Done()
+		_ = sess.Close()
+	}()
 }
 
 // Tools lists every tool the upstream offers, page by page.
