@@ -339,3 +339,70 @@ func TestDisabledSweeperDoesNothing(t *testing.T) {
 		t.Errorf("disabled sweeper: %d left, %d proposals, %d backlog checks", left, proposals, backlogs)
 	}
 }
+
+func TestPauseKeepsTheRoundToItsShare(t *testing.T) {
+	for _, c := range []struct {
+		share float64
+		took  time.Duration
+		want  time.Duration
+	}{
+		{1, 10 * time.Millisecond, 0},
+		{0.5, 10 * time.Millisecond, 10 * time.Millisecond},
+		{0.25, 10 * time.Millisecond, 30 * time.Millisecond},
+		{0.8, 8 * time.Millisecond, 2 * time.Millisecond},
+	} {
+		s := New(Config{Share: c.share}, (&store{}).proposer(), metrics.New(), testLogger(t))
+		if got := s.pauseAfter(c.took); got != c.want {
+			t.Errorf("share %.2f, entry of %s: pause %s, want %s", c.share, c.took, got, c.want)
+		}
+	}
+	for _, share := range []float64{0, -1, 1.5} {
+		if got := New(Config{Share: share}, nil, metrics.New(), testLogger(t)).cfg.Share; got != DefaultConfig().Share {
+			t.Errorf("share %v became %v, want the default %v", share, got, DefaultConfig().Share)
+		}
+	}
+}
+
+// A paced round really waits between entries, and stops waiting when its context ends.
+func TestRoundPausesBetweenEntries(t *testing.T) {
+	st := &store{}
+	st.set(40, t0, t0)
+	p := st.proposer()
+	inner := p.sweep
+	const entry = 10 * time.Millisecond
+	p.sweep = func(ctx context.Context, limit int) (int, bool, error) {
+		time.Sleep(entry)
+		return inner(ctx, limit)
+	}
+	s := New(Config{BatchLimit: 10, Share: 0.5}, p, metrics.New(), testLogger(t))
+	start := time.Now()
+	if err := s.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Four entries of at least 10 ms, and a pause at least as long after each of the
+	// first three.
+	if took := time.Since(start); took < 7*entry {
+		t.Errorf("a round of 4 entries of %s at share 0.5 took %s, want at least %s", entry, took, 7*entry)
+	}
+
+	st.set(1000, t0, t0)
+	slow := New(Config{BatchLimit: 10, Share: 0.001}, p, metrics.New(), testLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- slow.Round(ctx) }()
+	eventually(t, "the first entry", func() error {
+		if _, proposals, _ := st.counts(); proposals < 5 {
+			return fmt.Errorf("%d proposals", proposals)
+		}
+		return nil
+	})
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("round cancelled in its pause: %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a round in a ten-second pause did not return when its context ended")
+	}
+}
