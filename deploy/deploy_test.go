@@ -224,6 +224,28 @@ func TestContainerCluster(t *testing.T) {
 
 	phase("cluster ready")
 
+	// status from inside the compose network, where the advertised addresses resolve.
+	statusOut := run(t, time.Minute, env, dc[0], dcArgs("exec", "-T", "-e", "IDEMKV_TOKEN="+admin.token, "n2",
+		"/idemkv", "status", "--json", "--endpoint", "n2:7420", "--ca-cert", "/etc/idemkv/ca.pem")...)
+	var status []struct {
+		ID, Role, Error string
+		Term            uint64
+		Lag             *uint64
+	}
+	if err := json.Unmarshal([]byte(statusOut), &status); err != nil {
+		t.Fatalf("status: %v\n%s", err, statusOut)
+	}
+	roles := map[string]int{}
+	for _, n := range status {
+		roles[n.Role]++
+		if n.Error != "" || n.Term == 0 || n.Lag == nil {
+			t.Errorf("status of %s: %+v", n.ID, n)
+		}
+	}
+	if len(status) != 3 || roles["leader"] != 1 || roles["follower"] != 2 {
+		t.Fatalf("status: %s", statusOut)
+	}
+
 	// reserve, commit, replay through one node.
 	reserve := idemkv.ReserveRequest{Tenant: "acme", Key: "conversation_9:approval_17:create_ticket", Tool: "create_ticket",
 		Effect: json.RawMessage(`{"project":"OPS","title":"Outage in eu-west"}`)}

@@ -362,9 +362,10 @@ func newMembersCommand() *cobra.Command {
 
 A node that leaves for good should be removed while it still runs, then stopped: the
 cluster shrinks its quorum first, so the node's absence never counts against it, and
-the removed node stops taking part at once. A leader that is removed hands over to
-another voter. Stopping a node with SIGTERM without removing it keeps it a member
-(it is expected back); a leader hands leadership over before it stops.`,
+the removed node stops taking part at once. A removed leader steps down once the
+change commits, and the others elect a leader within an election timeout. Stopping
+a node with SIGTERM without removing it keeps it a member (it is expected back); a
+leader hands leadership over before it stops.`,
 	}
 	cf.register(cmd)
 	var join idemkv.JoinRequest
