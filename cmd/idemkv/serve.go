@@ -172,6 +172,10 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := n.RegisterMetrics(cfg.Metrics); err != nil {
+		_ = n.Close()
+		return err
+	}
 	// A span per request wraps everything, authentication included.
 	middleware := telemetry.HTTPMiddleware
 	if ex.middleware != nil {
