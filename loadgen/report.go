@@ -127,7 +127,7 @@ func formatErrors(errs map[string]uint64) string {
 
 // progress prints a line every interval until the returned function is called; the
 // function waits for the last line to be written.
-func (r *runner) progress(start time.Time) (stop func()) {
+func (r *runner) progress(start time.Time, label string) (stop func()) {
 	out := r.cfg.Progress
 	if out == nil {
 		return func() {}
@@ -147,7 +147,7 @@ func (r *runner) progress(start time.Time) (stop func()) {
 				}
 				return
 			case now := <-tick.C:
-				fmt.Fprint(out, r.progressLine(now.Sub(start), now.Sub(lastAt), &last))
+				fmt.Fprint(out, r.progressLine(label, now.Sub(start), now.Sub(lastAt), &last))
 				lastAt = now
 			}
 		}
@@ -159,12 +159,15 @@ func (r *runner) progress(start time.Time) (stop func()) {
 }
 
 // progressLine formats the rates since the previous line and updates last.
-func (r *runner) progressLine(since, interval time.Duration, last *[numKinds]uint64) string {
+func (r *runner) progressLine(label string, since, interval time.Duration, last *[numKinds]uint64) string {
 	var b strings.Builder
 	if r.cfg.ProgressTTY {
 		b.WriteString("\r\x1b[K")
 	}
 	fmt.Fprintf(&b, "%s %5.0fs", r.cfg.Name, since.Seconds())
+	if label != "" {
+		fmt.Fprintf(&b, " (%s)", label)
+	}
 	var total float64
 	for k := range numKinds {
 		if r.cfg.Mix.weight(k) == 0 {

@@ -201,7 +201,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if cfg.Warmup > 0 {
 		cfg.Logger.Info("warming up", "target", cfg.Name, "duration", cfg.Warmup)
-		r.phase(ctx, workers, cfg.Warmup, 0)
+		r.phase(ctx, workers, cfg.Warmup, 0, "warm-up")
 		for _, w := range workers {
 			w.stats = [numStats]stat{}
 		}
@@ -214,7 +214,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	cfg.Logger.Info("measuring", "target", cfg.Name, "concurrency", cfg.Concurrency, "duration", cfg.Duration, "mix", cfg.Mix.String())
-	elapsed := r.phase(ctx, workers, cfg.Duration, cfg.Ops)
+	elapsed := r.phase(ctx, workers, cfg.Duration, cfg.Ops, "")
 	return r.report(workers, elapsed), nil
 }
 
@@ -287,13 +287,13 @@ func (r *runner) holdPending(ctx context.Context, key string) error {
 }
 
 // phase runs the workers until d has passed or ops operations have started (ops > 0),
-// and returns how long they ran.
-func (r *runner) phase(ctx context.Context, workers []*worker, d time.Duration, ops int64) time.Duration {
+// and returns how long they ran. label marks its progress lines.
+func (r *runner) phase(ctx context.Context, workers []*worker, d time.Duration, ops int64, label string) time.Duration {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	r.started.Store(0)
-	stopProgress := r.progress(start)
+	stopProgress := r.progress(start, label)
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() {

@@ -236,7 +236,7 @@ func TestRunPrintsProgress(t *testing.T) {
 			commit: store.Commit,
 		}
 		_, err := Run(t.Context(), Config{Target: paced, Name: "mem", Concurrency: 2,
-			Duration: 500 * time.Millisecond, Warmup: -1, Keys: 10, Mix: Mix{New: 1, Replay: 1},
+			Duration: 500 * time.Millisecond, Warmup: 150 * time.Millisecond, Keys: 10, Mix: Mix{New: 1, Replay: 1},
 			Progress: &out, ProgressInterval: 50 * time.Millisecond, ProgressTTY: tty, Logger: testLogger(t)})
 		if err != nil {
 			t.Fatal(err)
@@ -244,6 +244,9 @@ func TestRunPrintsProgress(t *testing.T) {
 		s := out.String()
 		if n := strings.Count(s, "total "); n < 2 {
 			t.Errorf("tty=%v: %d progress lines in %q, want at least 2", tty, n, s)
+		}
+		if !strings.Contains(s, "(warm-up)") {
+			t.Errorf("tty=%v: no warm-up line in %q", tty, s)
 		}
 		if !strings.Contains(s, "mem ") || !strings.Contains(s, "replay ") || strings.Contains(s, "conflict") {
 			t.Errorf("tty=%v: progress %q should name the target and only the kinds in the mix", tty, s)
