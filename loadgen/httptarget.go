@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,7 +37,6 @@ type HTTPTarget struct {
 	http   *http.Client
 	base   atomic.Pointer[string] // base URL of the node requests go to
 	next   atomic.Uint32          // endpoint to try when the current one fails
-	bufs   sync.Pool
 	closed atomic.Bool
 }
 
@@ -70,7 +68,6 @@ func NewHTTPTarget(ctx context.Context, cfg HTTPConfig) (*HTTPTarget, error) {
 		DisableCompression: true,
 	}
 	t := &HTTPTarget{cfg: cfg, http: &http.Client{Transport: tr, Timeout: cfg.Timeout}}
-	t.bufs.New = func() any { return new(bytes.Buffer) }
 	t.base.Store(&cfg.Endpoints[0])
 	if err := t.findLeader(ctx); err != nil {
 		tr.CloseIdleConnections()
@@ -154,14 +151,13 @@ func (t *HTTPTarget) Close() error {
 // write posts body to the current node. A transport error or 503 sends the next
 // request to the next endpoint, which forwards to the leader or names it.
 func (t *HTTPTarget) write(ctx context.Context, path string, body, into any) error {
-	buf := t.bufs.Get().(*bytes.Buffer)
-	defer t.bufs.Put(buf)
-	buf.Reset()
-	if err := json.NewEncoder(buf).Encode(body); err != nil {
+	// A fresh buffer per request: the transport may still read a body after Do returns.
+	b, err := json.Marshal(body)
+	if err != nil {
 		return idemkv.Errorf(idemkv.ErrInternal, "encode %s: %v", path, err)
 	}
 	cur := t.base.Load()
-	err := t.do(ctx, http.MethodPost, *cur+path, buf, into)
+	err = t.do(ctx, http.MethodPost, *cur+path, b, into)
 	if err != nil && idemkv.CodeOf(err) == idemkv.CodeUnavailable && ctx.Err() == nil {
 		n := t.next.Add(1)
 		ep := t.cfg.Endpoints[int(n)%len(t.cfg.Endpoints)]
@@ -170,10 +166,10 @@ func (t *HTTPTarget) write(ctx context.Context, path string, body, into any) err
 	return err
 }
 
-func (t *HTTPTarget) do(ctx context.Context, method, url string, body *bytes.Buffer, into any) error {
+func (t *HTTPTarget) do(ctx context.Context, method, url string, body []byte, into any) error {
 	var rd io.Reader
 	if body != nil {
-		rd = body
+		rd = bytes.NewReader(body)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {

@@ -37,7 +37,6 @@ type KindReport struct {
 	// ErrorSamples holds one message for each error code.
 	ErrorSamples map[string]string `json:"error_samples,omitempty"`
 	Latency      Summary           `json:"latency"`
-	hist         *Histogram
 }
 
 // Kind returns the report of the named kind ("new", "replay", "conflict",
@@ -51,10 +50,6 @@ func (r *Report) Kind(name string) *KindReport {
 	return nil
 }
 
-// Histogram returns the merged latencies behind the summary, or nil for a report read
-// back from JSON.
-func (k *KindReport) Histogram() *Histogram { return k.hist }
-
 func (r *runner) report(workers []*worker, elapsed time.Duration) *Report {
 	rep := &Report{Target: r.cfg.Name, Concurrency: r.cfg.Concurrency, Mix: r.cfg.Mix,
 		Keys: r.cfg.Keys, Elapsed: elapsed.Seconds()}
@@ -66,10 +61,11 @@ func (r *runner) report(workers []*worker, elapsed time.Duration) *Report {
 		if r.cfg.Mix.weight(kind) == 0 {
 			continue
 		}
-		kr := KindReport{Kind: statNames[s], hist: &Histogram{}}
+		kr := KindReport{Kind: statNames[s]}
+		var hist Histogram
 		for _, w := range workers {
 			st := &w.stats[s]
-			kr.hist.Merge(&st.hist)
+			hist.Merge(&st.hist)
 			for code, n := range st.errors {
 				if kr.Errors == nil {
 					kr.Errors = make(map[string]uint64)
@@ -81,9 +77,9 @@ func (r *runner) report(workers []*worker, elapsed time.Duration) *Report {
 				}
 			}
 		}
-		kr.Ops = kr.hist.Count()
+		kr.Ops = hist.Count()
 		kr.Throughput = float64(kr.Ops) / elapsed.Seconds()
-		kr.Latency = kr.hist.Summarize()
+		kr.Latency = hist.Summarize()
 		if s < int(numKinds) {
 			rep.Ops += kr.Ops
 			for _, n := range kr.Errors {

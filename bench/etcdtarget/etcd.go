@@ -39,7 +39,6 @@ type Target struct {
 	cli    *clientv3.Client
 	prefix string
 	tenant string
-	now    func() time.Time
 }
 
 var _ loadgen.Target = (*Target)(nil)
@@ -73,7 +72,7 @@ func New(ctx context.Context, cfg Config) (*Target, error) {
 		_ = cli.Close()
 		return nil, fmt.Errorf("etcd %v: %w: %v", cfg.Endpoints, idemkv.ErrUnavailable, err)
 	}
-	return &Target{cli: cli, prefix: cfg.Prefix + cfg.Tenant + "/", tenant: cfg.Tenant, now: time.Now}, nil
+	return &Target{cli: cli, prefix: cfg.Prefix + cfg.Tenant + "/", tenant: cfg.Tenant}, nil
 }
 
 // Close implements loadgen.Target.
@@ -107,7 +106,7 @@ func (t *Target) Reserve(ctx context.Context, r *loadgen.Reserve) (loadgen.Reser
 	k := t.prefix + r.Key
 	req := &idemkv.ReserveRequest{Tenant: t.tenant, Key: r.Key, Tool: r.Tool, Actor: "bench",
 		Fingerprint: r.Fingerprint, AttemptID: r.AttemptID, LeaseTTLMs: r.LeaseTTLMs}
-	now := idemkv.TimestampOf(t.now())
+	now := idemkv.TimestampOf(time.Now())
 	fresh, _ := fsm.Decide(nil, req, now, 0)
 	value, err := json.Marshal(fresh)
 	if err != nil {
@@ -162,7 +161,7 @@ func (t *Target) Reserve(ctx context.Context, r *loadgen.Reserve) (loadgen.Reser
 			}
 			return loadgen.Reservation{Decision: res.Decision, Fence: fence, Pending: value}, nil
 		}
-		now = idemkv.TimestampOf(t.now())
+		now = idemkv.TimestampOf(time.Now())
 	}
 	return loadgen.Reservation{}, fmt.Errorf("reserve %s: %w: lost %d compares in a row", r.Key, idemkv.ErrUnavailable, casAttempts)
 }
@@ -176,7 +175,7 @@ func (t *Target) Commit(ctx context.Context, c *loadgen.Commit) error {
 		Fence: c.Reservation.Fence, RemoteSystem: c.RemoteSystem, RemoteID: c.RemoteID}
 	expect := c.Reservation.Pending
 	for range casAttempts {
-		now := idemkv.TimestampOf(t.now())
+		now := idemkv.TimestampOf(time.Now())
 		var cur *idemkv.Record
 		if expect != nil {
 			var err error

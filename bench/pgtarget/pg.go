@@ -36,7 +36,6 @@ type Config struct {
 type Target struct {
 	pool   *pgxpool.Pool
 	tenant string
-	now    func() time.Time
 
 	reserveSQL, selectSQL, updateSQL, commitSQL string
 }
@@ -69,7 +68,7 @@ func New(ctx context.Context, cfg Config) (*Target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w: %v", idemkv.ErrUnavailable, err)
 	}
-	t := &Target{pool: pool, tenant: cfg.Tenant, now: time.Now}
+	t := &Target{pool: pool, tenant: cfg.Tenant}
 	if err := t.prepare(ctx, cfg.Table); err != nil {
 		pool.Close()
 		return nil, err
@@ -180,7 +179,7 @@ func (t *Target) Reserve(ctx context.Context, r *loadgen.Reserve) (loadgen.Reser
 	req := &idemkv.ReserveRequest{Tenant: t.tenant, Key: r.Key, Tool: r.Tool, Actor: "bench",
 		Fingerprint: r.Fingerprint, AttemptID: r.AttemptID, LeaseTTLMs: r.LeaseTTLMs}
 	for range casAttempts {
-		now := idemkv.TimestampOf(t.now())
+		now := idemkv.TimestampOf(time.Now())
 		fresh, _ := fsm.Decide(nil, req, now, 0)
 		var inserted bool
 		var fence int64
@@ -215,7 +214,7 @@ func (t *Target) Reserve(ctx context.Context, r *loadgen.Reserve) (loadgen.Reser
 
 // Commit implements loadgen.Target: the fenced UPDATE lands, or the row says why not.
 func (t *Target) Commit(ctx context.Context, c *loadgen.Commit) error {
-	now := idemkv.TimestampOf(t.now())
+	now := idemkv.TimestampOf(time.Now())
 	tag, err := t.pool.Exec(ctx, t.commitSQL, t.tenant, c.Key, int64(c.Reservation.Fence), c.Fingerprint,
 		int64(now), c.RemoteSystem, c.RemoteID)
 	if err != nil {
@@ -241,17 +240,6 @@ func (t *Target) Commit(ctx context.Context, c *loadgen.Commit) error {
 		// The row was pending with our fence and fingerprint, yet the update missed
 		// it: only an expiry between the two statements does that.
 		return fmt.Errorf("commit %s: %w: the record expired", c.Key, idemkv.ErrNotFound)
-	}
-	return nil
-}
-
-// Truncate empties the table, so that tests start clean.
-func (t *Target) Truncate(ctx context.Context, table string) error {
-	if !validTable(table) {
-		return idemkv.Invalid("table", "table must be a plain identifier")
-	}
-	if _, err := t.pool.Exec(ctx, "TRUNCATE "+table); err != nil {
-		return wrap(err)
 	}
 	return nil
 }
