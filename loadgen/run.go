@@ -248,7 +248,7 @@ func (r *runner) setup(ctx context.Context, workers []*worker) error {
 				var err error
 				switch {
 				case i < len(r.seeds):
-					err = r.commitNew(ctx, w, r.seeds[i], nil)
+					err = r.commitNew(ctx, r.seeds[i], nil)
 				case i < len(r.seeds)+len(r.hot):
 					err = r.holdPending(ctx, r.hot[i-len(r.seeds)])
 				default:
@@ -320,7 +320,7 @@ func (r *runner) one(ctx context.Context, w *worker) {
 	case KindNew:
 		w.seq++
 		key := r.cfg.RunID + "/new/" + strconv.Itoa(w.id) + "/" + strconv.FormatUint(w.seq, 10)
-		err = r.commitNew(ctx, w, key, &w.stats)
+		err = r.commitNew(ctx, key, &w.stats)
 	case KindReplay, KindConflict:
 		key := r.seeds[w.rng.IntN(len(r.seeds))]
 		fp := fingerprint(key)
@@ -350,7 +350,7 @@ func (r *runner) one(ctx context.Context, w *worker) {
 
 // commitNew reserves key, expecting to execute, and commits it. With stats set it
 // times both steps.
-func (r *runner) commitNew(ctx context.Context, w *worker, key string, stats *[numStats]stat) error {
+func (r *runner) commitNew(ctx context.Context, key string, stats *[numStats]stat) error {
 	fp := fingerprint(key)
 	t0 := time.Now()
 	res, err := r.cfg.Target.Reserve(ctx, &Reserve{Key: key, Tool: r.cfg.Tool, Fingerprint: fp, AttemptID: key + "/1"})
