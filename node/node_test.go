@@ -82,12 +82,16 @@ func TestSingleNodeLifecycle(t *testing.T) {
 	if again.Decision != idemkv.DecisionExecute || again.Fence != res.Fence {
 		t.Fatalf("retried reserve of the same attempt: %+v, want execute with fence %d", again, res.Fence)
 	}
+	appliedBefore := n.AppliedIndex()
 	other, err := n.Reserve(ctx, reserveReq("k1", "a2", "sha256:aa"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if other.Decision != idemkv.DecisionInProgress {
 		t.Fatalf("second attempt: %s, want in_progress", other.Decision)
+	}
+	if got := n.AppliedIndex(); got != appliedBefore {
+		t.Fatalf("in_progress appended to the log: applied index %d -> %d", appliedBefore, got)
 	}
 	rc, err := n.Commit(ctx, &idemkv.CommitRequest{Tenant: "acme", Key: "k1", Fingerprint: "sha256:aa",
 		Fence: res.Fence, RemoteSystem: "linear", RemoteID: "LIN-1", Result: json.RawMessage(`{"n":1}`)})

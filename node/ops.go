@@ -44,24 +44,43 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	if r.AttemptID == "" {
 		r.AttemptID = newAttemptID()
 	}
-	// A replay or a conflict changes nothing, so a linearizable read answers it
-	// without a log append; everything else goes through Raft.
-	if err := n.readIndex(ctx); err != nil {
-		return nil, err
-	}
-	if cur, err := n.fsm.Get(r.Tenant, r.Key, n.now()); err == nil {
-		_, res := fsm.Decide(cur, &r, n.now(), 0)
-		if res.Decision == idemkv.DecisionReplay || res.Decision == idemkv.DecisionConflict {
-			return res, nil
+	// A decision that changes nothing (replay, conflict, in_progress) is answered
+	// from a linearizable read, without a log append. The local state only picks the
+	// path: proposing is always correct, so a stale local view costs nothing but the
+	// append, and the read answer is decided again after the read index.
+	if res, err := n.decideUnchanged(&r); err != nil || res != nil {
+		if err != nil {
+			return nil, err
 		}
-	} else if !errors.Is(err, idemkv.ErrNotFound) {
-		return nil, err
+		if err := n.readIndex(ctx); err != nil {
+			return nil, err
+		}
+		if res, err := n.decideUnchanged(&r); err != nil || res != nil {
+			return res, err
+		}
 	}
 	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpReserve, Reserve: &r})
 	if err != nil {
 		return nil, err
 	}
 	return res.Reserve, nil
+}
+
+// decideUnchanged decides r against the local state. It returns the answer only when
+// the decision changes nothing; res is nil when the reserve must go through the log.
+func (n *Node) decideUnchanged(r *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+	now := n.now()
+	cur, err := n.fsm.Get(r.Tenant, r.Key, now)
+	if errors.Is(err, idemkv.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if next, res := fsm.Decide(cur, r, now, 0); next == nil {
+		return res, nil
+	}
+	return nil, nil
 }
 
 // Commit stores the receipt of an executed effect.

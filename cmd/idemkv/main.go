@@ -15,6 +15,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/idemkv/idemkv/loadgen"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -67,6 +69,7 @@ upper case with dashes as underscores (--data-dir is IDEMKV_DATA_DIR).`,
 		newServeCommand(),
 		newVersionCommand(),
 		newMCPGatewayCommand(),
+		loadgen.NewBenchCommand(),
 	)
 	addClientCommands(root)
 	addExtraCommands(root)
