@@ -153,6 +153,9 @@ func (c Config) Validate() error {
 	return c.Limits.Validate()
 }
 
+// raftShutdownTimeout bounds how long Close waits for Raft's goroutines.
+const raftShutdownTimeout = 30 * time.Second
+
 // Node is one member of an idemkv cluster.
 type Node struct {
 	cfg     Config
@@ -238,7 +241,14 @@ func (n *Node) open() error {
 	if err != nil {
 		return err
 	}
-	tcfg := &raft.NetworkTransportConfig{Stream: stream, MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog}
+	// MaxRPCsInFlight 1 turns pipelined replication off. With the default of 2 both
+	// pipeline channels are unbuffered, and a follower's rejection (a higher term after
+	// a leadership transfer, say) can leave the sender parked forever on one channel
+	// and the decoder on the other: that follower gets heartbeats but never another
+	// entry, and Raft.Shutdown hangs (seen here as a node that never stopped, and
+	// reported against hashicorp/raft by others). Entries are still batched, so one
+	// round trip per batch is all it costs on a LAN.
+	tcfg := &raft.NetworkTransportConfig{Stream: stream, MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog, MaxRPCsInFlight: 1}
 	if len(n.cfg.PeerAddresses) > 0 {
 		tcfg.ServerAddressProvider = peerAddresses(n.cfg.PeerAddresses)
 	}
@@ -329,8 +339,20 @@ func (n *Node) Close() error {
 		n.cancel()
 		n.stopLeaderWork()
 		if n.raft != nil {
-			if err := n.raft.Shutdown().Error(); err != nil {
-				n.closeErr = errors.Join(n.closeErr, fmt.Errorf("node: raft shutdown: %w", err))
+			done := make(chan error, 1)
+			go func() { done <- n.raft.Shutdown().Error() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					n.closeErr = errors.Join(n.closeErr, fmt.Errorf("node: raft shutdown: %w", err))
+				}
+			case <-time.After(raftShutdownTimeout):
+				// A Raft goroutine is stuck: closing the stores under it could corrupt
+				// them, and waiting would keep the process from ever exiting. Leave them
+				// to the process exit; the log and Pebble recover on the next start.
+				n.closeErr = fmt.Errorf("node: raft did not shut down within %s; stores left open", raftShutdownTimeout)
+				n.log.Error("raft shutdown is stuck; giving up on a clean close", "timeout", raftShutdownTimeout)
+				return
 			}
 		}
 		n.wg.Wait()
