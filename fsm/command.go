@@ -1,11 +1,10 @@
 package fsm
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/wire"
 )
 
 // Op names the state change a Command asks for.
@@ -83,79 +82,79 @@ var ErrMalformedCommand = fmt.Errorf("%w: malformed command", idemkv.ErrInternal
 // raw JSON, varints for numbers).
 func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 	dst = append(dst, commandVersion, byte(c.Op))
-	dst = binary.AppendVarint(dst, int64(c.Now))
+	dst = wire.AppendVarint(dst, int64(c.Now))
 	switch c.Op {
 	case OpReserve:
 		r := c.Reserve
 		if r == nil {
 			return nil, errMissing(c.Op)
 		}
-		dst = appendString(dst, r.Tenant)
-		dst = appendString(dst, r.Key)
-		dst = appendString(dst, r.Tool)
-		dst = appendString(dst, r.Actor)
-		dst = appendString(dst, r.Fingerprint)
-		dst = appendBytes(dst, r.Effect)
-		dst = appendString(dst, r.AttemptID)
-		dst = binary.AppendVarint(dst, r.LeaseTTLMs)
-		dst = binary.AppendVarint(dst, r.TTLMs)
-		dst = binary.AppendVarint(dst, int64(r.ExpiresAt))
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendString(dst, r.Tool)
+		dst = wire.AppendString(dst, r.Actor)
+		dst = wire.AppendString(dst, r.Fingerprint)
+		dst = wire.AppendBytes(dst, r.Effect)
+		dst = wire.AppendString(dst, r.AttemptID)
+		dst = wire.AppendVarint(dst, r.LeaseTTLMs)
+		dst = wire.AppendVarint(dst, r.TTLMs)
+		dst = wire.AppendVarint(dst, int64(r.ExpiresAt))
 	case OpCommit:
 		r := c.Commit
 		if r == nil {
 			return nil, errMissing(c.Op)
 		}
-		dst = appendString(dst, r.Tenant)
-		dst = appendString(dst, r.Key)
-		dst = appendString(dst, r.Fingerprint)
-		dst = binary.AppendUvarint(dst, r.Fence)
-		dst = appendString(dst, r.RemoteSystem)
-		dst = appendString(dst, r.RemoteID)
-		dst = appendString(dst, r.RemoteURL)
-		dst = appendBytes(dst, r.Result)
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendString(dst, r.Fingerprint)
+		dst = wire.AppendUvarint(dst, r.Fence)
+		dst = wire.AppendString(dst, r.RemoteSystem)
+		dst = wire.AppendString(dst, r.RemoteID)
+		dst = wire.AppendString(dst, r.RemoteURL)
+		dst = wire.AppendBytes(dst, r.Result)
 	case OpFail:
 		r := c.Fail
 		if r == nil {
 			return nil, errMissing(c.Op)
 		}
-		dst = appendString(dst, r.Tenant)
-		dst = appendString(dst, r.Key)
-		dst = appendString(dst, r.Fingerprint)
-		dst = binary.AppendUvarint(dst, r.Fence)
-		dst = appendString(dst, r.Error.Code)
-		dst = appendString(dst, r.Error.Message)
-		dst = appendBytes(dst, r.Error.Details)
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendString(dst, r.Fingerprint)
+		dst = wire.AppendUvarint(dst, r.Fence)
+		dst = wire.AppendString(dst, r.Error.Code)
+		dst = wire.AppendString(dst, r.Error.Message)
+		dst = wire.AppendBytes(dst, r.Error.Details)
 	case OpRelease:
 		r := c.Release
 		if r == nil {
 			return nil, errMissing(c.Op)
 		}
-		dst = appendString(dst, r.Tenant)
-		dst = appendString(dst, r.Key)
-		dst = appendString(dst, r.Fingerprint)
-		dst = binary.AppendUvarint(dst, r.Fence)
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendString(dst, r.Fingerprint)
+		dst = wire.AppendUvarint(dst, r.Fence)
 	case OpHeartbeat:
 		r := c.Heartbeat
 		if r == nil {
 			return nil, errMissing(c.Op)
 		}
-		dst = appendString(dst, r.Tenant)
-		dst = appendString(dst, r.Key)
-		dst = binary.AppendUvarint(dst, r.Fence)
-		dst = binary.AppendVarint(dst, r.LeaseTTLMs)
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendUvarint(dst, r.Fence)
+		dst = wire.AppendVarint(dst, r.LeaseTTLMs)
 	case OpSweep:
 		if c.Sweep == nil {
 			return nil, errMissing(c.Op)
 		}
-		dst = binary.AppendVarint(dst, int64(c.Sweep.Limit))
+		dst = wire.AppendVarint(dst, int64(c.Sweep.Limit))
 	case OpSetNode, OpRemoveNode:
 		n := c.Node
 		if n == nil {
 			return nil, errMissing(c.Op)
 		}
-		dst = appendString(dst, n.ID)
-		dst = appendString(dst, n.RaftAddr)
-		dst = appendString(dst, n.APIAddr)
+		dst = wire.AppendString(dst, n.ID)
+		dst = wire.AppendString(dst, n.RaftAddr)
+		dst = wire.AppendString(dst, n.APIAddr)
 	default:
 		return nil, fmt.Errorf("%w: cannot encode unknown %s", idemkv.ErrInternal, c.Op)
 	}
@@ -166,177 +165,84 @@ func errMissing(op Op) error {
 	return fmt.Errorf("%w: %s command without its payload", idemkv.ErrInternal, op)
 }
 
-func appendString(dst []byte, s string) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(s)))
-	return append(dst, s...)
-}
-
-func appendBytes(dst, b []byte) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(b)))
-	return append(dst, b...)
-}
-
 // DecodeCommand parses an encoding made by AppendBinary. It never panics and copies
 // everything it keeps, so b may be reused by the caller (Raft's log buffers are).
 func DecodeCommand(b []byte) (*Command, error) {
-	d := decoder{b: b}
-	if v := d.byte(); d.err == nil && v != commandVersion {
+	d := wire.NewDecoder(b, ErrMalformedCommand)
+	if v := d.Byte(); d.Err() == nil && v != commandVersion {
 		return nil, fmt.Errorf("%w: unknown version %d", ErrMalformedCommand, v)
 	}
-	c := &Command{Op: Op(d.byte())}
-	c.Now = idemkv.Timestamp(d.varint())
-	if d.err != nil {
-		return nil, d.err
+	c := &Command{Op: Op(d.Byte())}
+	c.Now = idemkv.Timestamp(d.Varint())
+	if err := d.Err(); err != nil {
+		return nil, err
 	}
 	switch c.Op {
 	case OpReserve:
 		r := &idemkv.ReserveRequest{}
-		r.Tenant = d.string()
-		r.Key = d.string()
-		r.Tool = d.string()
-		r.Actor = d.string()
-		r.Fingerprint = d.string()
-		r.Effect = d.bytes()
-		r.AttemptID = d.string()
-		r.LeaseTTLMs = d.varint()
-		r.TTLMs = d.varint()
-		r.ExpiresAt = idemkv.Timestamp(d.varint())
+		r.Tenant = d.String()
+		r.Key = d.String()
+		r.Tool = d.String()
+		r.Actor = d.String()
+		r.Fingerprint = d.String()
+		r.Effect = d.Bytes()
+		r.AttemptID = d.String()
+		r.LeaseTTLMs = d.Varint()
+		r.TTLMs = d.Varint()
+		r.ExpiresAt = idemkv.Timestamp(d.Varint())
 		c.Reserve = r
 	case OpCommit:
 		r := &idemkv.CommitRequest{}
-		r.Tenant = d.string()
-		r.Key = d.string()
-		r.Fingerprint = d.string()
-		r.Fence = d.uvarint()
-		r.RemoteSystem = d.string()
-		r.RemoteID = d.string()
-		r.RemoteURL = d.string()
-		r.Result = d.bytes()
+		r.Tenant = d.String()
+		r.Key = d.String()
+		r.Fingerprint = d.String()
+		r.Fence = d.Uvarint()
+		r.RemoteSystem = d.String()
+		r.RemoteID = d.String()
+		r.RemoteURL = d.String()
+		r.Result = d.Bytes()
 		c.Commit = r
 	case OpFail:
 		r := &idemkv.FailRequest{}
-		r.Tenant = d.string()
-		r.Key = d.string()
-		r.Fingerprint = d.string()
-		r.Fence = d.uvarint()
-		r.Error.Code = d.string()
-		r.Error.Message = d.string()
-		r.Error.Details = d.bytes()
+		r.Tenant = d.String()
+		r.Key = d.String()
+		r.Fingerprint = d.String()
+		r.Fence = d.Uvarint()
+		r.Error.Code = d.String()
+		r.Error.Message = d.String()
+		r.Error.Details = d.Bytes()
 		c.Fail = r
 	case OpRelease:
 		r := &idemkv.ReleaseRequest{}
-		r.Tenant = d.string()
-		r.Key = d.string()
-		r.Fingerprint = d.string()
-		r.Fence = d.uvarint()
+		r.Tenant = d.String()
+		r.Key = d.String()
+		r.Fingerprint = d.String()
+		r.Fence = d.Uvarint()
 		c.Release = r
 	case OpHeartbeat:
 		r := &idemkv.HeartbeatRequest{}
-		r.Tenant = d.string()
-		r.Key = d.string()
-		r.Fence = d.uvarint()
-		r.LeaseTTLMs = d.varint()
+		r.Tenant = d.String()
+		r.Key = d.String()
+		r.Fence = d.Uvarint()
+		r.LeaseTTLMs = d.Varint()
 		c.Heartbeat = r
 	case OpSweep:
-		limit := d.varint()
-		if d.err == nil && (limit < 0 || limit > 1<<31-1) {
-			d.fail("sweep limit %d out of range", limit)
+		limit := d.Varint()
+		if d.Err() == nil && (limit < 0 || limit > 1<<31-1) {
+			d.Fail("sweep limit %d out of range", limit)
 		}
 		c.Sweep = &SweepArgs{Limit: int(limit)}
 	case OpSetNode, OpRemoveNode:
 		n := &idemkv.NodeInfo{}
-		n.ID = d.string()
-		n.RaftAddr = d.string()
-		n.APIAddr = d.string()
+		n.ID = d.String()
+		n.RaftAddr = d.String()
+		n.APIAddr = d.String()
 		c.Node = n
 	default:
 		return nil, fmt.Errorf("%w: unknown %s", ErrMalformedCommand, c.Op)
 	}
-	if d.err == nil && len(d.b) != 0 {
-		d.fail("%d trailing bytes", len(d.b))
-	}
-	if d.err != nil {
-		return nil, d.err
+	if err := d.Finish(); err != nil {
+		return nil, err
 	}
 	return c, nil
-}
-
-// decoder consumes b front to back; the first error sticks and turns every later read
-// into a zero value, so the field lists above read straight without error checks.
-type decoder struct {
-	b   []byte
-	err error
-}
-
-var errShort = errors.New("truncated")
-
-func (d *decoder) fail(format string, args ...any) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s", ErrMalformedCommand, fmt.Sprintf(format, args...))
-	}
-}
-
-func (d *decoder) byte() byte {
-	if d.err != nil {
-		return 0
-	}
-	if len(d.b) == 0 {
-		d.fail("%v", errShort)
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("bad uvarint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) varint() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("bad varint")
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) raw() []byte {
-	n := d.uvarint()
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.b)) {
-		d.fail("length %d exceeds the %d bytes left", n, len(d.b))
-		return nil
-	}
-	v := d.b[:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) string() string { return string(d.raw()) }
-
-// bytes returns a copy, or nil for an empty field, so that absent raw JSON stays
-// absent after a round trip.
-func (d *decoder) bytes() []byte {
-	v := d.raw()
-	if len(v) == 0 {
-		return nil
-	}
-	return append([]byte(nil), v...)
 }

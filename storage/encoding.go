@@ -2,10 +2,10 @@ package storage
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/wire"
 )
 
 // Key layout. Tenants are [A-Za-z0-9._:-] and keys printable UTF-8, so neither holds a
@@ -116,15 +116,15 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	dst = append(dst, recordVersion)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(r.ExpiresAt))
 	dst = append(dst, st)
-	dst = binary.AppendUvarint(dst, r.Fence)
-	dst = binary.AppendUvarint(dst, uint64(r.Attempts))
-	dst = binary.AppendVarint(dst, int64(r.CreatedAt))
-	dst = binary.AppendVarint(dst, int64(r.UpdatedAt))
-	dst = binary.AppendVarint(dst, int64(r.LeaseExpiresAt))
-	dst = appendString(dst, r.Fingerprint)
-	dst = appendString(dst, r.Tool)
-	dst = appendString(dst, r.Actor)
-	dst = appendString(dst, r.AttemptID)
+	dst = wire.AppendUvarint(dst, r.Fence)
+	dst = wire.AppendUvarint(dst, uint64(r.Attempts))
+	dst = wire.AppendVarint(dst, int64(r.CreatedAt))
+	dst = wire.AppendVarint(dst, int64(r.UpdatedAt))
+	dst = wire.AppendVarint(dst, int64(r.LeaseExpiresAt))
+	dst = wire.AppendString(dst, r.Fingerprint)
+	dst = wire.AppendString(dst, r.Tool)
+	dst = wire.AppendString(dst, r.Actor)
+	dst = wire.AppendString(dst, r.AttemptID)
 	var flags byte
 	if r.Receipt != nil {
 		flags |= flagReceipt
@@ -134,28 +134,18 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	}
 	dst = append(dst, flags)
 	if rc := r.Receipt; rc != nil {
-		dst = appendString(dst, rc.RemoteSystem)
-		dst = appendString(dst, rc.RemoteID)
-		dst = appendString(dst, rc.RemoteURL)
-		dst = appendBytes(dst, rc.Result)
-		dst = binary.AppendVarint(dst, int64(rc.CommittedAt))
+		dst = wire.AppendString(dst, rc.RemoteSystem)
+		dst = wire.AppendString(dst, rc.RemoteID)
+		dst = wire.AppendString(dst, rc.RemoteURL)
+		dst = wire.AppendBytes(dst, rc.Result)
+		dst = wire.AppendVarint(dst, int64(rc.CommittedAt))
 	}
 	if e := r.Error; e != nil {
-		dst = appendString(dst, e.Code)
-		dst = appendString(dst, e.Message)
-		dst = appendBytes(dst, e.Details)
+		dst = wire.AppendString(dst, e.Code)
+		dst = wire.AppendString(dst, e.Message)
+		dst = wire.AppendBytes(dst, e.Details)
 	}
 	return dst, nil
-}
-
-func appendString(dst []byte, s string) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(s)))
-	return append(dst, s...)
-}
-
-func appendBytes(dst, b []byte) []byte {
-	dst = binary.AppendUvarint(dst, uint64(len(b)))
-	return append(dst, b...)
 }
 
 // ErrCorrupt is wrapped by every error about bytes on disk or in a snapshot stream that
@@ -175,146 +165,68 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := decoder{b: v[9:]}
+	d := wire.NewDecoder(v[9:], ErrCorrupt)
 	r := &idemkv.Record{Tenant: tenant, Key: key, ExpiresAt: at}
-	st := d.byte()
-	if int(st) >= len(statusByCode) || statusByCode[st] == "" {
-		d.fail()
+	st := d.Byte()
+	if d.Err() == nil && (int(st) >= len(statusByCode) || statusByCode[st] == "") {
+		d.Fail("unknown status code %d", st)
 	}
-	if d.err == nil {
+	if d.Err() == nil {
 		r.Status = statusByCode[st]
 	}
-	r.Fence = d.uvarint()
-	attempts := d.uvarint()
+	r.Fence = d.Uvarint()
+	attempts := d.Uvarint()
 	if attempts > 1<<32-1 {
-		d.fail()
+		d.Fail("attempt count %d out of range", attempts)
 	}
 	r.Attempts = uint32(attempts)
-	r.CreatedAt = idemkv.Timestamp(d.varint())
-	r.UpdatedAt = idemkv.Timestamp(d.varint())
-	r.LeaseExpiresAt = idemkv.Timestamp(d.varint())
-	r.Fingerprint = d.string()
-	r.Tool = d.string()
-	r.Actor = d.string()
-	r.AttemptID = d.string()
-	flags := d.byte()
+	r.CreatedAt = idemkv.Timestamp(d.Varint())
+	r.UpdatedAt = idemkv.Timestamp(d.Varint())
+	r.LeaseExpiresAt = idemkv.Timestamp(d.Varint())
+	r.Fingerprint = d.String()
+	r.Tool = d.String()
+	r.Actor = d.String()
+	r.AttemptID = d.String()
+	flags := d.Byte()
+	if unknown := flags &^ (flagReceipt | flagError); unknown != 0 {
+		d.Fail("unknown flags %#x", unknown)
+	}
 	if flags&flagReceipt != 0 {
 		rc := &idemkv.StoredReceipt{}
-		rc.RemoteSystem = d.string()
-		rc.RemoteID = d.string()
-		rc.RemoteURL = d.string()
-		rc.Result = d.bytes()
-		rc.CommittedAt = idemkv.Timestamp(d.varint())
+		rc.RemoteSystem = d.String()
+		rc.RemoteID = d.String()
+		rc.RemoteURL = d.String()
+		rc.Result = d.Bytes()
+		rc.CommittedAt = idemkv.Timestamp(d.Varint())
 		r.Receipt = rc
 	}
 	if flags&flagError != 0 {
 		e := &idemkv.ErrorInfo{}
-		e.Code = d.string()
-		e.Message = d.string()
-		e.Details = d.bytes()
+		e.Code = d.String()
+		e.Message = d.String()
+		e.Details = d.Bytes()
 		r.Error = e
 	}
-	if d.err == nil && (len(d.b) != 0 || flags&^(flagReceipt|flagError) != 0) {
-		d.fail()
-	}
-	if d.err != nil {
-		return nil, fmt.Errorf("%w: record %q/%q", d.err, tenant, key)
+	if err := d.Finish(); err != nil {
+		return nil, fmt.Errorf("%w: record %q/%q", err, tenant, key)
 	}
 	return r, nil
 }
 
 func encodeNode(n idemkv.NodeInfo) []byte {
 	b := []byte{recordVersion}
-	b = appendString(b, n.RaftAddr)
-	return appendString(b, n.APIAddr)
+	b = wire.AppendString(b, n.RaftAddr)
+	return wire.AppendString(b, n.APIAddr)
 }
 
 func decodeNode(id string, v []byte) (idemkv.NodeInfo, error) {
 	if len(v) == 0 || v[0] != recordVersion {
 		return idemkv.NodeInfo{}, fmt.Errorf("%w: bad node header", ErrCorrupt)
 	}
-	d := decoder{b: v[1:]}
-	n := idemkv.NodeInfo{ID: id, RaftAddr: d.string(), APIAddr: d.string()}
-	if d.err == nil && len(d.b) != 0 {
-		d.fail()
-	}
-	if d.err != nil {
-		return idemkv.NodeInfo{}, fmt.Errorf("%w: node %q", d.err, id)
+	d := wire.NewDecoder(v[1:], ErrCorrupt)
+	n := idemkv.NodeInfo{ID: id, RaftAddr: d.String(), APIAddr: d.String()}
+	if err := d.Finish(); err != nil {
+		return idemkv.NodeInfo{}, fmt.Errorf("%w: node %q", err, id)
 	}
 	return n, nil
-}
-
-// decoder reads fields front to back; the first error sticks and turns later reads
-// into zero values.
-type decoder struct {
-	b   []byte
-	err error
-}
-
-var errTruncated = errors.New("truncated")
-
-func (d *decoder) fail() {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %v", ErrCorrupt, errTruncated)
-	}
-}
-
-func (d *decoder) byte() byte {
-	if d.err != nil || len(d.b) == 0 {
-		d.fail()
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
-}
-
-func (d *decoder) uvarint() uint64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail()
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) varint() int64 {
-	if d.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail()
-		return 0
-	}
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) raw() []byte {
-	n := d.uvarint()
-	if d.err != nil {
-		return nil
-	}
-	if n > uint64(len(d.b)) {
-		d.fail()
-		return nil
-	}
-	v := d.b[:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *decoder) string() string { return string(d.raw()) }
-
-func (d *decoder) bytes() []byte {
-	v := d.raw()
-	if len(v) == 0 {
-		return nil
-	}
-	return append([]byte(nil), v...)
 }
