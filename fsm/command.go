@@ -180,49 +180,49 @@ func DecodeCommand(b []byte) (*Command, error) {
 	switch c.Op {
 	case OpReserve:
 		r := &idemkv.ReserveRequest{}
-		r.Tenant = d.String()
-		r.Key = d.String()
-		r.Tool = d.String()
-		r.Actor = d.String()
-		r.Fingerprint = d.String()
+		r.Tenant = d.Text()
+		r.Key = d.Text()
+		r.Tool = d.Text()
+		r.Actor = d.Text()
+		r.Fingerprint = d.Text()
 		r.Effect = d.Bytes()
-		r.AttemptID = d.String()
+		r.AttemptID = d.Text()
 		r.LeaseTTLMs = d.Varint()
 		r.TTLMs = d.Varint()
 		r.ExpiresAt = idemkv.Timestamp(d.Varint())
 		c.Reserve = r
 	case OpCommit:
 		r := &idemkv.CommitRequest{}
-		r.Tenant = d.String()
-		r.Key = d.String()
-		r.Fingerprint = d.String()
+		r.Tenant = d.Text()
+		r.Key = d.Text()
+		r.Fingerprint = d.Text()
 		r.Fence = d.Uvarint()
-		r.RemoteSystem = d.String()
-		r.RemoteID = d.String()
-		r.RemoteURL = d.String()
+		r.RemoteSystem = d.Text()
+		r.RemoteID = d.Text()
+		r.RemoteURL = d.Text()
 		r.Result = d.Bytes()
 		c.Commit = r
 	case OpFail:
 		r := &idemkv.FailRequest{}
-		r.Tenant = d.String()
-		r.Key = d.String()
-		r.Fingerprint = d.String()
+		r.Tenant = d.Text()
+		r.Key = d.Text()
+		r.Fingerprint = d.Text()
 		r.Fence = d.Uvarint()
-		r.Error.Code = d.String()
-		r.Error.Message = d.String()
+		r.Error.Code = d.Text()
+		r.Error.Message = d.Text()
 		r.Error.Details = d.Bytes()
 		c.Fail = r
 	case OpRelease:
 		r := &idemkv.ReleaseRequest{}
-		r.Tenant = d.String()
-		r.Key = d.String()
-		r.Fingerprint = d.String()
+		r.Tenant = d.Text()
+		r.Key = d.Text()
+		r.Fingerprint = d.Text()
 		r.Fence = d.Uvarint()
 		c.Release = r
 	case OpHeartbeat:
 		r := &idemkv.HeartbeatRequest{}
-		r.Tenant = d.String()
-		r.Key = d.String()
+		r.Tenant = d.Text()
+		r.Key = d.Text()
 		r.Fence = d.Uvarint()
 		r.LeaseTTLMs = d.Varint()
 		c.Heartbeat = r
@@ -234,9 +234,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 		c.Sweep = &SweepArgs{Limit: int(limit)}
 	case OpSetNode, OpRemoveNode:
 		n := &idemkv.NodeInfo{}
-		n.ID = d.String()
-		n.RaftAddr = d.String()
-		n.APIAddr = d.String()
+		n.ID = d.Text()
+		n.RaftAddr = d.Text()
+		n.APIAddr = d.Text()
 		c.Node = n
 	default:
 		return nil, fmt.Errorf("%w: unknown %s", ErrMalformedCommand, c.Op)

@@ -183,27 +183,27 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 	r.CreatedAt = idemkv.Timestamp(d.Varint())
 	r.UpdatedAt = idemkv.Timestamp(d.Varint())
 	r.LeaseExpiresAt = idemkv.Timestamp(d.Varint())
-	r.Fingerprint = d.String()
-	r.Tool = d.String()
-	r.Actor = d.String()
-	r.AttemptID = d.String()
+	r.Fingerprint = d.Text()
+	r.Tool = d.Text()
+	r.Actor = d.Text()
+	r.AttemptID = d.Text()
 	flags := d.Byte()
 	if unknown := flags &^ (flagReceipt | flagError); unknown != 0 {
 		d.Fail("unknown flags %#x", unknown)
 	}
 	if flags&flagReceipt != 0 {
 		rc := &idemkv.StoredReceipt{}
-		rc.RemoteSystem = d.String()
-		rc.RemoteID = d.String()
-		rc.RemoteURL = d.String()
+		rc.RemoteSystem = d.Text()
+		rc.RemoteID = d.Text()
+		rc.RemoteURL = d.Text()
 		rc.Result = d.Bytes()
 		rc.CommittedAt = idemkv.Timestamp(d.Varint())
 		r.Receipt = rc
 	}
 	if flags&flagError != 0 {
 		e := &idemkv.ErrorInfo{}
-		e.Code = d.String()
-		e.Message = d.String()
+		e.Code = d.Text()
+		e.Message = d.Text()
 		e.Details = d.Bytes()
 		r.Error = e
 	}
@@ -224,7 +224,7 @@ func decodeNode(id string, v []byte) (idemkv.NodeInfo, error) {
 		return idemkv.NodeInfo{}, fmt.Errorf("%w: bad node header", ErrCorrupt)
 	}
 	d := wire.NewDecoder(v[1:], ErrCorrupt)
-	n := idemkv.NodeInfo{ID: id, RaftAddr: d.String(), APIAddr: d.String()}
+	n := idemkv.NodeInfo{ID: id, RaftAddr: d.Text(), APIAddr: d.Text()}
 	if err := d.Finish(); err != nil {
 		return idemkv.NodeInfo{}, fmt.Errorf("%w: node %q", err, id)
 	}

@@ -53,7 +53,7 @@ type Decoder struct {
 }
 
 // NewDecoder returns a Decoder over b whose errors wrap sentinel (which may be nil).
-// Raw returns sub-slices of b; String and Bytes copy.
+// Raw returns sub-slices of b; Text and Bytes copy.
 func NewDecoder(b []byte, sentinel error) Decoder {
 	return Decoder{b: b, sentinel: sentinel}
 }
@@ -154,9 +154,8 @@ func (d *Decoder) Raw() []byte {
 	return v
 }
 
-// String consumes a length-prefixed field as a string (a copy). Note that it makes
-// *Decoder a fmt.Stringer: never hand a *Decoder to fmt.
-func (d *Decoder) String() string { return string(d.Raw()) }
+// Text consumes a length-prefixed field as a string (a copy).
+func (d *Decoder) Text() string { return string(d.Raw()) }
 
 // Bytes consumes a length-prefixed field and returns a copy, or nil when the field is
 // empty, so that an absent value stays absent after a round trip.
