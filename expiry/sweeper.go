@@ -118,6 +118,7 @@ func (s *Sweeper) Round(ctx context.Context) error {
 			s.log.Debug("swept", "records", total, "took", time.Since(start))
 		}
 	}()
+	observed := start
 	for ctx.Err() == nil {
 		begin := time.Now()
 		swept, more, err := s.p.Sweep(ctx, s.cfg.BatchLimit)
@@ -129,12 +130,23 @@ func (s *Sweeper) Round(ctx context.Context) error {
 		if !more {
 			return nil
 		}
+		// A large backlog takes minutes: refresh the gauges now and then, or they
+		// would show the round's start all along. Not every interval: counting costs
+		// a scan of the remaining backlog.
+		if time.Since(observed) >= refreshEvery*s.cfg.Interval {
+			s.observeBacklog()
+			observed = time.Now()
+		}
 		if err := s.pause(ctx, time.Since(begin)); err != nil {
 			return err
 		}
 	}
 	return ctx.Err()
 }
+
+// refreshEvery is how many intervals pass between two counts of the backlog while a
+// round is under way.
+const refreshEvery = 10
 
 // pauseAfter is how long to wait after an entry that took d, to keep the round's
 // share of time at cfg.Share.

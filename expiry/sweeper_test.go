@@ -406,3 +406,28 @@ func TestRoundPausesBetweenEntries(t *testing.T) {
 		t.Fatal("a round in a ten-second pause did not return when its context ended")
 	}
 }
+
+// During a long round the gauges follow the backlog down instead of showing the
+// round's start until it ends.
+func TestLongRoundRefreshesTheGauges(t *testing.T) {
+	st := &store{}
+	st.set(200, t0, t0+1000)
+	p := st.proposer()
+	inner := p.sweep
+	p.sweep = func(ctx context.Context, limit int) (int, bool, error) {
+		time.Sleep(time.Millisecond)
+		return inner(ctx, limit)
+	}
+	m := metrics.New()
+	s := New(Config{Interval: time.Millisecond, BatchLimit: 1, Share: 1}, p, m, testLogger(t))
+	if err := s.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// 200 entries of at least 1 ms, a count at least every 10 ms.
+	if _, _, backlogs := st.counts(); backlogs < 2 {
+		t.Fatalf("%d backlog counts during a round of 200 entries", backlogs)
+	}
+	if b := value(t, m.SweepBacklog); b <= 0 || b >= 200 {
+		t.Errorf("backlog gauge after the round = %v, want the count of a refresh during it", b)
+	}
+}
