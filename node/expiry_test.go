@@ -344,6 +344,12 @@ func TestLeaseExpiryAcrossLeaderChangeWithClockBehind(t *testing.T) {
 
 // The sweeper runs on the leader only. Once the leader is stopped, the new leader
 // takes over sweeping; followers never sweep. Its metrics report the work.
+//
+// On a starved machine a leader can lose leadership in the middle of a round; the
+// answer of the sweep entry in flight is then lost, though the entry may apply, and the
+// counts come out short. The exact counts are required when leadership stayed put;
+// the rules that hold regardless (a node that never led swept nothing, nothing is swept
+// twice, everything expired is gone) always are.
 func TestSweeperRunsOnTheLeaderOnly(t *testing.T) {
 	clock := newTestClock(time.Now())
 	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
@@ -355,6 +361,50 @@ func TestSweeperRunsOnTheLeaderOnly(t *testing.T) {
 	ctx := ctxT(t)
 	leader := c.LeaderIndex(t)
 	ln := c.Node(leader)
+	running := func() []int {
+		var out []int
+		for i := range c.Len() {
+			if c.Node(i) != nil {
+				out = append(out, i)
+			}
+		}
+		return out
+	}
+	swept := func(i int) float64 { return metricValue(t, c.Metrics(i).Swept) }
+	changes := func(i int) float64 { return metricValue(t, c.Metrics(i).LeaderChanges) }
+	// sweepPhase waits until the current leader sees no backlog, then checks what
+	// each running node swept since before.
+	sweepPhase := func(name string, want int, before map[int]float64) (delta map[int]float64) {
+		t.Helper()
+		waitFor(t, 30*time.Second, name, func() error {
+			if count, _, _ := c.Node(c.LeaderIndex(t)).Backlog(); count != 0 {
+				return fmt.Errorf("backlog %d", count)
+			}
+			return nil
+		})
+		c.WaitConverged()
+		delta = map[int]float64{}
+		total := 0.0
+		for _, i := range running() {
+			delta[i] = swept(i) - before[i]
+			total += delta[i]
+			if changes(i) == 0 && swept(i) != 0 {
+				t.Errorf("%s: %s never led but swept %v records", name, c.ID(i), swept(i))
+			}
+			n := c.Node(i)
+			if count, _, _ := n.Backlog(); count != 0 {
+				t.Errorf("%s: %s: backlog %d after the sweep replicated", name, c.ID(i), count)
+			}
+			if err := n.CheckExpiryIndex(); err != nil {
+				t.Errorf("%s: %s: %v", name, c.ID(i), err)
+			}
+		}
+		if total < 1 || total > float64(want) {
+			t.Errorf("%s: %v records counted as swept, want between 1 and %d", name, total, want)
+		}
+		return delta
+	}
+
 	const first = 100
 	for i := range first {
 		key := fmt.Sprintf("first-%03d", i)
@@ -362,8 +412,7 @@ func TestSweeperRunsOnTheLeaderOnly(t *testing.T) {
 	}
 	clock.Advance(2 * time.Minute)
 	m := c.Metrics(leader)
-	// The gauges hold the figures of the round's start until the round is over; poll
-	// tightly, since the round is short.
+	// The gauges hold the figures of the round's start for a while; poll tightly.
 	var seenBacklog, seenOverdue float64
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Microsecond) {
 		seenBacklog, seenOverdue = metricValue(t, m.SweepBacklog), metricValue(t, m.OldestOverdue)
@@ -371,67 +420,73 @@ func TestSweeperRunsOnTheLeaderOnly(t *testing.T) {
 			break
 		}
 	}
-	if seenBacklog != first || seenOverdue != 60 {
+	delta := sweepPhase("the leader sweeps", first, nil)
+	stable := changes(leader) == 1
+	for _, i := range running() {
+		stable = stable && (i == leader || changes(i) == 0)
+	}
+	if !stable {
+		t.Logf("leadership moved during the sweep; exact counts not required")
+	}
+	if stable && (seenBacklog != first || seenOverdue != 60) {
 		t.Errorf("leader's gauges during the sweep: backlog %v, oldest overdue %v s; want %d, 60", seenBacklog, seenOverdue, first)
 	}
-	waitFor(t, 30*time.Second, "the leader sweeps everything", func() error {
-		if got := metricValue(t, m.Swept); got != first {
-			return fmt.Errorf("leader swept %v", got)
-		}
-		if b := metricValue(t, m.SweepBacklog); b != 0 {
-			return fmt.Errorf("backlog gauge %v", b)
-		}
-		return nil
-	})
-	if d := metricValue(t, m.SweepDuration); d < 1 {
-		t.Errorf("sweep duration observed %v times", d)
+	if stable && delta[leader] != first {
+		t.Errorf("the leader swept %v records, want %d", delta[leader], first)
 	}
-	c.WaitConverged()
-	for i := range c.Len() {
-		if i != leader {
-			if got := metricValue(t, c.Metrics(i).Swept); got != 0 {
-				t.Errorf("follower %s swept %v records", c.ID(i), got)
-			}
-		}
-		n := c.Node(i)
-		if count, _, _ := n.Backlog(); count != 0 {
-			t.Errorf("%s: backlog %d after the sweep replicated", c.ID(i), count)
-		}
-		if _, err := n.Get(ctx, &idemkv.GetRequest{Tenant: "acme", Key: "first-000", Consistency: idemkv.Stale}); !errors.Is(err, idemkv.ErrNotFound) {
+	rounds := 0.0
+	for _, i := range running() {
+		rounds += metricValue(t, c.Metrics(i).SweepDuration)
+	}
+	if rounds < 1 {
+		t.Errorf("no sweep round was timed")
+	}
+	for _, i := range running() {
+		if _, err := c.Node(i).Get(ctx, &idemkv.GetRequest{Tenant: "acme", Key: "first-000", Consistency: idemkv.Stale}); !errors.Is(err, idemkv.ErrNotFound) {
 			t.Errorf("%s: swept record still readable: %v", c.ID(i), err)
-		}
-		if err := n.CheckExpiryIndex(); err != nil {
-			t.Errorf("%s: %v", c.ID(i), err)
 		}
 	}
 	_, raw := httpCall(t, http.MethodGet, c.Endpoint(leader), "/metrics", nil, nil)
-	if !strings.Contains(string(raw), fmt.Sprintf("idemkv_expiry_swept_records_total %d\n", first)) {
-		t.Errorf("/metrics of the leader lacks the swept count:\n%s", grepLines(string(raw), "idemkv_expiry"))
+	if want := fmt.Sprintf("idemkv_expiry_swept_records_total %v\n", swept(leader)); swept(leader) == 0 || !strings.Contains(string(raw), want) {
+		t.Errorf("/metrics of the leader lacks %q:\n%s", want, grepLines(string(raw), "idemkv_expiry"))
 	}
 
 	const second = 30
+	leader = c.LeaderIndex(t)
+	ln = c.Node(leader)
 	for i := range second {
 		key := fmt.Sprintf("second-%03d", i)
 		settle(t, ln, withTTL(reserveReq(key, "a", "sha256:"+key), time.Minute), idemkv.StatusFailed)
 	}
+	stoppedSwept := swept(leader)
 	c.Stop(leader)
 	next := c.LeaderIndex(t)
-	other := 3 - leader - next
-	clock.Advance(2 * time.Minute)
-	waitFor(t, 30*time.Second, "the new leader sweeps", func() error {
-		if got := metricValue(t, c.Metrics(next).Swept); got != second {
-			return fmt.Errorf("new leader swept %v", got)
-		}
-		if count, _, _ := c.Node(next).Backlog(); count != 0 {
-			return fmt.Errorf("backlog %d", count)
-		}
-		return nil
-	})
-	if got := metricValue(t, c.Metrics(other).Swept); got != 0 {
-		t.Errorf("the remaining follower swept %v records", got)
+	before := map[int]float64{}
+	beforeChanges := map[int]float64{}
+	for _, i := range running() {
+		before[i], beforeChanges[i] = swept(i), changes(i)
 	}
-	if got := metricValue(t, m.Swept); got != first {
-		t.Errorf("the stopped leader's count moved to %v", got)
+	clock.Advance(2 * time.Minute)
+	delta = sweepPhase("the new leader sweeps", second, before)
+	stable = true
+	for _, i := range running() {
+		stable = stable && changes(i) == beforeChanges[i]
+	}
+	if !stable {
+		t.Logf("leadership moved during the second sweep; exact counts not required")
+	}
+	if stable && delta[next] != second {
+		t.Errorf("the new leader %s swept %v records, want %d", c.ID(next), delta[next], second)
+	}
+	if stable {
+		for _, i := range running() {
+			if i != next && delta[i] != 0 {
+				t.Errorf("%s, a follower, swept %v records", c.ID(i), delta[i])
+			}
+		}
+	}
+	if got := swept(leader); got != stoppedSwept {
+		t.Errorf("the stopped leader's count moved from %v to %v", stoppedSwept, got)
 	}
 }
 
