@@ -89,6 +89,7 @@ asks the cluster to add it and retries until it is in.
 	f.DurationVar(&o.limits.MaxTTL, "max-ttl", o.limits.MaxTTL, "longest retention accepted")
 	f.DurationVar(&o.node.Sweep.Interval, "sweep-interval", o.node.Sweep.Interval, "how often the leader sweeps expired records")
 	f.IntVar(&o.node.Sweep.BatchLimit, "sweep-batch", o.node.Sweep.BatchLimit, "most records one sweep log entry deletes")
+	f.Float64Var(&o.node.Sweep.Share, "sweep-share", o.node.Sweep.Share, "largest fraction of time a sweep round keeps an entry in flight (0-1], so writes do not queue behind sweeps")
 	o.extra.register(cmd)
 	return cmd
 }
@@ -129,6 +130,9 @@ func runServe(ctx context.Context, o serveOptions) error {
 	}
 	if err := o.limits.Validate(); err != nil {
 		return err
+	}
+	if sh := o.node.Sweep.Share; sh <= 0 || sh > 1 {
+		return fmt.Errorf("--sweep-share must be in (0, 1], not %g", sh)
 	}
 	peers, err := parsePeerAddresses(o.peerAddresses)
 	if err != nil {
