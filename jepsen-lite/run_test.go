@@ -61,12 +61,25 @@ func runHarness(t *testing.T, mutate func(*config)) (*summary, error) {
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	runErr := run(ctx, cfg)
-	b, err := os.ReadFile(filepath.Join(cfg.Out, "summary.json"))
-	if err != nil {
-		t.Fatalf("no summary (run: %v): %v", runErr, err)
+	// A run that never got its cluster up (a port taken between picking and binding
+	// it, on a machine where other suites pick ports too) writes no summary: it judged
+	// nothing, so one fresh start is allowed. A run that got as far as a verdict is
+	// never retried.
+	var runErr error
+	var b []byte
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		runErr = run(ctx, cfg)
+		cancel()
+		var err error
+		if b, err = os.ReadFile(filepath.Join(cfg.Out, "summary.json")); err == nil {
+			break
+		}
+		if attempt == 2 {
+			t.Fatalf("no summary (run: %v): %v", runErr, err)
+		}
+		t.Logf("the harness did not get to a verdict (%v); starting once more", runErr)
+		cfg.Out = t.TempDir()
 	}
 	var s summary
 	if err := json.Unmarshal(b, &s); err != nil {
