@@ -49,16 +49,12 @@ func idemkvBinary(t *testing.T) string {
 	return binPath
 }
 
+// proc is an `idemkv serve` process with fast Raft timing and tiny snapshot
+// thresholds, restartable on the same data dir; opsProc runs it and keeps its logs.
 type proc struct {
-	t        *testing.T
-	id       string
-	dataDir  string
-	httpAddr string
-	raftAddr string
-	join     string
-	cmd      *exec.Cmd
-	logs     *bytes.Buffer
-	mu       sync.Mutex
+	*opsProc
+	dataDir string
+	join    string
 }
 
 func freePort(t *testing.T) string {
@@ -72,53 +68,24 @@ func freePort(t *testing.T) string {
 }
 
 func newProc(t *testing.T, id, join string) *proc {
-	return &proc{t: t, id: id, dataDir: filepath.Join(t.TempDir(), id), httpAddr: freePort(t), raftAddr: freePort(t),
-		join: join, logs: &bytes.Buffer{}}
+	return &proc{
+		opsProc: &opsProc{t: t, id: id, httpAddr: freePort(t), raftAddr: freePort(t)},
+		dataDir: filepath.Join(t.TempDir(), id),
+		join:    join,
+	}
 }
 
 // logText is everything the process wrote so far, across restarts.
-func (p *proc) logText() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.String()
-}
-
-type syncBuffer struct {
-	mu *sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (s syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
+func (p *proc) logText() string { return p.output() }
 
 func (p *proc) start() {
 	p.t.Helper()
-	args := []string{"serve", "--id", p.id, "--data-dir", p.dataDir, "--http-addr", p.httpAddr,
-		"--raft-addr", p.raftAddr, "--heartbeat-timeout", "500ms", "--election-timeout", "500ms",
-		"--leader-lease-timeout", "250ms", "--snapshot-threshold", "64", "--trailing-logs", "32",
-		"--snapshot-interval", "200ms"}
+	p.args = append(fastServeArgs(p.id, p.dataDir, p.httpAddr, p.raftAddr),
+		"--snapshot-threshold", "64", "--trailing-logs", "32", "--snapshot-interval", "200ms")
 	if p.join != "" {
-		args = append(args, "--join", p.join)
+		p.args = append(p.args, "--join", p.join)
 	}
-	p.cmd = exec.Command(idemkvBinary(p.t), args...)
-	p.cmd.Stdout = syncBuffer{&p.mu, p.logs}
-	p.cmd.Stderr = syncBuffer{&p.mu, p.logs}
-	if err := p.cmd.Start(); err != nil {
-		p.t.Fatal(err)
-	}
-	cmd := p.cmd
-	p.t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-		if p.t.Failed() {
-			p.t.Logf("--- %s logs ---\n%s", p.id, p.logText())
-		}
-	})
+	p.opsProc.start()
 }
 
 func (p *proc) kill() {
