@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/httpx"
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/telemetry"
 	"github.com/idemkv/idemkv/telemetry/semconv"
@@ -56,11 +57,11 @@ func (s *Server) routes() {
 func (s *Server) handle(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &httpx.StatusWriter{ResponseWriter: w}
 		if s.allowRoute(sw, r, pattern) {
 			h.ServeHTTP(sw, r)
 		}
-		s.metrics.Requests.WithLabelValues(pattern, strconv.Itoa(sw.status())).Observe(time.Since(start).Seconds())
+		s.metrics.Requests.WithLabelValues(pattern, strconv.Itoa(sw.Status())).Observe(time.Since(start).Seconds())
 	}))
 }
 

@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkv/idemkv/internal/httpx"
 )
 
 // ScopeName is the instrumentation scope of idemkv's server spans.
@@ -32,13 +34,13 @@ func HTTPMiddleware(next http.Handler) http.Handler {
 			))
 		defer span.End()
 
-		sw := &statusWriter{ResponseWriter: w}
+		sw := &httpx.StatusWriter{ResponseWriter: w}
 		// The mux records the matched pattern on the request it serves, which is
 		// this one: read it back once the handler is done.
 		req := r.WithContext(ctx)
 		next.ServeHTTP(sw, req)
 
-		status := sw.status()
+		status := sw.Status()
 		if req.Pattern != "" {
 			route := req.Pattern
 			if i := strings.IndexByte(route, ' '); i >= 0 {
@@ -52,34 +54,4 @@ func HTTPMiddleware(next http.Handler) http.Handler {
 			span.SetStatus(codes.Error, http.StatusText(status))
 		}
 	})
-}
-
-// statusWriter remembers the status code; Unwrap lets http.ResponseController reach
-// the connection's Flusher and deadlines through it.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.code == 0 {
-		w.code = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.code == 0 {
-		w.code = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-func (w *statusWriter) status() int {
-	if w.code == 0 {
-		return http.StatusOK
-	}
-	return w.code
 }
