@@ -7,9 +7,15 @@
 #   bench/run.sh [compare flags…]   the comparison (see `go run . -h` in bench/)
 #   bench/run.sh test               start etcd and PostgreSQL, run the bench module's tests
 #   bench/run.sh up                 start all three and wait (Ctrl-C stops them)
+#   bench/run.sh scale COUNTS [--clients N] [--duration D] [--warmup D] [--rounds R]
+#                      [--settle-max SECS]
+#                                   idemkv alone: reserve latency against COUNTS stored
+#                                   records (e.g. 10000,10000000), each on a three-node
+#                                   cluster restored from a seeded backup (see README.md)
 #
 # Environment: BENCH_DIR (data dirs; default a fresh dir under /var/tmp, removed at
-# exit unless KEEP=1), BENCH_OUT (results; default bench/results).
+# exit unless KEEP=1), BENCH_OUT (results; default bench/results), SEED_CACHE (scale's
+# seeded backups, kept across runs; default /var/tmp/idemkv-bench-seeds).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +23,10 @@ mode=compare
 case "${1:-}" in
 test | up)
 	mode=$1
+	shift
+	;;
+scale)
+	mode=scale
 	shift
 	;;
 esac
@@ -30,8 +40,12 @@ as_root() {
 # install makes sure the peers' servers are here, from Debian's packages.
 install() {
 	local want=()
-	command -v etcd >/dev/null || want+=(etcd-server)
-	compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || want+=(postgresql)
+	if [ "$mode" = scale ]; then
+		command -v jq >/dev/null || want+=(jq)
+	else
+		command -v etcd >/dev/null || want+=(etcd-server)
+		compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || want+=(postgresql)
+	fi
 	command -v curl >/dev/null || want+=(curl)
 	if [ ${#want[@]} -gt 0 ]; then
 		log "installing ${want[*]}"
@@ -50,6 +64,9 @@ ETCD_PEER=(23801 23802 23803)
 PG_PORT=25432
 IDEMKV_HTTP=(27420 27430 27440)
 IDEMKV_RAFT=(27421 27431 27441)
+# The scale mode's clusters get their own ports, so that it can run beside a comparison.
+SCALE_HTTP=(26420 26430 26440)
+SCALE_RAFT=(26421 26431 26441)
 
 pids=()
 cleanup() {
@@ -152,10 +169,200 @@ start_idemkv() {
 	log "idemkv up: $IDEMKV_ENDPOINTS"
 }
 
+# --- scale mode -----------------------------------------------------------------------
+# For each record count: seed a backup of that many committed records (cached in
+# SEED_CACHE), restore it into n1's data dir, start n1, join n2 and n3 (they get the
+# state by Raft snapshot install), wait until the nodes are idle, measure new
+# operations, tear the cluster down. Each phase is timed; the points go to
+# scale.json and scale.md.
+
+now() { date +%s.%N; }
+
+# since prints the seconds elapsed since a time from now, as a Go duration.
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3fs", b - a }'; }
+
+# stop_nodes stops the current cluster's nodes and forgets them.
+stop_nodes() {
+	local pid keep=() p
+	for pid in "${nodes[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${nodes[@]}"; do
+		for _ in $(seq 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.2
+		done
+		kill -9 "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	for p in "${pids[@]}"; do
+		[[ " ${nodes[*]} " == *" $p "* ]] || keep+=("$p")
+	done
+	pids=("${keep[@]}")
+	nodes=()
+}
+
+# start_node ID I [--join ADDR] starts node ID on the scale ports of index I.
+start_node() {
+	local id=$1 i=$2
+	shift 2
+	"$dir/idemkv" serve --id "$id" --data-dir "$nd/$id" \
+		--http-addr "127.0.0.1:${SCALE_HTTP[$i]}" --raft-addr "127.0.0.1:${SCALE_RAFT[$i]}" \
+		--log-level info "$@" >>"$nd/$id.log" 2>&1 &
+	pids+=($!)
+	nodes+=($!)
+}
+
+# caught_up VOTERS INDEX: the cluster has VOTERS voters, each answering, each having
+# applied everything the leader committed and at least INDEX.
+caught_up() {
+	"$dir/idemkv" status --json --endpoint "127.0.0.1:${SCALE_HTTP[0]}" 2>/dev/null |
+		jq -e --argjson n "$1" --argjson idx "$2" \
+			'([.[] | select(.suffrage == "voter" and (.error // "") == "" and .lag == 0 and (.applied_index // 0) >= $idx)] | length) == $n' >/dev/null
+}
+
+# node_ticks prints the CPU time (user + system, in clock ticks) the nodes have used.
+node_ticks() {
+	local p t=0
+	for p in "${nodes[@]}"; do
+		t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
+	done
+	echo "$t"
+}
+
+# wait_idle waits, at most $1 seconds, until the nodes together use under a tenth of
+# a core over 5 seconds: compactions after the restore and the snapshot installs done.
+wait_idle() {
+	local secs=$1 hz start t0 t1
+	hz=$(getconf CLK_TCK)
+	start=$(date +%s)
+	while :; do
+		t0=$(node_ticks)
+		sleep 5
+		t1=$(node_ticks)
+		if [ $((t1 - t0)) -lt $((hz / 2)) ]; then return 0; fi
+		if [ $(($(date +%s) - start)) -ge "$secs" ]; then
+			log "the nodes were still busy ($((100 * (t1 - t0) / (5 * hz)))% of a core) after ${secs}s; measuring anyway"
+			return 0
+		fi
+	done
+}
+
+scale_point() {
+	local n=$1 file="$SEED_CACHE/records-$n.backup" t index phases=()
+	nd="$dir/scale-$n"
+	rm -rf "$nd"
+	mkdir -p "$nd"
+
+	# A cached backup is used for a week: its records expire 30 days after seeding.
+	if [ -f "$file" ] && [ -z "$(find "$file" -mmin +$((7 * 24 * 60)))" ]; then
+		log "$n records: reusing $file"
+		phases+=(--phase seed=0s)
+	else
+		rm -f "$file"
+		log "$n records: seeding $file"
+		t=$(now)
+		"$dir/bench" seed --records "$n" --out "$file"
+		phases+=(--phase "seed=$(since "$t")")
+	fi
+
+	t=$(now)
+	"$dir/idemkv" restore --from "$file" --data-dir "$nd/n1" --id n1 \
+		--raft-addr "127.0.0.1:${SCALE_RAFT[0]}" | tee "$nd/restore.out"
+	index=$(sed -n 's/.* at index \([0-9]*\),.*/\1/p' "$nd/restore.out")
+	phases+=(--phase "restore=$(since "$t")")
+	log "$n records: restored in ${phases[-1]#restore=} (index $index)"
+
+	t=$(now)
+	start_node n1 0
+	wait_for 1800 "idemkv n1" curl -fsS "http://127.0.0.1:${SCALE_HTTP[0]}/readyz"
+	phases+=(--phase "start=$(since "$t")")
+	log "$n records: n1 serving after ${phases[-1]#start=}"
+
+	t=$(now)
+	local i
+	for i in 1 2; do
+		start_node "n$((i + 1))" "$i" --join "127.0.0.1:${SCALE_HTTP[0]}"
+		# Once a second: at millions of records the install takes minutes, and the
+		# status calls should not take CPU from it.
+		local waited=0
+		until caught_up $((i + 1)) "$index"; do
+			if [ $((waited += 1)) -ge 3600 ]; then
+				log "n$((i + 1)) did not catch up within an hour; its log is in $nd"
+				return 1
+			fi
+			sleep 1
+		done
+		log "$n records: n$((i + 1)) a voter and caught up after $(since "$t")"
+	done
+	phases+=(--phase "install=$(since "$t")")
+
+	t=$(now)
+	wait_idle "$settle_max"
+	phases+=(--phase "settle=$(since "$t")")
+	log "$n records: nodes idle after ${phases[-1]#settle=}; measuring"
+
+	"$dir/bench" scale-point --idemkv "127.0.0.1:${SCALE_HTTP[0]},127.0.0.1:${SCALE_HTTP[1]},127.0.0.1:${SCALE_HTTP[2]}" \
+		--records "$n" --concurrency "$clients" --duration "$duration" --warmup "$warmup" --rounds "$rounds" "${phases[@]}" \
+		--node-logs "$nd/n1.log,$nd/n2.log,$nd/n3.log" --point "$dir/scale-$n.json"
+	points+=("$dir/scale-$n.json")
+
+	stop_nodes
+	if [ "${KEEP:-0}" != 1 ]; then rm -rf "$nd"; fi
+}
+
+run_scale() {
+	local counts=${1:-} n
+	[ -n "$counts" ] && [ "${counts#-}" = "$counts" ] || {
+		log "usage: run.sh scale COUNTS [--clients N] [--duration D] [--warmup D] [--rounds R] [--settle-max SECS]"
+		exit 2
+	}
+	shift
+	clients=16 duration=30s warmup=5s rounds=1 settle_max=900
+	while [ $# -gt 0 ]; do
+		case "$1" in
+		--clients | --duration | --warmup | --rounds | --settle-max)
+			[ $# -ge 2 ] || {
+				log "$1 needs a value"
+				exit 2
+			}
+			case "$1" in
+			--clients) clients=$2 ;;
+			--duration) duration=$2 ;;
+			--warmup) warmup=$2 ;;
+			--rounds) rounds=$2 ;;
+			--settle-max) settle_max=$2 ;;
+			esac
+			shift 2
+			;;
+		*)
+			log "unknown scale flag $1"
+			exit 2
+			;;
+		esac
+	done
+	SEED_CACHE=${SEED_CACHE:-/var/tmp/idemkv-bench-seeds}
+	mkdir -p "$SEED_CACHE"
+	log "building idemkv and the driver"
+	(cd "$here/.." && go build -o "$dir/idemkv" ./cmd/idemkv)
+	(cd "$here" && go build -o "$dir/bench" .)
+	nodes=() points=()
+	local started
+	started=$(now)
+	for n in ${counts//,/ }; do
+		scale_point "$n"
+	done
+	out=${BENCH_OUT:-$here/results}
+	"$dir/bench" scale-report --out "$out" "${points[@]}"
+	log "scale run took $(since "$started"); results in $out/scale.md and $out/scale.json"
+}
+
 install
 dir=${BENCH_DIR:-$(mktemp -d /var/tmp/idemkv-bench.XXXXXX)}
 mkdir -p "$dir"
 log "data dirs in $dir"
+if [ "$mode" = scale ]; then
+	run_scale "$@"
+	exit 0
+fi
 start_etcd
 start_postgres
 
