@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/freeport"
 	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/node"
 	"github.com/idemkv/idemkv/storage"
@@ -58,12 +58,11 @@ func opsLogger(t testing.TB) *slog.Logger {
 
 func opsAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // opsNodeConfig is a fast-timing configuration for a node outside a testcluster.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/freeport"
 )
 
 // The tests in this file run the real binary as separate processes and kill them with
@@ -59,12 +59,11 @@ type proc struct {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 func newProc(t *testing.T, id, join string) *proc {

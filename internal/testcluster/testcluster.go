@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/internal/freeport"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/node"
 )
@@ -282,12 +283,11 @@ func Eventually(timeout time.Duration, f func() error) error {
 
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // tbWriter sends log lines to t.Log, so they show only when a test fails.

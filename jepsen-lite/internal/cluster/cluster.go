@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,6 +24,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/freeport"
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/proxy"
 )
@@ -122,16 +122,10 @@ func New(cfg Config) (*Cluster, error) {
 	return c, nil
 }
 
-// freeAddr finds a loopback port that is free now. Another process could take it
-// before the node binds it; starting a node is retried by its caller in that case.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
+// freeAddr finds a loopback port that is free now, outside the range outgoing
+// connections take their ports from. Another process could still take it before the
+// node binds it; starting a node is retried by its caller in that case.
+func freeAddr() (string, error) { return freeport.Addr() }
 
 // Nodes lists the nodes.
 func (c *Cluster) Nodes() []*Node { return c.nodes }
