@@ -115,6 +115,9 @@ func (c *countingWriter) write(b []byte) {
 // cut or corrupt, the store is left empty with no applied index, never as a partial
 // state that claims to be complete.
 func (s *Store) Restore(r io.Reader) error {
+	// The restore writes past the batches that keep the recent records current.
+	s.recent.clear()
+	defer s.recent.clear()
 	if err := s.restore(r); err != nil {
 		if werr := s.wipe(); werr != nil {
 			s.logger.Error("wiping after a failed restore", logKeyErr, werr)

@@ -25,6 +25,7 @@ import (
 type Store struct {
 	db     *pebble.DB
 	logger *slog.Logger
+	recent *recentRecords
 }
 
 // Log attribute keys.
@@ -65,7 +66,7 @@ func Open(dir string, logger *slog.Logger) (*Store, error) {
 		return nil, fmt.Errorf("storage: open %s: %w", dir, err)
 	}
 	logger.Debug("opened", logKeyDir, dir)
-	return &Store{db: db, logger: logger}, nil
+	return &Store{db: db, logger: logger, recent: newRecentRecords(recentCapacity)}, nil
 }
 
 // Close closes the database. Writes committed without sync that were not made durable
@@ -90,6 +91,10 @@ func (s *Store) Sync() error {
 // Record returns the stored record of (tenant, key), or nil if there is none. Expiry
 // is not applied here: deciding what an expired record means is the caller's business.
 func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
+	k := recordKey(tenant, key)
+	if v, ok := s.recent.get(k); ok {
+		return decodeRecord(tenant, key, v)
+	}
 	return getRecord(s.db, tenant, key)
 }
 
@@ -296,10 +301,14 @@ func (s *Store) CheckExpiryIndex() error {
 // later log entries of one Raft batch observe earlier ones.
 type Batch struct {
 	b   *pebble.Batch
+	s   *Store
 	buf []byte
 	// expiry remembers, per record key read or written through this batch, where its
 	// index entry is, so that updating a record just read costs no second lookup.
 	expiry map[string]knownExpiry
+	// writes holds the value of every record this batch put (nil: deleted), for
+	// reads later in the batch and, once committed, for the store's recent records.
+	writes map[string][]byte
 }
 
 type knownExpiry struct {
@@ -310,13 +319,13 @@ type knownExpiry struct {
 // NewBatch starts a batch. Exactly one of Commit or Close must follow (Close after
 // Commit is allowed).
 func (s *Store) NewBatch() *Batch {
-	return &Batch{b: s.db.NewIndexedBatch(), expiry: make(map[string]knownExpiry)}
+	return &Batch{b: s.db.NewIndexedBatch(), s: s, expiry: make(map[string]knownExpiry), writes: make(map[string][]byte)}
 }
 
 // Record returns the record of (tenant, key) as the batch sees it, or nil.
 func (b *Batch) Record(tenant, key string) (*idemkv.Record, error) {
 	k := recordKey(tenant, key)
-	v, err := getValue(b.b, k)
+	v, err := b.value(k)
 	if err != nil {
 		return nil, err
 	}
@@ -332,12 +341,30 @@ func (b *Batch) Record(tenant, key string) (*idemkv.Record, error) {
 	return rec, nil
 }
 
+// value returns the stored value of record key k as this batch sees it, or nil: its
+// own write first, then the store's recent records, then Pebble. What it reads from
+// Pebble is the committed value (the state machine is the only writer), so it becomes
+// a recent record at once.
+func (b *Batch) value(k []byte) ([]byte, error) {
+	if v, ok := b.writes[string(k)]; ok {
+		return v, nil
+	}
+	if v, ok := b.s.recent.get(k); ok {
+		return v, nil
+	}
+	v, err := getValue(b.b, k)
+	if err == nil && v != nil {
+		b.s.recent.put(string(k), v)
+	}
+	return v, err
+}
+
 // storedExpiry returns where the index entry of record key k is, if it has one.
 func (b *Batch) storedExpiry(k []byte) (knownExpiry, error) {
 	if e, ok := b.expiry[string(k)]; ok {
 		return e, nil
 	}
-	v, err := getValue(b.b, k)
+	v, err := b.value(k)
 	if err != nil || v == nil {
 		return knownExpiry{}, err
 	}
@@ -364,6 +391,7 @@ func (b *Batch) PutRecord(rec *idemkv.Record) error {
 	if err := b.b.Set(k, b.buf, nil); err != nil {
 		return err
 	}
+	b.writes[string(k)] = slices.Clone(b.buf)
 	if !old.present || old.at != rec.ExpiresAt {
 		if err := b.b.Set(expiryKey(rec.ExpiresAt, rec.Tenant, rec.Key), nil, nil); err != nil {
 			return err
@@ -385,6 +413,7 @@ func (b *Batch) DeleteRecord(tenant, key string) (bool, error) {
 		return false, err
 	}
 	b.expiry[string(k)] = knownExpiry{}
+	b.writes[string(k)] = nil
 	return true, b.b.Delete(k, nil)
 }
 
@@ -443,6 +472,7 @@ func (b *Batch) Commit() error {
 	if err := b.b.Commit(pebble.NoSync); err != nil {
 		return fmt.Errorf("storage: commit: %w", err)
 	}
+	b.s.recent.update(b.writes)
 	return b.Close()
 }
 

@@ -1,0 +1,143 @@
+package storage
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/idemkv/idemkv"
+)
+
+// TestRecentRecordsAgreeWithPebble runs random batches of puts, deletes and reads over
+// a few keys with a cache far smaller than the key set, so that every path (own write,
+// cached, evicted, deleted, read back from Pebble) is taken many times. After every
+// step the batch, the store and Pebble itself (bypassing the cache) must all agree with
+// a plain map of what was committed.
+func TestRecentRecordsAgreeWithPebble(t *testing.T) {
+	for _, capacity := range []int{1, 3, 64} {
+		t.Run(fmt.Sprintf("capacity=%d", capacity), func(t *testing.T) {
+			defer func(c int) { recentCapacity = c }(recentCapacity)
+			recentCapacity = capacity
+			s := openStore(t, t.TempDir())
+			rng := rand.New(rand.NewPCG(1, uint64(capacity)))
+			committed := map[string]*idemkv.Record{}
+			keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+			check := func(step string, got *idemkv.Record, want *idemkv.Record) {
+				t.Helper()
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("%s: got %+v, want %+v", step, got, want)
+				}
+			}
+			for round := range 400 {
+				b := s.NewBatch()
+				inBatch := map[string]*idemkv.Record{}
+				for range 1 + rng.IntN(6) {
+					k := keys[rng.IntN(len(keys))]
+					want, ok := inBatch[k]
+					if !ok {
+						want = committed[k]
+					}
+					got, err := b.Record("acme", k)
+					if err != nil {
+						t.Fatal(err)
+					}
+					check(fmt.Sprintf("round %d: batch read of %s", round, k), got, want)
+					if rng.IntN(4) == 0 {
+						if _, err := b.DeleteRecord("acme", k); err != nil {
+							t.Fatal(err)
+						}
+						inBatch[k] = nil
+						continue
+					}
+					r := rec("acme", k, ts+idemkv.Timestamp(rng.IntN(5)))
+					r.Fence = uint64(round)
+					if err := b.PutRecord(r); err != nil {
+						t.Fatal(err)
+					}
+					inBatch[k] = r
+				}
+				if rng.IntN(5) == 0 {
+					// A discarded batch changes nothing, cached or not.
+					if err := b.Close(); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					if err := b.Commit(); err != nil {
+						t.Fatal(err)
+					}
+					for k, r := range inBatch {
+						committed[k] = r
+					}
+				}
+				for _, k := range keys {
+					got, err := s.Record("acme", k)
+					if err != nil {
+						t.Fatal(err)
+					}
+					check(fmt.Sprintf("round %d: store read of %s", round, k), got, committed[k])
+					direct, err := getRecord(s.db, "acme", k)
+					if err != nil {
+						t.Fatal(err)
+					}
+					check(fmt.Sprintf("round %d: Pebble read of %s", round, k), direct, committed[k])
+				}
+			}
+			if err := s.CheckExpiryIndex(); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(s.recent.vals); n > capacity {
+				t.Fatalf("cache holds %d records, capacity %d", n, capacity)
+			}
+		})
+	}
+}
+
+// TestRestoreForgetsRecentRecords: a restore replaces the store underneath the cache;
+// a record cached before it must not come back.
+func TestRestoreForgetsRecentRecords(t *testing.T) {
+	src := openStore(t, t.TempDir())
+	b := src.NewBatch()
+	if err := b.PutRecord(rec("acme", "kept", ts)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SetApplied(7, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var stream bytes.Buffer
+	snap := src.NewSnapshot()
+	if _, err := snap.WriteTo(&stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	dst := openStore(t, t.TempDir())
+	b = dst.NewBatch()
+	if err := b.PutRecord(rec("acme", "gone", ts)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := dst.Record("acme", "gone"); r == nil {
+		t.Fatal("record not readable before the restore")
+	}
+	if _, ok := dst.recent.get(recordKey("acme", "gone")); !ok {
+		t.Fatal("a committed record is not among the recent records")
+	}
+	if err := dst.Restore(&stream); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := dst.Record("acme", "gone"); err != nil || r != nil {
+		t.Fatalf("record from before the restore: %+v, %v", r, err)
+	}
+	if r, err := dst.Record("acme", "kept"); err != nil || r == nil {
+		t.Fatalf("restored record: %+v, %v", r, err)
+	}
+}
