@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -138,6 +139,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	tuneGC(logger)
 	ln, err := net.Listen("tcp", o.httpAddr)
 	if err != nil {
 		return fmt.Errorf("listen for the API: %w", err)
@@ -303,4 +305,19 @@ func withPprof(next http.Handler) http.Handler {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.Handle("/", next)
 	return mux
+}
+
+// serveGCPercent is the garbage collector's target when GOGC is not set. A node's
+// heap is mostly short-lived request garbage; collecting at 4× the live heap instead
+// of 2× cut the CPU a 3-node cluster spends per new operation enough to raise its
+// throughput about 7% at 64 clients (bench/README.md), for a heap that peaks at a few
+// hundred MiB. GOGC and GOMEMLIMIT still override it.
+const serveGCPercent = 400
+
+func tuneGC(logger *slog.Logger) {
+	if _, set := os.LookupEnv("GOGC"); set {
+		return
+	}
+	debug.SetGCPercent(serveGCPercent)
+	logger.Debug("garbage collector target set", "gogc", serveGCPercent)
 }
