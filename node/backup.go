@@ -116,7 +116,7 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 		}
 	}()
 	logger := cfg.Logger.With("node", cfg.ID)
-	st, err := storage.Open(filepath.Join(cfg.DataDir, "pebble"), logger)
+	st, err := storage.OpenWith(filepath.Join(cfg.DataDir, "pebble"), logger, storage.Options{CacheBytes: cfg.CacheBytes})
 	if err != nil {
 		return nil, err
 	}

@@ -54,9 +54,11 @@ type Config struct {
 	// and ClientCAs for mutual TLS.
 	RaftTLS *tls.Config
 
-	Limits  idemkv.Limits
-	Logger  *slog.Logger
-	Metrics *metrics.Metrics
+	Limits idemkv.Limits
+	// CacheBytes sizes Pebble's block cache (default storage.DefaultCacheBytes).
+	CacheBytes int64
+	Logger     *slog.Logger
+	Metrics    *metrics.Metrics
 
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
@@ -212,7 +214,7 @@ func Open(cfg Config) (*Node, error) {
 
 func (n *Node) open() error {
 	var err error
-	if n.store, err = storage.Open(filepath.Join(n.cfg.DataDir, "pebble"), n.log); err != nil {
+	if n.store, err = storage.OpenWith(filepath.Join(n.cfg.DataDir, "pebble"), n.log, storage.Options{CacheBytes: n.cfg.CacheBytes}); err != nil {
 		return err
 	}
 	if n.fsm, err = fsm.New(n.store, n.metrics, n.log); err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/idemkv/idemkv/expiry"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/node"
+	"github.com/idemkv/idemkv/storage"
 	"github.com/idemkv/idemkv/telemetry"
 )
 
@@ -35,6 +36,7 @@ type serveOptions struct {
 	logLevel      string
 	logFormat     string
 	pprof         bool
+	cacheMB       int64
 	shutdownGrace time.Duration
 	limits        idemkv.Limits
 	extra         serveExtras
@@ -79,6 +81,7 @@ asks the cluster to add it and retries until it is in.
 	f.Uint64Var(&o.node.SnapshotThreshold, "snapshot-threshold", o.node.SnapshotThreshold, "log entries between snapshots")
 	f.DurationVar(&o.node.SnapshotInterval, "snapshot-interval", o.node.SnapshotInterval, "how often to check whether to snapshot")
 	f.Uint64Var(&o.node.TrailingLogs, "trailing-logs", o.node.TrailingLogs, "log entries kept after a snapshot")
+	f.Int64Var(&o.cacheMB, "cache-mb", storage.DefaultCacheBytes>>20, "MiB of Pebble block cache for the stored records' index, filter and data blocks")
 	f.DurationVar(&o.node.ApplyTimeout, "apply-timeout", o.node.ApplyTimeout, "longest a write waits for replication when the client set no deadline")
 
 	f.IntVar(&o.limits.MaxPayloadBytes, "max-payload-bytes", o.limits.MaxPayloadBytes, "largest result + error details stored per record")
@@ -132,6 +135,10 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if err := o.limits.Validate(); err != nil {
 		return err
 	}
+	if o.cacheMB < 1 {
+		return fmt.Errorf("--cache-mb must be at least 1, not %d", o.cacheMB)
+	}
+	o.node.CacheBytes = o.cacheMB << 20
 	if sh := o.node.Sweep.Share; sh <= 0 || sh > 1 {
 		return fmt.Errorf("--sweep-share must be in (0, 1], not %g", sh)
 	}
