@@ -138,5 +138,9 @@ func Annotate(ctx context.Context, attrs ...attribute.KeyValue) {
 
 // AnnotateReserve puts a reserve and its decision on the span in ctx.
 func AnnotateReserve(ctx context.Context, req *idemkv.ReserveRequest, res *idemkv.ReserveResult) {
-	Annotate(ctx, semconv.ReserveAttributes(req, res)...)
+	// Building the attributes costs allocations on every reserve; skip it when nothing
+	// records them (no exporter configured, or the span was not sampled).
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(semconv.ReserveAttributes(req, res)...)
+	}
 }
