@@ -37,11 +37,12 @@ const (
 )
 
 // DefaultCacheBytes is the block cache of a store opened without Options.CacheBytes.
-// A reserve of a new key looks its key up in every level of the tree; with ten million
-// records (about 2.4 GB) their filter and index blocks alone outgrow 32 MiB, and with a
-// 32 MiB cache reserve p99 rose 24% from 10 thousand to 10 million records against 5% with
-// 256 MiB (bench/README.md). The cache fills only as blocks are read, so a small store
-// never uses it all.
+// A reserve of a new key looks the key up in every level of the tree, through its
+// filter and index blocks; a store of millions of records has more of those than the
+// 32 MiB this used to be. The cache fills only as blocks are read, so a small store
+// never uses it all. (Measured: reserve p99 at 10 million records against 10 thousand,
+// +24% with 32 MiB in one run, +5% and +24% with 256 MiB in two: within this
+// machine's run-to-run noise; see bench/README.md.)
 const DefaultCacheBytes = 256 << 20
 
 // Options tunes a store.
