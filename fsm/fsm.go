@@ -325,6 +325,34 @@ func sweep(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more b
 	return swept, more, nil
 }
 
+// SkipTo records index (of term) as applied when it is ahead of the applied index,
+// for log entries that never reach the state machine. Raft hands it only commands
+// and configurations; the no-op and barrier entries a new leader appends are counted
+// in Raft's applied index, and so in the index of a snapshot taken right after them.
+// The caller must know that no entry up to index changes the state.
+func (f *FSM) SkipTo(index, term uint64) error {
+	f.mu.RLock()
+	applied := f.applied
+	f.mu.RUnlock()
+	if index <= applied {
+		return nil
+	}
+	b := f.st.NewBatch()
+	defer b.Close()
+	if err := b.SetApplied(index, term); err != nil {
+		return fmt.Errorf("fsm: skip to %d: %w", index, err)
+	}
+	if err := b.Commit(); err != nil {
+		return fmt.Errorf("fsm: skip to %d: %w", index, err)
+	}
+	f.mu.Lock()
+	f.applied, f.term = index, term
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
+	return nil
+}
+
 // AppliedIndex is the last log index whose effects are stored.
 func (f *FSM) AppliedIndex() uint64 {
 	f.mu.RLock()

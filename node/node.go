@@ -321,10 +321,25 @@ func (n *Node) restoreIfBehind(snaps raft.SnapshotStore) error {
 	if err := n.fsm.Restore(rc); err != nil {
 		return fmt.Errorf("node: restore snapshot %s: %w", meta.ID, err)
 	}
-	if got := n.fsm.AppliedIndex(); got < meta.Index {
-		return fmt.Errorf("node: snapshot %s restored to applied index %d, want %d", meta.ID, got, meta.Index)
+	got := n.fsm.AppliedIndex()
+	if got >= meta.Index {
+		return nil
 	}
-	return nil
+	// Raft's snapshot index counts the no-op and barrier entries that never reach the
+	// state machine, so a snapshot taken right after a leader change is labelled past
+	// the last command it holds. That is the only way the two may differ: where the
+	// log still holds the entries in between, check that they are such entries.
+	var l raft.Log
+	for i := got + 1; i <= meta.Index; i++ {
+		if err := n.logs.GetLog(i, &l); err != nil {
+			continue // compacted into the snapshot
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return fmt.Errorf("node: snapshot %s restored to applied index %d, but entry %d (%s) up to its index %d is missing from it",
+				meta.ID, got, i, l.Type, meta.Index)
+		}
+	}
+	return n.fsm.SkipTo(meta.Index, meta.Term)
 }
 
 // Close stops the node. A leader first hands leadership to another voter, so the
