@@ -25,9 +25,16 @@ type recentRecords struct {
 	next int
 }
 
-// recentCapacity bounds the records held (about 200 bytes each with their key); a
-// variable so tests can make eviction happen all the time.
-var recentCapacity = 1 << 16
+// recentCapacity bounds the records held; a variable so tests can make eviction
+// happen all the time. With recentMaxValue it bounds the cache at 64 MiB even when
+// every record carries a large result; typical records are about 200 bytes, so it is
+// usually a few MiB. Reserve-to-commit takes milliseconds, so a few thousand records
+// cover every operation in flight at thousands per second.
+var recentCapacity = 1 << 14
+
+// recentMaxValue is the largest stored value held; bigger records (results near the
+// 64 KiB limit) are read from Pebble every time.
+const recentMaxValue = 4 << 10
 
 func newRecentRecords(capacity int) *recentRecords {
 	return &recentRecords{vals: make(map[string][]byte, capacity), ring: make([]string, capacity)}
@@ -44,6 +51,9 @@ func (c *recentRecords) get(k []byte) ([]byte, bool) {
 
 // put holds v (which the cache now owns) as the value of record key k.
 func (c *recentRecords) put(k string, v []byte) {
+	if len(v) > recentMaxValue {
+		return
+	}
 	c.mu.Lock()
 	c.putLocked(k, v)
 	c.mu.Unlock()
@@ -70,9 +80,10 @@ func (c *recentRecords) update(writes map[string][]byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for k, v := range writes {
-		if v == nil {
-			// The ring keeps the key until its slot comes round; the slot then
-			// deletes nothing or, if k was held again since, the newer copy (early).
+		if v == nil || len(v) > recentMaxValue {
+			// Deleted, or too big to hold: forget any older copy. The ring keeps
+			// the key until its slot comes round; the slot then deletes nothing or,
+			// if k was held again since, the newer copy (early).
 			delete(c.vals, k)
 			continue
 		}

@@ -2,9 +2,11 @@ package storage
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/idemkv/idemkv"
@@ -53,6 +55,12 @@ func TestRecentRecordsAgreeWithPebble(t *testing.T) {
 					}
 					r := rec("acme", k, ts+idemkv.Timestamp(rng.IntN(5)))
 					r.Fence = uint64(round)
+					if rng.IntN(5) == 0 {
+						// Too big for the cache: always read from Pebble.
+						r.Status = idemkv.StatusCommitted
+						r.Receipt = &idemkv.StoredReceipt{RemoteSystem: "s", RemoteID: k, CommittedAt: ts,
+							Result: json.RawMessage(`"` + strings.Repeat("x", recentMaxValue) + `"`)}
+					}
 					if err := b.PutRecord(r); err != nil {
 						t.Fatal(err)
 					}
@@ -89,6 +97,11 @@ func TestRecentRecordsAgreeWithPebble(t *testing.T) {
 			}
 			if n := len(s.recent.vals); n > capacity {
 				t.Fatalf("cache holds %d records, capacity %d", n, capacity)
+			}
+			for k, v := range s.recent.vals {
+				if len(v) > recentMaxValue {
+					t.Fatalf("cache holds %q with a %d-byte value, more than %d", k, len(v), recentMaxValue)
+				}
 			}
 		})
 	}
