@@ -127,7 +127,7 @@ func New(cfg Config) *Server {
 	s.routes()
 	var h http.Handler = http.HandlerFunc(s.serve)
 	if cfg.Middleware != nil {
-		h = cfg.Middleware(h)
+		h = s.countAnsweredBefore(cfg.Middleware(h))
 	}
 	s.handler = h
 	return s

@@ -268,3 +268,45 @@ func TestBackupNeedsAdmin(t *testing.T) {
 		t.Fatalf("caller asked %q", q)
 	}
 }
+
+// TestRequestsAnsweredByTheMiddlewareAreTimed: a 401 from the authentication in front
+// of the API never reaches an endpoint, and must still be in the request metric,
+// under the endpoint it was for, so that a client with a bad token shows up on the
+// dashboard. A request that does reach an endpoint is counted there, once.
+func TestRequestsAnsweredByTheMiddlewareAreTimed(t *testing.T) {
+	fake := &FakeStore{
+		ReserveFunc: func(_ context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+			return &idemkv.ReserveResult{Decision: idemkv.DecisionExecute, Fence: 1, Record: pendingRecord(req.Key)}, nil
+		},
+	}
+	n := startNode(t, fake, func(cfg *api.Config) {
+		inner := cfg.Middleware
+		cfg.Middleware = func(next http.Handler) http.Handler {
+			h := inner(next)
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Authorization") == "" {
+					w.WriteHeader(http.StatusUnauthorized)
+					return
+				}
+				h.ServeHTTP(w, r)
+			})
+		}
+	})
+	auth := map[string]string{"Authorization": "Bearer t"}
+	do(t, http.MethodPost, n.url+"/v1/reserve", validReserve(), nil)
+	do(t, http.MethodPost, n.url+"/v1/reserve", validReserve(), nil)
+	do(t, http.MethodGet, n.url+"/v1/nowhere", nil, nil)
+	do(t, http.MethodPost, n.url+"/v1/reserve", validReserve(), auth).object(t, http.StatusOK)
+	for _, c := range []struct {
+		endpoint, code string
+		want           uint64
+	}{
+		{"POST /v1/reserve", "401", 2},
+		{"unmatched", "401", 1},
+		{"POST /v1/reserve", "200", 1},
+	} {
+		if got := n.requestCount(t, c.endpoint, c.code); got != c.want {
+			t.Errorf("%s %s: counted %d, want %d", c.endpoint, c.code, got, c.want)
+		}
+	}
+}
