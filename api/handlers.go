@@ -56,9 +56,7 @@ func (s *Server) routes() {
 // never carries a tenant or a key.
 func (s *Server) handle(pattern string, h http.Handler) {
 	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if reached, ok := r.Context().Value(reachedKey{}).(*bool); ok {
-			*reached = true
-		}
+		markReached(w)
 		start := time.Now()
 		sw := &httpx.StatusWriter{ResponseWriter: w}
 		if s.allowRoute(sw, r, pattern) {
@@ -68,9 +66,28 @@ func (s *Server) handle(pattern string, h http.Handler) {
 	}))
 }
 
-// reachedKey marks, in a request's context, whether the request got as far as an
-// endpoint (and so was counted there).
-type reachedKey struct{}
+// reachWriter is the writer countAnsweredBefore hands the middleware: the endpoint
+// that gets the request marks it, through whatever writers the middleware wrapped
+// around it, so that a request is timed once, by the endpoint or else here.
+type reachWriter struct {
+	httpx.StatusWriter
+	reached bool
+}
+
+// markReached marks the reachWriter under w, if there is one.
+func markReached(w http.ResponseWriter) {
+	for {
+		if rw, ok := w.(*reachWriter); ok {
+			rw.reached = true
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
+}
 
 // countAnsweredBefore times, under the endpoint they were for, the requests that the
 // middleware answered itself (a 401 for a missing or unknown token, say), which never
@@ -78,17 +95,16 @@ type reachedKey struct{}
 func (s *Server) countAnsweredBefore(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		reached := false
-		sw := &httpx.StatusWriter{ResponseWriter: w}
-		h.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), reachedKey{}, &reached)))
-		if reached {
+		rw := &reachWriter{StatusWriter: httpx.StatusWriter{ResponseWriter: w}}
+		h.ServeHTTP(rw, r)
+		if rw.reached {
 			return
 		}
 		_, pattern := s.mux.Handler(r)
 		if pattern == "" {
 			pattern = "unmatched"
 		}
-		s.metrics.Requests.WithLabelValues(pattern, strconv.Itoa(sw.Status())).Observe(time.Since(start).Seconds())
+		s.metrics.Requests.WithLabelValues(pattern, strconv.Itoa(rw.Status())).Observe(time.Since(start).Seconds())
 	})
 }
 
