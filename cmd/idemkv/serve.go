@@ -317,7 +317,7 @@ func withPprof(next http.Handler) http.Handler {
 // serveGCPercent is the garbage collector's target when GOGC is not set. A node's
 // heap is mostly short-lived request garbage; collecting at 4× the live heap instead
 // of 2× cut the CPU a 3-node cluster spends per new operation enough to raise its
-// throughput about 7% at 64 clients (bench/README.md), for a heap that peaks at a few
+// throughput 7–15% at 64 clients (bench/README.md), for a heap that peaks at a few
 // hundred MiB. GOGC and GOMEMLIMIT still override it.
 const serveGCPercent = 400
 
