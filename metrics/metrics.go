@@ -121,7 +121,7 @@ var (
 	descLastContact = prometheus.NewDesc(namespace+"_raft_last_contact_seconds",
 		"Time since this node last heard from the leader (0 on the leader; absent if never).", nil, nil)
 	descRecords = prometheus.NewDesc(namespace+"_records_stored",
-		"Records stored, expired but not yet swept ones included (counted up to one million).", nil, nil)
+		"Records stored, expired but not yet swept ones included.", nil, nil)
 )
 
 // RegisterNode adds the figures of a running node to the registry, read from stats on

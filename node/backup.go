@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -141,10 +140,7 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	if err := setCurrentTerm(cfg.DataDir, term); err != nil {
 		return nil, err
 	}
-	records, _, err := st.Overdue(idemkv.Timestamp(math.MaxInt64), math.MaxInt)
-	if err != nil {
-		return nil, fmt.Errorf("node: restore: count records: %w", err)
-	}
+	records := int(st.RecordCount())
 	logger.Info("restored a backup", "index", index, "term", term, "records", records, "raft_addr", advertise)
 	return &RestoreInfo{Index: index, Term: term, Records: records}, nil
 }

@@ -17,6 +17,7 @@ import (
 //	m/applied                                    applied index + term (16 bytes)
 //	m/clock                                      state machine clock (8 bytes)
 //	m/swept                                      expiry key of the last entry swept
+//	m/records                                    number of records (8 bytes), kept in step by batches
 //	n/<id>                                       replicated node metadata
 const (
 	prefixRecord = "r/"
@@ -28,6 +29,7 @@ var (
 	keyApplied = []byte("m/applied")
 	keyClock   = []byte("m/clock")
 	keySwept   = []byte("m/swept")
+	keyRecords = []byte("m/records")
 )
 
 func recordKey(tenant, key string) []byte {

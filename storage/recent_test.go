@@ -95,6 +95,15 @@ func TestRecentRecordsAgreeWithPebble(t *testing.T) {
 			if err := s.CheckExpiryIndex(); err != nil {
 				t.Fatal(err)
 			}
+			live := 0
+			for _, r := range committed {
+				if r != nil {
+					live++
+				}
+			}
+			if got := s.RecordCount(); got != int64(live) {
+				t.Fatalf("record count %d, want %d", got, live)
+			}
 			if n := len(s.recent.vals); n > capacity {
 				t.Fatalf("cache holds %d records, capacity %d", n, capacity)
 			}
@@ -119,6 +128,10 @@ func TestRestoreForgetsRecentRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// A stream from a store that kept no record count, as older versions wrote.
+	if err := src.db.Delete(keyRecords, nil); err != nil {
 		t.Fatal(err)
 	}
 	var stream bytes.Buffer
@@ -152,5 +165,63 @@ func TestRestoreForgetsRecentRecords(t *testing.T) {
 	}
 	if r, err := dst.Record("acme", "kept"); err != nil || r == nil {
 		t.Fatalf("restored record: %+v, %v", r, err)
+	}
+	if got := dst.RecordCount(); got != 1 {
+		t.Fatalf("record count after the restore %d, want 1", got)
+	}
+	if err := dst.CheckExpiryIndex(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRecordCountSurvivesReopenAndIsRebuiltWhenMissing: the count is stored with the
+// records, and a store that has none (written before it was kept) is counted at open.
+func TestRecordCountSurvivesReopenAndIsRebuiltWhenMissing(t *testing.T) {
+	dir := t.TempDir()
+	s, closeNow := openClosable(t, dir)
+	if got := s.RecordCount(); got != 0 {
+		t.Fatalf("empty store counts %d", got)
+	}
+	b := s.NewBatch()
+	for i := range 5 {
+		if err := b.PutRecord(rec("acme", fmt.Sprint("k", i), ts)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.PutRecord(rec("acme", "k0", ts+1)); err != nil { // an update, not a new record
+		t.Fatal(err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b = s.NewBatch()
+	if _, err := b.DeleteRecord("acme", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.DeleteRecord("acme", "never"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.RecordCount(); got != 4 {
+		t.Fatalf("count %d, want 4", got)
+	}
+	closeNow()
+
+	s, closeNow = openClosable(t, dir)
+	if got := s.RecordCount(); got != 4 {
+		t.Fatalf("count after reopening %d, want 4", got)
+	}
+	if err := s.db.Delete(keyRecords, nil); err != nil {
+		t.Fatal(err)
+	}
+	closeNow()
+	s = openStore(t, dir)
+	if got := s.RecordCount(); got != 4 {
+		t.Fatalf("count rebuilt at open %d, want 4", got)
+	}
+	if err := s.CheckExpiryIndex(); err != nil {
+		t.Fatal(err)
 	}
 }

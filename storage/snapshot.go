@@ -119,7 +119,11 @@ func (s *Store) Restore(r io.Reader) error {
 	s.recent.clear()
 	defer s.recent.clear()
 	if err := s.restore(r); err != nil {
-		if werr := s.wipe(); werr != nil {
+		werr := s.wipe()
+		if werr == nil {
+			werr = s.loadRecordCount() // an empty store still has its count
+		}
+		if werr != nil {
 			s.logger.Error("wiping after a failed restore", logKeyErr, werr)
 			err = errors.Join(err, werr)
 		}
@@ -132,6 +136,7 @@ func (s *Store) wipe() error {
 	if err := s.db.DeleteRange([]byte{0x00}, []byte{0xff, 0xff, 0xff, 0xff}, pebble.Sync); err != nil {
 		return fmt.Errorf("storage: wipe: %w", err)
 	}
+	s.records.Store(0)
 	return nil
 }
 
@@ -210,7 +215,9 @@ func (s *Store) restore(r io.Reader) error {
 		return fmt.Errorf("storage: restore: %w", err)
 	}
 	s.logger.Info("snapshot restored", logKeyKeys, count)
-	return nil
+	// The stream carries the count when its store kept one; one that did not is
+	// counted now.
+	return s.loadRecordCount()
 }
 
 // snapReader reads the stream and checksums what it reads; the first error sticks.

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -26,6 +27,8 @@ type Store struct {
 	db     *pebble.DB
 	logger *slog.Logger
 	recent *recentRecords
+	// records is the number of stored records, as m/records holds it.
+	records atomic.Int64
 }
 
 // Log attribute keys.
@@ -87,7 +90,57 @@ func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 		return nil, fmt.Errorf("storage: open %s: %w", dir, err)
 	}
 	logger.Debug("opened", logKeyDir, dir)
-	return &Store{db: db, logger: logger, recent: newRecentRecords(recentCapacity)}, nil
+	s := &Store{db: db, logger: logger, recent: newRecentRecords(recentCapacity)}
+	if err := s.loadRecordCount(); err != nil {
+		return nil, errors.Join(err, db.Close())
+	}
+	return s, nil
+}
+
+// RecordCount is the number of stored records, expired but not yet swept ones
+// included. It costs nothing: batches keep it in step with the records they write.
+func (s *Store) RecordCount() int64 { return s.records.Load() }
+
+// loadRecordCount reads the stored record count, or counts the records once and
+// stores the count when there is none (a store written before it was kept, or a
+// snapshot stream from one).
+func (s *Store) loadRecordCount() error {
+	v, err := getValue(s.db, keyRecords)
+	if err != nil {
+		return err
+	}
+	if len(v) == 8 {
+		s.records.Store(int64(binary.BigEndian.Uint64(v)))
+		return nil
+	}
+	if v != nil {
+		return fmt.Errorf("%w: record count of %d bytes", ErrCorrupt, len(v))
+	}
+	n, err := s.countRecords(s.db)
+	if err != nil {
+		return err
+	}
+	if err := s.db.Set(keyRecords, binary.BigEndian.AppendUint64(nil, uint64(n)), pebble.Sync); err != nil {
+		return fmt.Errorf("storage: store the record count: %w", err)
+	}
+	s.records.Store(n)
+	s.logger.Info("counted the stored records", logKeyKeys, n)
+	return nil
+}
+
+func (s *Store) countRecords(r pebble.Reader) (int64, error) {
+	it, err := r.NewIter(prefixIter(prefixRecord))
+	if err != nil {
+		return 0, fmt.Errorf("storage: count records: %w", err)
+	}
+	var n int64
+	for it.First(); it.Valid(); it.Next() {
+		n++
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return 0, fmt.Errorf("storage: count records: %w", err)
+	}
+	return n, nil
 }
 
 // Close closes the database. Writes committed without sync that were not made durable
@@ -275,6 +328,11 @@ func (s *Store) CheckExpiryIndex() error {
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return err
 	}
+	if v, err := getValue(snap, keyRecords); err != nil {
+		return err
+	} else if len(v) != 8 || binary.BigEndian.Uint64(v) != uint64(records) {
+		return fmt.Errorf("%w: %d records stored, the stored record count is %x", ErrCorrupt, records, v)
+	}
 	entries := 0
 	it, err = snap.NewIter(prefixIter(prefixExpiry))
 	if err != nil {
@@ -330,6 +388,8 @@ type Batch struct {
 	// writes holds the value of every record this batch put (nil: deleted), for
 	// reads later in the batch and, once committed, for the store's recent records.
 	writes map[string][]byte
+	// added is how many records this batch created less how many it deleted.
+	added int64
 }
 
 type knownExpiry struct {
@@ -418,6 +478,9 @@ func (b *Batch) PutRecord(rec *idemkv.Record) error {
 			return err
 		}
 	}
+	if !old.present {
+		b.added++
+	}
 	b.expiry[string(k)] = knownExpiry{at: rec.ExpiresAt, present: true}
 	return nil
 }
@@ -435,6 +498,7 @@ func (b *Batch) DeleteRecord(tenant, key string) (bool, error) {
 	}
 	b.expiry[string(k)] = knownExpiry{}
 	b.writes[string(k)] = nil
+	b.added--
 	return true, b.b.Delete(k, nil)
 }
 
@@ -490,9 +554,17 @@ func (b *Batch) DeleteNode(id string) error { return b.b.Delete(nodeKey(id), nil
 
 // Commit writes the batch atomically without syncing (see Store.Sync) and releases it.
 func (b *Batch) Commit() error {
+	// The state machine is the only writer, so the count read here is current.
+	count := b.s.records.Load() + b.added
+	if b.added != 0 {
+		if err := b.b.Set(keyRecords, binary.BigEndian.AppendUint64(nil, uint64(count)), nil); err != nil {
+			return fmt.Errorf("storage: commit: %w", err)
+		}
+	}
 	if err := b.b.Commit(pebble.NoSync); err != nil {
 		return fmt.Errorf("storage: commit: %w", err)
 	}
+	b.s.records.Store(count)
 	b.s.recent.update(b.writes)
 	return b.Close()
 }
