@@ -27,12 +27,10 @@ func (f runnerFunc) Do(ctx context.Context, op client.Op, fn client.Func) (*clie
 
 var _ mcpgw.Runner = runnerFunc(nil)
 
-// inProcess is a gateway in front of an in-process upstream, both on in-memory
-// transports, for checking what the gateway hands to idemkv and to the upstream.
-func inProcess(t *testing.T, upstream *mcp.Server, runner mcpgw.Runner, policy string, tp *sdktrace.TracerProvider) *mcp.ClientSession {
+// inMemoryUpstream connects the gateway's upstream side to upstream over in-memory
+// transports; every session it opens is closed in t's cleanup.
+func inMemoryUpstream(ctx context.Context, t *testing.T, upstream *mcp.Server) *mcpgw.Upstream {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
 	var (
 		mu       sync.Mutex
 		sessions []*mcp.ServerSession
@@ -56,6 +54,16 @@ func inProcess(t *testing.T, upstream *mcp.Server, runner mcpgw.Runner, policy s
 			_ = s.Close()
 		}
 	})
+	return up
+}
+
+// inProcess is a gateway in front of an in-process upstream, both on in-memory
+// transports, for checking what the gateway hands to idemkv and to the upstream.
+func inProcess(t *testing.T, upstream *mcp.Server, runner mcpgw.Runner, policy string, tp *sdktrace.TracerProvider) *mcp.ClientSession {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	up := inMemoryUpstream(ctx, t, upstream)
 	p, err := mcpgw.ParsePolicy([]byte(policy))
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,29 +36,7 @@ func TestToolListFollowsUpstream(t *testing.T) {
 	upstream := mcp.NewServer(&mcp.Implementation{Name: "inproc"}, nil)
 	mcp.AddTool(upstream, &mcp.Tool{Name: "a", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, noop)
 
-	var (
-		mu       sync.Mutex
-		sessions []*mcp.ServerSession
-	)
-	up := mcpgw.NewUpstream(func() mcp.Transport {
-		c, s := mcp.NewInMemoryTransports()
-		ss, err := upstream.Connect(ctx, s, nil)
-		if err != nil {
-			t.Errorf("upstream connect: %v", err)
-		}
-		mu.Lock()
-		sessions = append(sessions, ss)
-		mu.Unlock()
-		return c
-	}, &mcp.Implementation{Name: "gw"}, testLogger(t, "upstream: "))
-	t.Cleanup(func() {
-		_ = up.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, s := range sessions {
-			_ = s.Close()
-		}
-	})
+	up := inMemoryUpstream(ctx, t, upstream)
 	cfg := mcpgw.DefaultConfig()
 	cfg.Upstream, cfg.Runner, cfg.Logger = up, failRunner{t}, testLogger(t, "gateway: ")
 	gw, err := mcpgw.New(ctx, cfg)
