@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testcluster"
 )
 
 // compose finds Docker Compose: the v2 plugin or the v1 command.
@@ -107,16 +108,8 @@ func (c *clusterClient) json(service, method, path string, body, out any) error 
 
 func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
-		}
-		time.Sleep(250 * time.Millisecond)
+	if err := testcluster.Eventually(timeout, f); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 

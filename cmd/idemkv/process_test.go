@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/freeport"
+	"github.com/idemkv/idemkv/internal/testcluster"
 )
 
 // The tests in this file run the real binary as separate processes and kill them with
@@ -97,16 +98,8 @@ func (p *proc) kill() {
 
 func waitFor(t *testing.T, timeout time.Duration, what string, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := testcluster.Eventually(timeout, f); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 
