@@ -308,12 +308,20 @@ func (n *Node) restoreIfBehind(snaps raft.SnapshotStore) error {
 	if err != nil {
 		return fmt.Errorf("node: list snapshots: %w", err)
 	}
-	if len(list) == 0 || list[0].Index <= n.fsm.AppliedIndex() {
+	applied := n.fsm.AppliedIndex()
+	if len(list) == 0 || list[0].Index <= applied {
 		return nil
 	}
 	meta := list[0]
+	// Raft's snapshot index counts the no-op and barrier entries that never reach the
+	// state machine, so a snapshot taken right after a leader change is labelled past
+	// the last command it holds. When the log shows that only such entries lie
+	// between, the stored state already is the snapshot's: no restore needed.
+	if stateAt, complete := n.stateEntryIn(applied, meta.Index); complete && stateAt == 0 {
+		return n.fsm.SkipTo(meta.Index, meta.Term)
+	}
 	n.log.Warn("state machine is behind the newest snapshot; restoring it",
-		"applied_index", n.fsm.AppliedIndex(), "snapshot_index", meta.Index)
+		"applied_index", applied, "snapshot_index", meta.Index)
 	_, rc, err := snaps.Open(meta.ID)
 	if err != nil {
 		return fmt.Errorf("node: open snapshot %s: %w", meta.ID, err)
@@ -325,21 +333,30 @@ func (n *Node) restoreIfBehind(snaps raft.SnapshotStore) error {
 	if got >= meta.Index {
 		return nil
 	}
-	// Raft's snapshot index counts the no-op and barrier entries that never reach the
-	// state machine, so a snapshot taken right after a leader change is labelled past
-	// the last command it holds. That is the only way the two may differ: where the
-	// log still holds the entries in between, check that they are such entries.
-	var l raft.Log
-	for i := got + 1; i <= meta.Index; i++ {
-		if err := n.logs.GetLog(i, &l); err != nil {
-			continue // compacted into the snapshot
-		}
-		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
-			return fmt.Errorf("node: snapshot %s restored to applied index %d, but entry %d (%s) up to its index %d is missing from it",
-				meta.ID, got, i, l.Type, meta.Index)
-		}
+	// The same labelling: what the log still holds between must change no state.
+	if stateAt, _ := n.stateEntryIn(got, meta.Index); stateAt != 0 {
+		return fmt.Errorf("node: snapshot %s restored to applied index %d, but entry %d up to its index %d is missing from it",
+			meta.ID, got, stateAt, meta.Index)
 	}
 	return n.fsm.SkipTo(meta.Index, meta.Term)
+}
+
+// stateEntryIn looks at the log entries in (from, to]: stateAt is the first that
+// reaches the state machine (a command or a configuration; 0 if none is held), and
+// complete says whether the log still holds every one of them.
+func (n *Node) stateEntryIn(from, to uint64) (stateAt uint64, complete bool) {
+	complete = true
+	var l raft.Log
+	for i := from + 1; i <= to; i++ {
+		if err := n.logs.GetLog(i, &l); err != nil {
+			complete = false // compacted into a snapshot
+			continue
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return i, complete
+		}
+	}
+	return 0, complete
 }
 
 // Close stops the node. A leader first hands leadership to another voter, so the

@@ -330,16 +330,8 @@ func (n *Node) caughtUp(index uint64) bool {
 	if n.raft.AppliedIndex() < index || index-applied > maxGap {
 		return false
 	}
-	var l raft.Log
-	for i := applied + 1; i <= index; i++ {
-		if err := n.logs.GetLog(i, &l); err != nil {
-			return false
-		}
-		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
-			return false
-		}
-	}
-	return true
+	stateAt, complete := n.stateEntryIn(applied, index)
+	return complete && stateAt == 0
 }
 
 func newAttemptID() string {
