@@ -18,11 +18,17 @@ var (
 	ErrFingerprintMismatch = errors.New("idemkv: fingerprint mismatch")
 	ErrNotPending          = errors.New("idemkv: not pending")
 	ErrPayloadTooLarge     = errors.New("idemkv: payload too large")
-	// ErrUnavailable: no leader, shutting down, or the outcome of a write is unknown
-	// (a timeout or lost leadership after the command was proposed). Every write of
-	// idemkv is safe to retry, so the answer is the same: try again.
+	// ErrResourceExhausted: a per-node or per-token cap (for example on concurrent
+	// long-polls) is reached. Nothing was done; retry later.
+	ErrResourceExhausted = errors.New("idemkv: resource exhausted")
+	// ErrUnavailable: the request was certainly not applied (no leader, shutting down,
+	// not proposed). Safe to retry with anything.
 	ErrUnavailable = errors.New("idemkv: unavailable")
-	ErrInternal    = errors.New("idemkv: internal error")
+	// ErrOutcomeUnknown: a write may or may not have happened (leadership lost while
+	// replicating, a forward that timed out after sending). Retry with the same
+	// attempt_id so that the retry is recognised as the same attempt.
+	ErrOutcomeUnknown = errors.New("idemkv: outcome unknown")
+	ErrInternal       = errors.New("idemkv: internal error")
 	// ErrNotLeader: a write or linearizable read reached a follower. The API forwards
 	// such requests to the leader; if it ever escapes, it is simply unavailable.
 	ErrNotLeader = fmt.Errorf("idemkv: not the leader: %w", ErrUnavailable)
@@ -38,7 +44,9 @@ const (
 	CodeFingerprintMismatch = "fingerprint_mismatch"
 	CodeNotPending          = "not_pending"
 	CodePayloadTooLarge     = "payload_too_large"
+	CodeResourceExhausted   = "resource_exhausted"
 	CodeUnavailable         = "unavailable"
+	CodeOutcomeUnknown      = "outcome_unknown"
 	CodeInternal            = "internal"
 )
 
@@ -55,7 +63,9 @@ var codes = []struct {
 	{CodeFingerprintMismatch, ErrFingerprintMismatch, http.StatusConflict},
 	{CodeNotPending, ErrNotPending, http.StatusConflict},
 	{CodePayloadTooLarge, ErrPayloadTooLarge, http.StatusRequestEntityTooLarge},
+	{CodeResourceExhausted, ErrResourceExhausted, http.StatusTooManyRequests},
 	{CodeUnavailable, ErrUnavailable, http.StatusServiceUnavailable},
+	{CodeOutcomeUnknown, ErrOutcomeUnknown, http.StatusServiceUnavailable},
 	{CodeInternal, ErrInternal, http.StatusInternalServerError},
 }
 
