@@ -24,6 +24,12 @@ const (
 	MaxListLimit      = 1000
 )
 
+// CeilingTTL bounds every configurable TTL and lease, and the state machine caps
+// expires_at and lease_expires_at at now + CeilingTTL in every decision, whatever a
+// command carries: ten years keeps every timestamp far inside RFC 3339's four-digit
+// years, which a record past year 9999 would break for the whole tenant's listing.
+const CeilingTTL = 10 * 365 * 24 * time.Hour
+
 // Limits are the configurable bounds a node enforces. Zero fields take the defaults.
 type Limits struct {
 	// MaxPayloadBytes bounds result + error details of one record (default 64 KiB).
@@ -85,6 +91,8 @@ func (l Limits) Validate() error {
 		return fmt.Errorf("idemkv: default TTL %s outside [%s, %s]", l.DefaultTTL, l.MinTTL, l.MaxTTL)
 	case l.DefaultTTL < l.DefaultLeaseTTL:
 		return fmt.Errorf("idemkv: default TTL %s is shorter than the default lease %s", l.DefaultTTL, l.DefaultLeaseTTL)
+	case l.MaxTTL > CeilingTTL || l.MaxLeaseTTL > CeilingTTL:
+		return fmt.Errorf("idemkv: max TTL and max lease TTL must not exceed %s", CeilingTTL)
 	}
 	return nil
 }
@@ -168,12 +176,13 @@ func validFence(fence uint64) error {
 	return nil
 }
 
+// validLease compares in milliseconds: converting first would let a huge value
+// (166020696664386 ms) overflow time.Duration into a valid-looking lease.
 func validLease(ms int64, l Limits) error {
 	if ms == 0 {
 		return nil
 	}
-	d := time.Duration(ms) * time.Millisecond
-	if ms < 0 || d < l.MinLeaseTTL || d > l.MaxLeaseTTL {
+	if ms < l.MinLeaseTTL.Milliseconds() || ms > l.MaxLeaseTTL.Milliseconds() {
 		return Invalid("lease_ttl_ms", "lease_ttl_ms must be between %d and %d", l.MinLeaseTTL.Milliseconds(), l.MaxLeaseTTL.Milliseconds())
 	}
 	return nil

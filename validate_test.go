@@ -112,3 +112,23 @@ func TestErrorMapping(t *testing.T) {
 		t.Errorf("internal errors leak: %+v", e)
 	}
 }
+
+// A lease of 166020696664386 ms overflows time.Duration into about 2.4 minutes; it was
+// accepted and stored expiry dates past year 9999 (issue 13, defect 3).
+func TestLeaseMillisecondsCheckedBeforeConverting(t *testing.T) {
+	for _, ms := range []int64{166020696664386, 1 << 62, -166020696664386} {
+		hb := idemkv.HeartbeatRequest{Tenant: "acme", Key: "k", Fence: 1, LeaseTTLMs: ms}
+		if err := hb.Validate(idemkv.Limits{}); idemkv.AsError(err).Field != "lease_ttl_ms" {
+			t.Errorf("heartbeat lease_ttl_ms %d: %v", ms, err)
+		}
+		r := idemkv.ReserveRequest{Tenant: "acme", Key: "k", Tool: "t", Fingerprint: "sha256:x", LeaseTTLMs: ms}
+		if err := r.Validate(idemkv.Limits{}, 1_000_000); idemkv.AsError(err).Field != "lease_ttl_ms" {
+			t.Errorf("reserve lease_ttl_ms %d: %v", ms, err)
+		}
+	}
+	l := idemkv.DefaultLimits()
+	l.MaxTTL = idemkv.CeilingTTL + time.Millisecond
+	if err := l.Validate(); err == nil {
+		t.Error("a max TTL beyond the ceiling was accepted")
+	}
+}

@@ -49,6 +49,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 			LeaseExpiresAt: lease,
 			ExpiresAt:      max(requestedExpiry(req, now), lease),
 		}
+		capExpiry(next, now)
 		return next, granted(idemkv.DecisionExecute, next)
 	}
 	if cur.Tool != req.Tool || cur.Fingerprint != req.Fingerprint {
@@ -67,6 +68,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		next.UpdatedAt = now
 		next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+leaseTTL(req.LeaseTTLMs))
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
+		capExpiry(next, now)
 		d := idemkv.DecisionExecute
 		if cur.Attempts > 1 {
 			d = idemkv.DecisionRecover
@@ -85,6 +87,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		next.UpdatedAt = now
 		next.LeaseExpiresAt = now + leaseTTL(req.LeaseTTLMs)
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
+		capExpiry(next, now)
 		return next, granted(idemkv.DecisionRecover, next)
 	}
 }
@@ -229,5 +232,16 @@ func DecideHeartbeat(cur *idemkv.Record, req *idemkv.HeartbeatRequest, now idemk
 	next.UpdatedAt = now
 	next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+leaseTTL(req.LeaseTTLMs))
 	next.ExpiresAt = max(cur.ExpiresAt, next.LeaseExpiresAt)
+	capExpiry(next, now)
 	return next, nil
+}
+
+// capExpiry holds lease_expires_at and expires_at to now + idemkv.CeilingTTL. The
+// request was validated against the node's limits, but a command is decided on every
+// replica from whatever the log carries: an older node's, or one whose arithmetic
+// overflowed, must not store a timestamp that no longer formats as RFC 3339.
+func capExpiry(rec *idemkv.Record, now idemkv.Timestamp) {
+	ceiling := now + idemkv.Timestamp(idemkv.CeilingTTL.Milliseconds())
+	rec.LeaseExpiresAt = min(rec.LeaseExpiresAt, ceiling)
+	rec.ExpiresAt = min(rec.ExpiresAt, ceiling)
 }

@@ -83,6 +83,14 @@ func TestDecide(t *testing.T) {
 				UpdatedAt: t0 + 100, LeaseExpiresAt: t0 + 100 + lease, ExpiresAt: t0 + 100 + ttl},
 		},
 		{
+			name: "absent, expires_at beyond the ceiling: capped", cur: nil,
+			req: reserveReq(func(r *idemkv.ReserveRequest) { r.TTLMs = 0; r.ExpiresAt = 1 << 52 }), now: t0,
+			decision: idemkv.DecisionExecute, fence: index,
+			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpA, Tool: "create_ticket", Actor: "worker-2",
+				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0,
+				UpdatedAt: t0, LeaseExpiresAt: t0 + lease, ExpiresAt: t0 + idemkv.Timestamp(idemkv.CeilingTTL.Milliseconds())},
+		},
+		{
 			name: "absent with expires_at instead of ttl", cur: nil,
 			req: reserveReq(func(r *idemkv.ReserveRequest) { r.TTLMs = 0; r.ExpiresAt = t0 + 3_600_000 }), now: t0,
 			decision: idemkv.DecisionExecute, fence: index,
@@ -465,6 +473,13 @@ func TestDecideHeartbeat(t *testing.T) {
 				r.UpdatedAt = t0 + 1000
 				r.LeaseExpiresAt = t0 + 3_601_000
 				r.ExpiresAt = t0 + 3_601_000
+			})},
+		{name: "a lease beyond the ceiling is capped (defect 3 of issue 13)",
+			cur: pendingRec(), req: req(7, 166020696664386), now: t0 + 1000,
+			next: pendingRec(func(r *idemkv.Record) {
+				r.UpdatedAt = t0 + 1000
+				r.LeaseExpiresAt = t0 + 1000 + idemkv.Timestamp(idemkv.CeilingTTL.Milliseconds())
+				r.ExpiresAt = r.LeaseExpiresAt
 			})},
 		{name: "stale fence", cur: pendingRec(), req: req(6, lease), now: t0 + 1, err: idemkv.ErrFenced},
 		{name: "higher fence", cur: pendingRec(), req: req(8, lease), now: t0 + 1, err: idemkv.ErrFenced},
