@@ -2,8 +2,11 @@ package mcpgw
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -240,4 +243,77 @@ func normalize(v any) any {
 		return v
 	}
 	return out
+}
+
+// failure answers a call whose Do ended in an error.
+func (g *Gateway) failure(ctx context.Context, r *rule, c *call, err error, upstream *mcp.CallToolResult, meta []string) (*mcp.CallToolResult, error) {
+	var (
+		conflict *client.ConflictError
+		failed   *client.FailedError
+		inDoubt  *client.InDoubtError
+		probe    *probeError
+		ce       *callError
+	)
+	isFailed := errors.As(err, &failed)
+	switch {
+	case errors.As(err, &conflict):
+		return annotate(errorResult(CodeConflict, fmt.Sprintf(
+			"idemkv: the idempotency key %q was already used for a different %s; %s was not called.",
+			c.key, conflictSubject(conflict.Conflict), r.tool.Name), conflict.Conflict),
+			append(meta, MetaDecision, string(idemkv.DecisionConflict))...), nil
+	case isFailed && failed.Replayed:
+		return annotate(decodeFailure(failed.Receipt), append(meta, MetaDecision, string(idemkv.DecisionReplay))...), nil
+	case upstream != nil:
+		// The tool ran: the agent gets its answer. A stored or released failure is
+		// the expected path; anything else means idemkv could not record the
+		// outcome, and the next attempt will recover it.
+		meta = append(meta, MetaDecision, string(idemkv.DecisionExecute))
+		if !isFailed && !upstream.IsError {
+			g.log.LogAttrs(ctx, slog.LevelWarn, "the tool ran but its outcome was not stored",
+				slog.String(logKeyTool, r.tool.Name), slog.String(logKeyKey, c.key), slog.Any(logKeyErr, err))
+			meta = append(meta, MetaWarning, "the tool ran but idemkv could not store its outcome: "+err.Error())
+		}
+		return annotate(upstream, meta...), nil
+	case isFailed:
+		return annotate(decodeFailure(failed.Receipt), append(meta, MetaDecision, string(idemkv.DecisionExecute))...), nil
+	case errors.As(err, &inDoubt):
+		details := map[string]any{"status": "in_doubt", "tenant": c.tenant, "idempotency_key": c.key}
+		if inDoubt.Record != nil {
+			details["fence"] = inDoubt.Record.Fence
+			details["attempts"] = inDoubt.Record.Attempts
+		}
+		return annotate(errorResult(CodeInDoubt, fmt.Sprintf(
+			"idemkv: an earlier %s call with key %q died before it answered, and the policy names no probe to find out "+
+				"whether it took effect; it was not called again. An operator must resolve it with `idemkv commit` or `idemkv release`.",
+			r.tool.Name, c.key), details), append(meta, MetaDecision, string(idemkv.DecisionRecover))...), nil
+	case errors.As(err, &probe):
+		return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
+			"idemkv: an earlier %s call with key %q died before it answered, and the probe %s could not tell whether it took effect (%v); "+
+				"nothing was called again. Retry the same call later.", r.tool.Name, c.key, r.policy.Probe.Tool, probe.err), nil),
+			append(meta, MetaDecision, string(idemkv.DecisionRecover))...), nil
+	case errors.As(err, &ce):
+		if we, ok := rejected(ce.err); ok {
+			// The upstream refused the request (unknown tool, bad arguments): its
+			// own protocol error, as it came; the key was released.
+			return nil, we
+		}
+		if !ce.sent {
+			return annotate(errorResult(CodeUpstreamUnavailable, fmt.Sprintf(
+				"idemkv gateway: could not reach the upstream MCP server (%v); %s was not called. Retry the same call.", ce.err, r.tool.Name), nil),
+				meta...), nil
+		}
+		return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
+			"idemkv gateway: the upstream failed while %s was running (%v); whether it took effect is unknown. "+
+				"Retry the same call with the same key: idemkv will recover it without running it twice.", r.tool.Name, ce.err), nil),
+			append(meta, MetaDecision, string(idemkv.DecisionExecute))...), nil
+	case ctx.Err() != nil:
+		return nil, context.Cause(ctx)
+	case errors.Is(err, idemkv.ErrInvalidArgument):
+		return annotate(errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error()+"; "+r.tool.Name+" was not called.", nil), meta...), nil
+	case errors.Is(err, idemkv.ErrUnavailable):
+		return annotate(errorResult(CodeStoreUnavailable, "idemkv gateway: idemkv is unavailable ("+err.Error()+"); "+r.tool.Name+" was not called. Retry the same call.", nil), meta...), nil
+	}
+	g.log.LogAttrs(ctx, slog.LevelError, "tool call failed", slog.String(logKeyTool, r.tool.Name),
+		slog.String(logKeyKey, c.key), slog.Any(logKeyErr, err))
+	return annotate(errorResult(CodeInternal, "idemkv gateway: "+err.Error(), nil), meta...), nil
 }

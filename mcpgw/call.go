@@ -1,0 +1,332 @@
+package mcpgw
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/telemetry/semconv"
+)
+
+// handler serves tools/call for one tool, under a server span that continues the
+// agent's trace.
+func (g *Gateway) handler(r *rule) mcp.ToolHandler {
+	return func(ctx context.Context, req *mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
+		ctx = g.extract(ctx, req.Params.Meta)
+		ctx, span := g.tracer.Start(ctx, "tools/call "+r.tool.Name, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(
+				semconv.ToolName.String(r.tool.Name),
+				semconv.ToolSideEffect.Bool(r.class != client.ReadOnly),
+				semconv.ToolClass.String(string(r.class)),
+			))
+		defer func() {
+			switch {
+			case err != nil:
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+			case res != nil:
+				annotateSpan(span, res)
+			}
+			span.End()
+		}()
+		if r.class == client.ReadOnly {
+			return g.passThrough(ctx, req)
+		}
+		return g.mutate(ctx, r, req)
+	}
+}
+
+// annotateSpan puts what the gateway decided on its span.
+func annotateSpan(span trace.Span, res *mcp.CallToolResult) {
+	for key, attr := range map[string]attribute.Key{
+		MetaIdempotencyKey: semconv.IdempotencyKey,
+		MetaTenant:         semconv.Tenant,
+		MetaDecision:       semconv.Decision,
+		MetaFingerprint:    semconv.Fingerprint,
+	} {
+		if v, ok := res.Meta[key].(string); ok {
+			span.SetAttributes(attr.String(v))
+		}
+	}
+	if code, ok := res.Meta[MetaError].(string); ok {
+		span.SetStatus(codes.Error, code)
+	}
+}
+
+// extract continues the trace the agent sent in _meta (traceparent, tracestate,
+// baggage), so that the gateway's and idemkv's spans join it.
+func (g *Gateway) extract(ctx context.Context, meta mcp.Meta) context.Context {
+	carrier := propagation.MapCarrier{}
+	for _, k := range g.prop.Fields() {
+		if v, ok := meta[k].(string); ok {
+			carrier[k] = v
+		}
+	}
+	if len(carrier) == 0 {
+		return ctx
+	}
+	return g.prop.Extract(ctx, carrier)
+}
+
+// forward builds the upstream call: the same name and arguments, the agent's _meta
+// without the gateway's keys, and the trace context of ctx. progressToken is dropped:
+// the gateway does not relay progress notifications.
+func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage, meta mcp.Meta) *mcp.CallToolParams {
+	out := withoutOwnMeta(meta)
+	delete(out, "progressToken")
+	carrier := propagation.MapCarrier{}
+	g.prop.Inject(ctx, carrier)
+	if len(carrier) > 0 && out == nil {
+		out = mcp.Meta{}
+	}
+	for k, v := range carrier {
+		out[k] = v
+	}
+	p := &mcp.CallToolParams{Name: name, Meta: out}
+	if len(bytes.TrimSpace(args)) > 0 {
+		p.Arguments = args
+	}
+	return p
+}
+
+func (g *Gateway) passThrough(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	res, err := g.up.CallTool(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta))
+	if err == nil {
+		return res, nil
+	}
+	var we *jsonrpc.Error
+	if errors.As(err, &we) {
+		// The upstream's own protocol error, passed on as it came.
+		return nil, we
+	}
+	if ctx.Err() != nil {
+		return nil, context.Cause(ctx)
+	}
+	return errorResult(CodeUpstreamUnavailable, "idemkv gateway: the upstream MCP server failed: "+err.Error(), nil), nil
+}
+
+// call is one mutating tools/call as idemkv sees it.
+type call struct {
+	tenant string
+	key    string
+	actor  string
+	raw    json.RawMessage // the arguments as sent
+	args   any             // the arguments, decoded with json.Number
+}
+
+func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	c, refusal := g.prepare(r, req)
+	if refusal != nil {
+		return refusal, nil
+	}
+	if c.key == "" {
+		return g.passThrough(ctx, req)
+	}
+	op := client.Op{
+		Tenant: c.tenant, Key: c.key, Tool: r.tool.Name, Actor: c.actor, Class: r.class,
+		TTL: r.ttl, LeaseTTL: r.leaseTTL,
+	}
+	effect, err := effectOf(r, c)
+	if err != nil {
+		return errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil), nil
+	}
+	op.Effect, op.Drop = effect, r.policy.Volatile
+	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
+		op.Probe = g.probe(r, c, req.Params.Meta)
+	}
+
+	// upstream is the upstream's answer when the tool ran during this call: whatever
+	// idemkv then says, the agent gets what the tool did.
+	var upstream *mcp.CallToolResult
+	fn := func(ctx context.Context) (*client.Result, error) {
+		res, err := g.up.CallTool(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta))
+		if err != nil {
+			var ce *callError
+			if errors.As(err, &ce) && !ce.sent {
+				return nil, client.NotExecuted(err)
+			}
+			return nil, err
+		}
+		upstream = res
+		if res.IsError {
+			te := &toolError{res: res}
+			if r.policy.RetryableErrors {
+				return nil, client.NotExecuted(te)
+			}
+			details, _, derr := encodeResult(res, g.cfg.MaxReceiptBytes)
+			if derr != nil {
+				details = nil
+			}
+			return nil, &client.PermanentError{Code: FailureCode, Details: details, Err: te}
+		}
+		return g.receipt(r, c.key, res)
+	}
+	out, err := g.runner.Do(ctx, op, fn)
+	meta := []string{MetaIdempotencyKey, c.key, MetaTenant, c.tenant}
+	if out != nil {
+		meta = append(meta, MetaFingerprint, out.Fingerprint, MetaDecision, string(out.Decision))
+		if upstream != nil {
+			return annotate(upstream, meta...), nil
+		}
+		return annotate(decodeResult(out.Receipt), meta...), nil
+	}
+	return g.failure(ctx, r, c, err, upstream, meta)
+}
+
+func conflictSubject(c idemkv.Conflict) string {
+	if c.Reason == idemkv.ReasonDifferentTool {
+		return "tool (" + c.ExistingTool + ")"
+	}
+	return "effect (other arguments)"
+}
+
+// prepare reads tenant, key, actor and arguments from the call. A non-nil result is
+// the refusal to answer instead.
+func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallToolResult) {
+	meta := req.Params.Meta
+	c := &call{tenant: g.cfg.Policy.tenant(), raw: req.Params.Arguments}
+	if len(bytes.TrimSpace(c.raw)) == 0 || bytes.Equal(bytes.TrimSpace(c.raw), []byte("null")) {
+		c.raw = json.RawMessage("{}")
+	}
+	dec := json.NewDecoder(bytes.NewReader(c.raw))
+	dec.UseNumber()
+	if err := dec.Decode(&c.args); err != nil {
+		return nil, errorResult(CodeInvalidArgument, "idemkv gateway: the arguments are not JSON: "+err.Error(), nil)
+	}
+	if _, ok := c.args.(map[string]any); !ok {
+		return nil, errorResult(CodeInvalidArgument, "idemkv gateway: the arguments must be a JSON object", nil)
+	}
+	if v, ok := meta[MetaTenant]; ok {
+		s, isStr := v.(string)
+		if !isStr {
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaTenant+" must be a string", nil)
+		}
+		c.tenant = s
+	}
+	if err := idemkv.ValidTenant(c.tenant); err != nil {
+		return nil, errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil)
+	}
+	c.actor = actorOf(req)
+
+	var why string
+	if v, ok := meta[MetaIdempotencyKey]; ok {
+		s, isStr := v.(string)
+		if !isStr || s == "" {
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaIdempotencyKey+" must be a non-empty string", nil)
+		}
+		c.key = s
+	} else if r.policy.key != nil {
+		key, err := r.policy.key.expand(scope{tenant: c.tenant, tool: r.tool.Name, args: c.args})
+		if err == nil {
+			c.key = key
+		} else {
+			why = fmt.Sprintf(" The policy's key template %s cannot be filled: %v.", r.policy.key, err)
+		}
+	}
+	if c.key == "" && r.missingKey != PassThrough {
+		return nil, errorResult(CodeMissingKey, fmt.Sprintf(
+			"idemkv gateway: %s changes things (%s) and the call has no idempotency key, so it was not run.%s "+
+				"Send one in _meta[%q] naming the business operation, so that a retry of it cannot run twice.",
+			r.tool.Name, r.class, why, MetaIdempotencyKey), map[string]any{"tool": r.tool.Name, "class": r.class})
+	}
+	return c, nil
+}
+
+// actorOf names who runs the attempt: _meta's actor, or the MCP client's name.
+func actorOf(req *mcp.CallToolRequest) string {
+	if s, ok := req.Params.Meta[MetaActor].(string); ok {
+		return clip(s, idemkv.MaxActorLen)
+	}
+	if req.Session == nil {
+		return ""
+	}
+	if p := req.Session.InitializeParams(); p != nil && p.ClientInfo != nil {
+		return clip(p.ClientInfo.Name, idemkv.MaxActorLen)
+	}
+	return ""
+}
+
+// clip makes s printable and at most max bytes, as idemkv stores text fields.
+func clip(s string, max int) string {
+	s = strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+	for len(s) > max {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+	}
+	return s
+}
+
+// effectOf is the object idemkv fingerprints: the policy's effect fields, or every
+// argument (the volatile ones are dropped by the fingerprint itself).
+func effectOf(r *rule, c *call) (json.RawMessage, error) {
+	if len(r.policy.Effect) == 0 {
+		return c.raw, nil
+	}
+	obj := make(map[string]any, len(r.policy.Effect))
+	for _, p := range r.policy.Effect {
+		if v, ok := lookupPath(c.args, p); ok {
+			obj[p] = v
+		}
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the effect: %w", err)
+	}
+	return b, nil
+}
+
+// receipt is what idemkv stores for a successful result.
+func (g *Gateway) receipt(r *rule, key string, res *mcp.CallToolResult) (*client.Result, error) {
+	raw, _, err := encodeResult(res, g.cfg.MaxReceiptBytes)
+	if err != nil {
+		return nil, err
+	}
+	out := &client.Result{RemoteSystem: g.remoteSystem, RemoteID: key, Result: raw}
+	sc := structured(res)
+	if p := r.policy.RemoteID; p != "" {
+		if v, ok := lookupPath(sc, p); ok {
+			if s, err := scalarString(v); err == nil && s != "" && len(s) <= idemkv.MaxRemoteLen && clip(s, idemkv.MaxRemoteLen) == s {
+				out.RemoteID = s
+			}
+		}
+	}
+	if p := r.policy.RemoteURL; p != "" {
+		if v, ok := lookupPath(sc, p); ok {
+			if s, err := scalarString(v); err == nil && len(s) <= idemkv.MaxRemoteLen && clip(s, idemkv.MaxRemoteLen) == s {
+				out.RemoteURL = s
+			}
+		}
+	}
+	return out, nil
+}
+
+// toolError is an upstream answer with isError set.
+type toolError struct{ res *mcp.CallToolResult }
+
+func (e *toolError) Error() string {
+	for _, c := range e.res.Content {
+		if t, ok := c.(*mcp.TextContent); ok {
+			return "the tool reported an error: " + t.Text
+		}
+	}
+	return "the tool reported an error"
+}
