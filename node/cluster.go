@@ -243,7 +243,7 @@ func (n *Node) Snapshot() error {
 // FirstLogIndex is the oldest entry still in this node's Raft log; entries before it
 // were compacted into a snapshot.
 func (n *Node) FirstLogIndex() (uint64, error) {
-	return n.boltStore.FirstIndex()
+	return n.logs.FirstIndex()
 }
 
 // RaftStats returns Raft's own figures (state, term, indexes, last contact …).

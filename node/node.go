@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
@@ -78,6 +79,21 @@ type Config struct {
 
 	// Now is the clock the leader stamps commands with; default time.Now.
 	Now func() time.Time
+
+	// PebbleFS is the filesystem under the Pebble store (default the OS's). Fault
+	// tests put an error-injecting or crash-simulating vfs.FS here.
+	PebbleFS vfs.FS
+	// WrapRaftStores, when set, receives the Raft log, stable and snapshot stores the
+	// node opened in DataDir and returns the ones Raft and the node use instead. Fault
+	// tests wrap them to inject errors; the node still closes the originals.
+	WrapRaftStores func(RaftStores) RaftStores
+}
+
+// RaftStores are the durable stores under Raft.
+type RaftStores struct {
+	Log       raft.LogStore
+	Stable    raft.StableStore
+	Snapshots raft.SnapshotStore
 }
 
 // DefaultConfig returns the defaults of `idemkv serve`.
@@ -169,7 +185,8 @@ type Node struct {
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
 	boltStore *raftboltdb.BoltStore
-	logs      *raft.LogCache
+	// logs is Raft's log as Raft reads it: the cache over the (possibly wrapped) store.
+	logs *raft.LogCache
 
 	// readyTerm is the term in which this node, as leader, has applied a barrier: only
 	// then is its commit index a safe read index.
@@ -214,7 +231,7 @@ func Open(cfg Config) (*Node, error) {
 
 func (n *Node) open() error {
 	var err error
-	if n.store, err = storage.OpenWith(filepath.Join(n.cfg.DataDir, "pebble"), n.log, storage.Options{CacheBytes: n.cfg.CacheBytes}); err != nil {
+	if n.store, err = storage.OpenWith(filepath.Join(n.cfg.DataDir, "pebble"), n.log, storage.Options{CacheBytes: n.cfg.CacheBytes, FS: n.cfg.PebbleFS}); err != nil {
 		return err
 	}
 	if n.fsm, err = fsm.New(n.store, n.metrics, n.log); err != nil {
@@ -227,15 +244,19 @@ func (n *Node) open() error {
 	if n.boltStore, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.DataDir, "raft.db"), BoltOptions: boltOpts}); err != nil {
 		return fmt.Errorf("node: raft log: %w", err)
 	}
-	if n.logs, err = raft.NewLogCache(1024, n.boltStore); err != nil {
-		return fmt.Errorf("node: raft log cache: %w", err)
-	}
-	logs := n.logs
 	hlog := newHCLogger(n.log)
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(n.cfg.DataDir, 2, hlog)
+	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(n.cfg.DataDir, 2, hlog)
 	if err != nil {
 		return fmt.Errorf("node: snapshot store: %w", err)
 	}
+	stores := RaftStores{Log: n.boltStore, Stable: n.boltStore, Snapshots: fileSnaps}
+	if n.cfg.WrapRaftStores != nil {
+		stores = n.cfg.WrapRaftStores(stores)
+	}
+	if n.logs, err = raft.NewLogCache(1024, stores.Log); err != nil {
+		return fmt.Errorf("node: raft log cache: %w", err)
+	}
+	logs, stable, snaps := n.logs, stores.Stable, stores.Snapshots
 	if err := n.restoreIfBehind(snaps); err != nil {
 		return err
 	}
@@ -277,11 +298,11 @@ func (n *Node) open() error {
 	rc.NotifyCh = notify
 	n.leaderNotify = notify
 
-	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.boltStore, snaps, n.transport); err != nil {
+	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
 	if n.cfg.Bootstrap {
-		has, err := raft.HasExistingState(logs, n.boltStore, snaps)
+		has, err := raft.HasExistingState(logs, stable, snaps)
 		if err != nil {
 			return fmt.Errorf("node: inspect raft state: %w", err)
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/idemkv/idemkv"
 )
 
@@ -52,6 +53,9 @@ const DefaultCacheBytes = 256 << 20
 type Options struct {
 	// CacheBytes sizes the block cache (default DefaultCacheBytes).
 	CacheBytes int64
+	// FS is the filesystem Pebble works through (default the OS's). Fault tests put an
+	// error-injecting or crash-simulating one here (Pebble's vfs is the seam).
+	FS vfs.FS
 }
 
 // Open opens (creating if needed) the database in dir with default options.
@@ -78,6 +82,7 @@ func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 		MemTableStopWritesThreshold: 4,
 		FormatMajorVersion:          pebble.FormatNewest,
 		Logger:                      pebbleLogger{logger},
+		FS:                          o.FS,
 	}
 	for i := range opts.Levels {
 		// Point lookups of records dominate (every command reads its record first),
