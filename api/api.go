@@ -87,6 +87,9 @@ type Server struct {
 	forwardTimeout time.Duration
 	mux            *http.ServeMux
 	handler        http.Handler
+	// recordRoute is the registered handler of recordPattern, which serveUnclean
+	// calls for record paths the mux would redirect.
+	recordRoute http.Handler
 }
 
 // New returns a Server for cfg. It panics if cfg.Store is nil: that is a wiring bug.

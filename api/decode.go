@@ -13,6 +13,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/idemkv/idemkv"
 )
@@ -43,9 +46,19 @@ func tooLarge(n int64) error {
 
 // decodeJSON decodes exactly one JSON object from body into v, refusing unknown fields.
 // Its errors are invalid_argument naming the field at fault wherever it can be known.
+// Every request body goes through it, so it alone owns what a body may be.
 func decodeJSON(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return idemkv.Invalid("", "the request body must be a JSON object")
+	}
+	// encoding/json would rewrite invalid UTF-8 and lone surrogates to U+FFFD, so
+	// that keys "inv\xff" and "inv\xfe" name one record, and a result would be stored
+	// that no JSON parser reads back. Refuse them before decoding.
+	if err := checkText(body); err != nil {
+		return err
+	}
+	if err := checkTopLevelNames(body); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -56,6 +69,101 @@ func decodeJSON(body []byte, v any) error {
 		return idemkv.Invalid("", "the request body must hold exactly one JSON object; more data follows it")
 	}
 	return nil
+}
+
+// checkText refuses a body that is not valid UTF-8 or that escapes a lone UTF-16
+// surrogate (\ud800 without its pair), naming the byte offset.
+func checkText(body []byte) error {
+	if !utf8.Valid(body) {
+		off := 0
+		for off < len(body) {
+			r, size := utf8.DecodeRune(body[off:])
+			if r == utf8.RuneError && size <= 1 {
+				break
+			}
+			off += size
+		}
+		return idemkv.Invalid("", "the request body is not valid UTF-8 (byte %d)", off)
+	}
+	inString := false
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		switch {
+		case c == '"':
+			inString = !inString
+		case c == '\\' && inString && i+1 < len(body):
+			if body[i+1] != 'u' {
+				i++ // a one-character escape, \" included
+				continue
+			}
+			r1, ok := hex4(body, i+2)
+			if !ok || !utf16.IsSurrogate(r1) {
+				i++
+				continue
+			}
+			// A high surrogate must be followed by an escaped low one.
+			if r1 < 0xdc00 && i+11 < len(body) && body[i+6] == '\\' && body[i+7] == 'u' {
+				if r2, ok := hex4(body, i+8); ok && r2 >= 0xdc00 && r2 <= 0xdfff {
+					i += 11
+					continue
+				}
+			}
+			return idemkv.Invalid("", "the request body escapes a lone UTF-16 surrogate at byte %d, which has no UTF-8 form", i)
+		}
+	}
+	return nil
+}
+
+func hex4(b []byte, at int) (rune, bool) {
+	if at+4 > len(b) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(b[at:at+4]), 16, 32)
+	return rune(n), err == nil
+}
+
+// checkTopLevelNames refuses an object that names a member twice at the top level.
+// encoding/json lets the last one win, matching names without regard to case, while
+// a proxy in front may read the first: {"tenant":"a","Tenant":"b"} must not mean two
+// tenants to two readers. Malformed JSON is left to the decoder to describe.
+func checkTopLevelNames(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	seen := map[string]string{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := tok.(string)
+		folded := foldName(name)
+		if first, dup := seen[folded]; dup {
+			return idemkv.Invalid(name, "member %q appears twice in the request body (as %q and %q)", name, first, name)
+		}
+		seen[folded] = name
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// foldName maps every rune to the smallest of its Unicode case-folding orbit, so that
+// two names are equal under it exactly when bytes.EqualFold, which encoding/json
+// matches field names with, says so ("K", "k" and the Kelvin sign are one letter).
+func foldName(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		b.WriteRune(least)
+	}
+	return b.String()
 }
 
 func describeDecodeError(body []byte, t reflect.Type, err error) error {

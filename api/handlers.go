@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
+	"path"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -40,7 +43,7 @@ func (s *Server) routes() {
 	s.handle("POST /v1/heartbeat", leaderWrite(s, func(q *idemkv.HeartbeatRequest) error {
 		return q.Validate(s.limits)
 	}, s.store.Heartbeat, nil))
-	s.handle("GET /v1/records/{tenant}/{key...}", http.HandlerFunc(s.get))
+	s.handle(recordPattern, http.HandlerFunc(s.get))
 	s.handle("GET /v1/records/{tenant}", http.HandlerFunc(s.list))
 	s.handle("GET /v1/cluster", http.HandlerFunc(s.cluster))
 	s.handle("POST /v1/cluster/join", leaderWrite(s, validJoin, s.store.Join, nil))
@@ -52,10 +55,14 @@ func (s *Server) routes() {
 	s.mountDebug()
 }
 
+// recordPattern is the route of one record. Its key is the rest of the path, taken
+// raw: see serveUnclean.
+const recordPattern = "GET /v1/records/{tenant}/{key...}"
+
 // handle registers h for pattern, timed under the pattern so that the endpoint label
 // never carries a tenant or a key.
 func (s *Server) handle(pattern string, h http.Handler) {
-	s.mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	wrapped := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		markReached(w)
 		start := time.Now()
 		sw := &httpx.StatusWriter{ResponseWriter: w}
@@ -63,7 +70,11 @@ func (s *Server) handle(pattern string, h http.Handler) {
 			h.ServeHTTP(sw, r)
 		}
 		s.metrics.Requests.WithLabelValues(pattern, strconv.Itoa(sw.Status())).Observe(time.Since(start).Seconds())
-	}))
+	})
+	if pattern == recordPattern {
+		s.recordRoute = wrapped
+	}
+	s.mux.Handle(pattern, wrapped)
 }
 
 // reachWriter is the writer countAnsweredBefore hands the middleware: the endpoint
@@ -113,11 +124,48 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if addr, _ := s.store.Leader(); addr != "" {
 		w.Header().Set(HeaderLeader, addr)
 	}
+	if p := r.URL.EscapedPath(); !isClean(p) {
+		s.serveUnclean(w, r, p)
+		return
+	}
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		s.unmatched(w, r)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// isClean reports whether the mux would serve p as it is rather than answer a
+// redirect to a cleaned path (no "//", "." or ".." segments; a trailing slash kept).
+func isClean(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
+}
+
+// serveUnclean answers a path the mux would redirect. A 307 to the cleaned path of
+// /v1/records/acme/a/../../other/k is another tenant's record, and /v1/records/acme/a//b
+// another key's: a record path is never redirected. Its key is the raw rest of the
+// path, as an escaped one would be, so that "a//b" names the key "a//b". Any other
+// unclean path is refused.
+func (s *Server) serveUnclean(w http.ResponseWriter, r *http.Request, escaped string) {
+	rest, isRecord := strings.CutPrefix(escaped, "/v1/records/")
+	if isRecord && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		tenant, key, ok := strings.Cut(rest, "/")
+		t, terr := url.PathUnescape(tenant)
+		k, kerr := url.PathUnescape(key)
+		if ok && terr == nil && kerr == nil {
+			r.SetPathValue("tenant", t)
+			r.SetPathValue("key", k)
+			r.Pattern = recordPattern
+			s.recordRoute.ServeHTTP(w, r)
+			return
+		}
+	}
+	s.writeError(w, r, idemkv.Invalid("", "the path %q has empty, \".\" or \"..\" segments, which idemkv never redirects; "+
+		"escape \"/\" and \".\" in a key as %%2F and %%2E", escaped))
 }
 
 // leaderWrite serves a POST whose JSON body is a Q, executed on the leader: it decodes

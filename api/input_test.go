@@ -51,6 +51,24 @@ func TestBadInputNeverReachesTheStore(t *testing.T) {
 		{"numeric expires_at", "POST", "/v1/reserve", with(validReserve(), "expires_at", 1e12), 400, "invalid_argument", "expires_at"},
 		{"boolean tenant", "POST", "/v1/reserve", with(validReserve(), "tenant", true), 400, "invalid_argument", "tenant"},
 
+		// Text and names that encoding/json would silently rewrite or let the last win
+		// (issue 13, defect 4).
+		{"invalid UTF-8 in a key", "POST", "/v1/reserve",
+			`{"tenant":"acme","idempotency_key":"inv` + "\xff" + `","tool":"t","effect_fingerprint":"f"}`, 400, "invalid_argument", ""},
+		{"invalid UTF-8 in a result", "POST", "/v1/commit",
+			`{"tenant":"acme","idempotency_key":"k","effect_fingerprint":"f","fence":1,"remote_system":"s","remote_id":"i","result":"` + "\xfe\xff" + `"}`,
+			400, "invalid_argument", ""},
+		{"lone surrogate escape in a key", "POST", "/v1/reserve",
+			`{"tenant":"acme","idempotency_key":"inv\udcff","tool":"t","effect_fingerprint":"f"}`, 400, "invalid_argument", ""},
+		{"high surrogate escape without its pair", "POST", "/v1/release",
+			`{"tenant":"acme","idempotency_key":"inv\ud800x","effect_fingerprint":"f","fence":1}`, 400, "invalid_argument", ""},
+		{"duplicate tenant", "POST", "/v1/reserve",
+			`{"tenant":"acme","idempotency_key":"k","tool":"t","effect_fingerprint":"f","tenant":"other"}`, 400, "invalid_argument", "tenant"},
+		{"duplicate tenant in another case", "POST", "/v1/release",
+			`{"tenant":"acme","idempotency_key":"k","effect_fingerprint":"f","fence":1,"TENANT":"other"}`, 400, "invalid_argument", "TENANT"},
+		{"duplicate key through the Kelvin sign", "POST", "/v1/release",
+			`{"tenant":"acme","idempotency_key":"k","effect_fingerprint":"f","fence":1,"idempotency_Key":"j"}`, 400, "invalid_argument", "idempotency_Key"},
+
 		// Identity.
 		{"tenant missing", "POST", "/v1/reserve", with(validReserve(), "tenant", remove), 400, "invalid_argument", "tenant"},
 		{"tenant too long", "POST", "/v1/reserve", with(validReserve(), "tenant", long(129)), 400, "invalid_argument", "tenant"},

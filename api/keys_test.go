@@ -92,3 +92,46 @@ func TestUnescapedSlashesStillNameTheKey(t *testing.T) {
 		t.Errorf("key %q, want conv:9/step/2", got)
 	}
 }
+
+// TestRawPathsAreNeverRedirected: a caller that does not escape a key with "//" or
+// dot segments used to get a 307 to the cleaned path, another record's, possibly in
+// another tenant (issue 13, defect 6). The raw path names the record, on the node and
+// through a follower's forward; an unclean path elsewhere is refused, not redirected.
+func TestRawPathsAreNeverRedirected(t *testing.T) {
+	var got []string
+	leaderFake := &FakeStore{GetFunc: func(_ context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {
+		got = append(got, req.Tenant+"|"+req.Key)
+		return pendingRecord(req.Key), nil
+	}}
+	leader, follower := pair(t, leaderFake, &FakeStore{}, nil)
+	cases := []struct{ path, want string }{
+		{"/v1/records/acme/a//b", "acme|a//b"},
+		{"/v1/records/acme/../other/k", "acme|../other/k"},
+		{"/v1/records/acme/x/../../other/k", "acme|x/../../other/k"},
+		{"/v1/records/acme/./k", "acme|./k"},
+		{"/v1/records/acme/k/.", "acme|k/."},
+		{"/v1/records/acme/a%2Fb//c", "acme|a/b//c"},
+	}
+	for _, node := range []*testNode{leader, follower} {
+		for _, c := range cases {
+			got = nil
+			r := do(t, "GET", node.url+c.path, nil, nil)
+			if r.status != http.StatusOK {
+				t.Errorf("%s via %s: status %d (Location %q), want 200", c.path, node.addr, r.status, r.header.Get("Location"))
+				continue
+			}
+			if len(got) != 1 || got[0] != c.want {
+				t.Errorf("%s via %s reached the store as %q, want %q", c.path, node.addr, got, c.want)
+			}
+		}
+	}
+	for _, p := range []string{"//v1/reserve", "/v1/./reserve", "/v1/records/../cluster"} {
+		r := do(t, "POST", leader.url+p, validReserve(), nil)
+		if r.status == http.StatusTemporaryRedirect || r.header.Get("Location") != "" {
+			t.Errorf("%s: redirected to %q", p, r.header.Get("Location"))
+		}
+		if r.status != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", p, r.status)
+		}
+	}
+}
