@@ -1,0 +1,399 @@
+"""What the sync and the async client share: configuration, routing to the leader,
+the wire form of each call, and the reading of answers. No I/O happens here."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import random
+import secrets
+import ssl
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+from urllib.parse import quote, urlencode, urlsplit
+
+from .errors import APIError
+
+__all__ = ["Config", "HEADER_LEADER", "new_attempt_id"]
+
+# The answer header that names the leader's API address (docs/protocol.md).
+HEADER_LEADER = "Idemkv-Leader"
+
+# The server's bound on one long-poll (idemkv.MaxWait): 5 minutes.
+MAX_WAIT = 300.0
+
+DEFAULT_ENDPOINT = "127.0.0.1:7420"
+
+
+@dataclass
+class Config:
+    """Configuration of :class:`~idemkv.Client` and :class:`~idemkv.AsyncClient`.
+
+    Times are in seconds. Zero or None fields take the defaults shown.
+    """
+
+    # API addresses of some or all nodes, "host:port" or "http(s)://host:port". The
+    # client goes to the leader any node names, and falls back to these.
+    endpoints: list[str] = field(default_factory=lambda: [DEFAULT_ENDPOINT])
+    token: Optional[str] = None  # sent as "Authorization: Bearer <token>"
+    # TLS: a CA file to trust, a client certificate (and its key) to present. Any of
+    # them, or ssl_context, makes endpoints without a scheme use https.
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    ssl_context: Optional[ssl.SSLContext] = None
+    # One HTTP attempt (a long-poll gets its wait on top).
+    timeout: float = 10.0
+    # The bound on the total time of one call across all its retries: past it the call
+    # raises StoreUnavailableError (the Go client's Config.StoreWait).
+    store_wait: float = 30.0
+    # "fail_closed" (default): a tool call whose store is unreachable raises
+    # StoreUnavailableError and does not run. "unguarded": read-only and idempotent
+    # tools run anyway, without a record (non-idempotent ones still fail closed).
+    on_store_unavailable: str = "fail_closed"
+    # Jittered exponential backoff between retries.
+    backoff_min: float = 0.02
+    backoff_max: float = 1.0
+    # The tool-call loop: the lease of a call that names none (heartbeat every third
+    # of it), the bound of one long-poll while another attempt holds the key, and how
+    # long an outcome is still stored after the caller's deadline passed.
+    lease_ttl: float = 30.0
+    poll_wait: float = 30.0
+    commit_grace: float = 30.0
+    # Defaults of every call that names none.
+    tenant: Optional[str] = None
+    actor: Optional[str] = None
+    # An OpenTelemetry TracerProvider; default: the global one, when the
+    # opentelemetry package is importable (nothing is traced otherwise).
+    tracer_provider: Any = None
+
+    def validate(self) -> None:
+        if not self.endpoints:
+            raise ValueError("idemkv: at least one endpoint is needed")
+        for ep in self.endpoints:
+            base_url(ep, self.tls)
+        if self.timeout <= 0 or self.store_wait <= 0:
+            raise ValueError("idemkv: timeout and store_wait must be positive")
+        if self.backoff_min < 0 or self.backoff_max < self.backoff_min:
+            raise ValueError("idemkv: need 0 <= backoff_min <= backoff_max")
+        if self.lease_ttl < 1:
+            raise ValueError("idemkv: lease_ttl must be at least 1 second (the server's minimum)")
+        if self.poll_wait <= 0 or self.poll_wait > MAX_WAIT:
+            raise ValueError(f"idemkv: poll_wait must be in (0, {MAX_WAIT:g}] seconds")
+        if self.commit_grace < 0:
+            raise ValueError("idemkv: commit_grace must not be negative")
+        if self.on_store_unavailable not in ("fail_closed", "unguarded"):
+            raise ValueError('idemkv: on_store_unavailable is "fail_closed" or "unguarded"')
+        if (self.cert_file is None) != (self.key_file is None) and self.cert_file is None:
+            raise ValueError("idemkv: key_file needs cert_file")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca_file or self.cert_file or self.ssl_context)
+
+    def make_ssl_context(self) -> Optional[ssl.SSLContext]:
+        if self.ssl_context is not None:
+            return self.ssl_context
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+
+def config_from(config: Optional[Config], endpoints: Any, kw: Mapping[str, Any]) -> Config:
+    if config is not None and (endpoints is not None or kw):
+        raise TypeError("idemkv: give a Config or keyword arguments, not both")
+    if config is None:
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        if endpoints is None:
+            env = os.environ.get("IDEMKV_ENDPOINTS")
+            endpoints = env.split(",") if env else [DEFAULT_ENDPOINT]
+        config = Config(endpoints=list(endpoints), **kw)
+    config.validate()
+    return config
+
+
+def base_url(ep: str, tls: bool) -> str:
+    """"host:port" or "http(s)://host:port" as a base URL."""
+    if "://" not in ep:
+        ep = ("https://" if tls else "http://") + ep
+    u = urlsplit(ep)
+    if u.scheme not in ("http", "https") or not u.netloc or u.path not in ("", "/") or u.query:
+        raise ValueError(f"idemkv: endpoint {ep!r} must be host:port or http(s)://host:port")
+    return f"{u.scheme}://{u.netloc}"
+
+
+def new_attempt_id() -> str:
+    """A random attempt id: a reserve retried after a lost answer is the same attempt."""
+    return "att_" + secrets.token_hex(12)
+
+
+def escape_segment(s: str) -> str:
+    e = quote(s, safe="")
+    # A segment that is "." or ".." would be cleaned away by the server's mux.
+    if e.strip(".") == "":
+        return "%2E" * len(e)
+    return e
+
+
+def backoff(n: int, lo: float, hi: float) -> float:
+    """A full-jitter exponential delay for the n-th retry (n >= 1)."""
+    ceil = min(hi, lo * (2 ** min(n - 1, 30)))
+    if ceil <= lo:
+        return lo
+    return lo + random.random() * (ceil - lo)
+
+
+@dataclass
+class Call:
+    """One API call, before it is sent."""
+
+    method: str
+    route: str  # the pattern, for spans: "/v1/records/{tenant}/{key}"
+    path: str  # escaped
+    query: dict[str, str] = field(default_factory=dict)
+    body: Optional[Mapping[str, Any]] = None
+    wait: float = 0.0  # a long-poll's wait, added to the attempt timeout
+
+    def target(self) -> str:
+        return self.path + ("?" + urlencode(self.query) if self.query else "")
+
+    def encoded_body(self) -> Optional[bytes]:
+        if self.body is None:
+            return None
+        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+class Router:
+    """Where the next attempt goes: the leader when one is known, else the preferred
+    endpoint. A failed target is demoted, so that retries move on."""
+
+    def __init__(self, config: Config) -> None:
+        self.endpoints = [base_url(ep, config.tls) for ep in config.endpoints]
+        self.scheme = self.endpoints[0].split("://", 1)[0]
+        self._lock = threading.Lock()
+        self._leader = ""
+        self._preferred = 0
+
+    @property
+    def leader(self) -> str:
+        with self._lock:
+            return self._leader
+
+    def target(self) -> str:
+        with self._lock:
+            return self._leader or self.endpoints[self._preferred % len(self.endpoints)]
+
+    def demote(self, base: str) -> None:
+        with self._lock:
+            if self._leader == base:
+                self._leader = ""
+            if self.endpoints[self._preferred % len(self.endpoints)] == base:
+                self._preferred += 1
+
+    def saw_leader(self, api_addr: str) -> None:
+        if not api_addr:
+            return
+        try:
+            u = base_url(api_addr if "://" in api_addr else f"{self.scheme}://{api_addr}", self.scheme == "https")
+        except ValueError:
+            return
+        host = urlsplit(u).hostname or ""
+        # A node bound to a wildcard address advertises nothing a client can dial.
+        try:
+            if host == "" or ipaddress.ip_address(host).is_unspecified:
+                return
+        except ValueError:
+            pass  # a name, not an address
+        with self._lock:
+            self._leader = u
+
+
+def headers(config: Config, body: Optional[bytes], extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    h = {"Accept": "application/json", "User-Agent": "idemkv-python"}
+    if body is not None:
+        h["Content-Type"] = "application/json"
+    if config.token:
+        h["Authorization"] = "Bearer " + config.token
+    if extra:
+        h.update(extra)
+    return h
+
+
+def read_answer(status: int, data: bytes) -> Any:
+    """The decoded body of a 2xx answer; otherwise raises the APIError it carries."""
+    if 200 <= status < 300:
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            # A body cut short is a transport failure like any other.
+            raise APIError("unavailable", f"reading the answer: {e}", status=status) from e
+    try:
+        err = json.loads(data)["error"]
+        if isinstance(err, dict) and err.get("code"):
+            raise APIError(str(err["code"]), str(err.get("message", "")), status=status, field=str(err.get("field", "")))
+    except (ValueError, KeyError, TypeError):
+        pass
+    # Not idemkv's answer: a proxy in between. Gateways that could not reach a node
+    # mean "try another"; anything else is not ours to read.
+    code = "unavailable" if status in (502, 503, 504) else "internal"
+    raise APIError(code, f"HTTP {status}: {data[:200].decode('utf-8', 'replace').strip()}", status=status)
+
+
+def _key_path(tenant: str, key: str) -> str:
+    return "/v1/records/" + escape_segment(tenant) + "/" + escape_segment(key)
+
+
+def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def ms(seconds: Optional[float]) -> Optional[int]:
+    return None if seconds is None else int(round(seconds * 1000))
+
+
+# The calls, one builder each, shared by both clients.
+
+
+def reserve_call(
+    tenant: str,
+    key: str,
+    tool: str,
+    *,
+    fingerprint: Optional[str] = None,
+    effect: Any = None,
+    actor: Optional[str] = None,
+    attempt_id: Optional[str] = None,
+    lease_ttl: Optional[float] = None,
+    ttl: Optional[float] = None,
+    expires_at: Optional[str] = None,
+) -> Call:
+    body = _drop_none(
+        {
+            "tenant": tenant,
+            "idempotency_key": key,
+            "tool": tool,
+            "actor": actor,
+            "effect_fingerprint": fingerprint,
+            "effect": effect,
+            # A reserve without an attempt id gets a fresh one, so that the retries of
+            # this call are one attempt to the server.
+            "attempt_id": attempt_id or new_attempt_id(),
+            "lease_ttl_ms": ms(lease_ttl),
+            "ttl_ms": ms(ttl),
+            "expires_at": expires_at,
+        }
+    )
+    return Call("POST", "/v1/reserve", "/v1/reserve", body=body)
+
+
+def commit_call(
+    tenant: str,
+    key: str,
+    fingerprint: str,
+    fence: int,
+    remote_system: str,
+    remote_id: str,
+    remote_url: Optional[str] = None,
+    result: Any = None,
+) -> Call:
+    body = _drop_none(
+        {
+            "tenant": tenant,
+            "idempotency_key": key,
+            "effect_fingerprint": fingerprint,
+            "fence": fence,
+            "remote_system": remote_system,
+            "remote_id": remote_id,
+            "remote_url": remote_url or None,
+            "result": result,
+        }
+    )
+    return Call("POST", "/v1/commit", "/v1/commit", body=body)
+
+
+def fail_call(tenant: str, key: str, fingerprint: str, fence: int, code: str, message: str, details: Any = None) -> Call:
+    error = _drop_none({"code": code, "message": message, "details": details})
+    body = {"tenant": tenant, "idempotency_key": key, "effect_fingerprint": fingerprint, "fence": fence, "error": error}
+    return Call("POST", "/v1/fail", "/v1/fail", body=body)
+
+
+def release_call(tenant: str, key: str, fingerprint: str, fence: int) -> Call:
+    body = {"tenant": tenant, "idempotency_key": key, "effect_fingerprint": fingerprint, "fence": fence}
+    return Call("POST", "/v1/release", "/v1/release", body=body)
+
+
+def heartbeat_call(tenant: str, key: str, fence: int, lease_ttl: Optional[float] = None) -> Call:
+    body = _drop_none({"tenant": tenant, "idempotency_key": key, "fence": fence, "lease_ttl_ms": ms(lease_ttl)})
+    return Call("POST", "/v1/heartbeat", "/v1/heartbeat", body=body)
+
+
+def doubt_call(tenant: str, key: str, fingerprint: str, fence: int) -> Call:
+    body = {"tenant": tenant, "idempotency_key": key, "effect_fingerprint": fingerprint, "fence": fence}
+    return Call("POST", "/v1/doubt", "/v1/doubt", body=body)
+
+
+def resolve_call(
+    tenant: str,
+    key: str,
+    fingerprint: str,
+    outcome: str,
+    remote_system: Optional[str] = None,
+    remote_id: Optional[str] = None,
+    remote_url: Optional[str] = None,
+    result: Any = None,
+) -> Call:
+    if outcome not in ("committed", "not_executed"):
+        raise ValueError('idemkv: resolve outcome is "committed" or "not_executed"')
+    body = _drop_none(
+        {
+            "tenant": tenant,
+            "idempotency_key": key,
+            "effect_fingerprint": fingerprint,
+            "outcome": outcome,
+            "remote_system": remote_system,
+            "remote_id": remote_id,
+            "remote_url": remote_url or None,
+            "result": result,
+        }
+    )
+    return Call("POST", "/v1/resolve", "/v1/resolve", body=body)
+
+
+def get_call(tenant: str, key: str, wait: Optional[float] = None, consistency: Optional[str] = None) -> Call:
+    q: dict[str, str] = {}
+    w = 0.0
+    if wait:
+        w = min(wait, MAX_WAIT)
+        q["wait_ms"] = str(max(1, int(w * 1000)))
+    if consistency:
+        q["consistency"] = consistency
+    return Call("GET", "/v1/records/{tenant}/{key}", _key_path(tenant, key), query=q, wait=w)
+
+
+def list_call(
+    tenant: str,
+    prefix: Optional[str] = None,
+    status: Optional[str] = None,
+    limit: Optional[int] = None,
+    after: Optional[str] = None,
+    in_doubt: bool = False,
+    consistency: Optional[str] = None,
+) -> Call:
+    q = {
+        k: str(v)
+        for k, v in {"prefix": prefix, "status": status, "limit": limit, "after": after, "consistency": consistency}.items()
+        if v
+    }
+    if in_doubt:
+        q["in_doubt"] = "true"
+    return Call("GET", "/v1/records/{tenant}", "/v1/records/" + escape_segment(tenant), query=q)
+
+
+def cluster_call() -> Call:
+    return Call("GET", "/v1/cluster", "/v1/cluster")

@@ -1,0 +1,293 @@
+"""The asyncio client: the same calls as :class:`~idemkv.Client`, awaited.
+
+The standard library has no asyncio HTTP client, so this module speaks the little
+HTTP/1.1 idemkv needs (JSON bodies, Content-Length or chunked answers, keep-alive)
+over asyncio streams. Cancelling a call cancels its request at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any, Awaitable, Callable, Optional, TypeVar
+from urllib.parse import urlsplit
+
+from . import _core, _otel
+from ._core import Call, Config
+from .client import RETRY_CODES
+from .errors import APIError, StoreUnavailableError
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+
+# Bounds on what a node may send back: idemkv answers are small (a record with a
+# 64 KiB result, a page of 1000 records); this only stops a confused peer.
+_MAX_LINE = 64 << 10
+_MAX_BODY = 64 << 20
+
+
+class _ProtocolError(Exception):
+    """The peer's answer is not HTTP/1.1 as idemkv speaks it."""
+
+
+_TRANSPORT_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError, _ProtocolError,
+                     asyncio.LimitOverrunError)
+
+
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:  # closing a transport whose loop is gone
+            pass
+
+
+class _Answer:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes, keep: bool) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.keep = keep
+
+
+async def _read_line(r: asyncio.StreamReader) -> bytes:
+    line = await r.readuntil(b"\n")
+    if len(line) > _MAX_LINE:
+        raise _ProtocolError("header line too long")
+    return line.rstrip(b"\r\n")
+
+
+async def _exchange(conn: _Conn, host: str, call: Call, body: Optional[bytes], hdrs: dict[str, str]) -> _Answer:
+    lines = [f"{call.method} {call.target()} HTTP/1.1", f"Host: {host}", "Connection: keep-alive"]
+    lines += [f"{k}: {v}" for k, v in hdrs.items()]
+    lines.append(f"Content-Length: {len(body) if body is not None else 0}")
+    conn.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
+    await conn.writer.drain()
+
+    r = conn.reader
+    status_line = (await _read_line(r)).decode("latin-1")
+    parts = status_line.split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise _ProtocolError(f"bad status line {status_line!r}")
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    while True:
+        line = await _read_line(r)
+        if not line:
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    keep = parts[0] == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        chunks = []
+        size = 0
+        while True:
+            n = int((await _read_line(r)).split(b";")[0], 16)
+            if n == 0:
+                while await _read_line(r):  # trailers
+                    pass
+                break
+            size += n
+            if size > _MAX_BODY:
+                raise _ProtocolError("answer too large")
+            chunks.append(await r.readexactly(n))
+            await r.readexactly(2)
+        data = b"".join(chunks)
+    elif "content-length" in headers:
+        n = int(headers["content-length"])
+        if n > _MAX_BODY:
+            raise _ProtocolError("answer too large")
+        data = await r.readexactly(n)
+    else:
+        data = await r.read(_MAX_BODY)
+        keep = False
+    return _Answer(status, headers, data, keep)
+
+
+class _Pool:
+    """Idle keep-alive connections per base URL, for one event loop."""
+
+    def __init__(self, ctx: Optional[ssl.SSLContext]) -> None:
+        self._ctx = ctx
+        self._idle: dict[str, list[_Conn]] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+
+    def get(self, base: str) -> Optional[_Conn]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # Connections belong to the loop that opened them (asyncio.run twice).
+            self._idle, self._loop = {}, loop
+        conns = self._idle.get(base)
+        return conns.pop() if conns else None
+
+    async def new(self, base: str) -> _Conn:
+        u = urlsplit(base)
+        https = u.scheme == "https"
+        port = u.port or (443 if https else 80)
+        ctx = (self._ctx or ssl.create_default_context()) if https else None
+        reader, writer = await asyncio.open_connection(
+            u.hostname, port, ssl=ctx, server_hostname=u.hostname if https else None, limit=_MAX_LINE * 2
+        )
+        return _Conn(reader, writer)
+
+    def put(self, base: str, c: _Conn) -> None:
+        conns = self._idle.setdefault(base, [])
+        if len(conns) < 16:
+            conns.append(c)
+        else:
+            c.close()
+
+    def close(self) -> None:
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                c.close()
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`~idemkv.Client`: same options, same answers, every
+    call awaited. Use it from one event loop at a time."""
+
+    def __init__(self, endpoints: Any = None, *, config: Optional[Config] = None, **kw: Any) -> None:
+        self.config = _core.config_from(config, endpoints, kw)
+        self._router = _core.Router(self.config)
+        self._pool = _Pool(self.config.make_ssl_context())
+        self._tracer = _otel.tracer(self.config.tracer_provider)
+
+    async def close(self) -> None:
+        self._pool.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    @property
+    def leader(self) -> str:
+        return self._router.leader
+
+    def aio(self) -> "AsyncClient":
+        return self
+
+    async def _attempt(self, base: str, call: Call, body: Optional[bytes]) -> Any:
+        hdrs = _core.headers(self.config, body, _otel.inject())
+        host = urlsplit(base).netloc
+        conn = self._pool.get(base)
+        if conn is not None:
+            try:
+                ans = await _exchange(conn, host, call, body, hdrs)
+            except _TRANSPORT_ERRORS:
+                # An idle connection the server had closed: try once on a new one.
+                conn.close()
+                conn = None
+        if conn is None:
+            conn = await self._pool.new(base)
+            try:
+                ans = await _exchange(conn, host, call, body, hdrs)
+            except BaseException:
+                conn.close()
+                raise
+        self._router.saw_leader(ans.headers.get(_core.HEADER_LEADER.lower(), ""))
+        if ans.keep:
+            self._pool.put(base, conn)
+        else:
+            conn.close()
+        return _core.read_answer(ans.status, ans.body)
+
+    async def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+        cfg = self.config
+        body = call.encoded_body()
+        wait_for = bound or cfg.store_wait
+        deadline = time.monotonic() + wait_for + call.wait
+        retried = False
+        n = 0
+        while True:
+            n += 1
+            base = self._router.target()
+            left = deadline - time.monotonic()
+            try:
+                timeout = max(min(cfg.timeout + call.wait, left), 0.05)
+                return await asyncio.wait_for(self._attempt(base, call, body), timeout), retried
+            except APIError as e:
+                if e.code not in RETRY_CODES:
+                    e.retried = retried  # type: ignore[attr-defined]
+                    raise
+                last: Exception = e
+            except _TRANSPORT_ERRORS as e:
+                last = APIError("unavailable", f"{call.method} {base}: {e!r}")
+                last.__cause__ = e
+            retried = True
+            self._router.demote(base)
+            pause = _core.backoff(n, cfg.backoff_min, cfg.backoff_max)
+            if time.monotonic() + pause >= deadline:
+                raise StoreUnavailableError(
+                    f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
+                    f"({n} attempts; last: {last})",
+                    cause=last,
+                )
+            await asyncio.sleep(pause)
+
+    async def _call(self, call: Call) -> Any:
+        return (await self._send(call))[0]
+
+    async def reserve(self, tenant: str, key: str, tool: str, **kw: Any) -> dict[str, Any]:
+        return await self._call(_core.reserve_call(tenant, key, tool, **kw))  # type: ignore[no-any-return]
+
+    async def commit(self, tenant: str, key: str, fingerprint: str, fence: int, remote_system: str, remote_id: str,
+                     remote_url: Optional[str] = None, result: Any = None) -> dict[str, Any]:
+        c = _core.commit_call(tenant, key, fingerprint, fence, remote_system, remote_id, remote_url, result)
+        return await self._call(c)  # type: ignore[no-any-return]
+
+    async def fail(self, tenant: str, key: str, fingerprint: str, fence: int, code: str, message: str,
+                   details: Any = None) -> dict[str, Any]:
+        return await self._call(_core.fail_call(tenant, key, fingerprint, fence, code, message, details))  # type: ignore[no-any-return]
+
+    async def release(self, tenant: str, key: str, fingerprint: str, fence: int) -> dict[str, Any]:
+        try:
+            return await self._call(_core.release_call(tenant, key, fingerprint, fence))  # type: ignore[no-any-return]
+        except APIError as e:
+            if e.code == "not_found" and getattr(e, "retried", False):
+                return {"released": True}
+            raise
+
+    async def heartbeat(self, tenant: str, key: str, fence: int, lease_ttl: Optional[float] = None) -> dict[str, Any]:
+        return await self._call(_core.heartbeat_call(tenant, key, fence, lease_ttl))  # type: ignore[no-any-return]
+
+    async def doubt(self, tenant: str, key: str, fingerprint: str, fence: int) -> dict[str, Any]:
+        return await self._call(_core.doubt_call(tenant, key, fingerprint, fence))  # type: ignore[no-any-return]
+
+    async def resolve(self, tenant: str, key: str, fingerprint: str, outcome: str, **kw: Any) -> dict[str, Any]:
+        return await self._call(_core.resolve_call(tenant, key, fingerprint, outcome, **kw))  # type: ignore[no-any-return]
+
+    async def get(self, tenant: str, key: str, wait: Optional[float] = None,
+                  consistency: Optional[str] = None) -> Optional[dict[str, Any]]:
+        try:
+            return await self._call(_core.get_call(tenant, key, wait, consistency))  # type: ignore[no-any-return]
+        except APIError as e:
+            if e.code == "not_found":
+                return None
+            raise
+
+    async def list(self, tenant: str, **kw: Any) -> dict[str, Any]:
+        return await self._call(_core.list_call(tenant, **kw))  # type: ignore[no-any-return]
+
+    async def cluster(self) -> dict[str, Any]:
+        return await self._call(_core.cluster_call())  # type: ignore[no-any-return]
+
+    async def do(self, fn: Callable[[], Awaitable[Any]], **op: Any) -> Any:
+        """The tool-call loop for a coroutine function; see :meth:`Client.do`."""
+        from .loop import Op, run_async
+
+        return await run_async(self, Op.make(self.config, **op), fn)
+
+    def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        from .decorator import idempotent
+
+        return idempotent(client=self, **options)

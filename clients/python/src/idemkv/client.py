@@ -1,0 +1,256 @@
+"""The sync client: low-level calls for every endpoint, and the tool-call loop."""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+import threading
+import time
+from typing import Any, Callable, Optional, TypeVar
+from urllib.parse import urlsplit
+
+from . import _core
+from ._core import Call, Config
+from .errors import APIError, StoreUnavailableError
+from . import _otel
+
+__all__ = ["Client"]
+
+T = TypeVar("T")
+
+# Errors of one attempt after which the request is safe to send again: nothing came
+# back, so it may or may not have been applied, and every idemkv request is safe to
+# repeat (a reserve carries its attempt id).
+_TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ssl.SSLError)
+
+# Wire codes worth another attempt: unavailable (certainly not applied),
+# outcome_unknown (retry with the same attempt id), resource_exhausted (a cap; later).
+RETRY_CODES = frozenset({"unavailable", "outcome_unknown", "resource_exhausted"})
+
+
+def _exchange(
+    conn: http.client.HTTPConnection, call: Call, body: Optional[bytes], hdrs: dict[str, str]
+) -> tuple[http.client.HTTPResponse, bytes]:
+    conn.request(call.method, call.target(), body=body, headers=hdrs)
+    resp = conn.getresponse()
+    return resp, resp.read()
+
+
+class _Pool:
+    """Idle keep-alive connections per base URL."""
+
+    def __init__(self, ctx: Optional[ssl.SSLContext]) -> None:
+        self._ctx = ctx
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[http.client.HTTPConnection]] = {}
+
+    def get(self, base: str, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            conns = self._idle.get(base)
+            if conns:
+                c = conns.pop()
+                c.timeout = timeout
+                if c.sock is not None:
+                    c.sock.settimeout(timeout)
+                return c, True
+        return self.new(base, timeout), False
+
+    def new(self, base: str, timeout: float) -> http.client.HTTPConnection:
+        u = urlsplit(base)
+        if u.scheme == "https":
+            return http.client.HTTPSConnection(u.netloc, timeout=timeout, context=self._ctx)
+        return http.client.HTTPConnection(u.netloc, timeout=timeout)
+
+    def put(self, base: str, c: http.client.HTTPConnection) -> None:
+        with self._lock:
+            conns = self._idle.setdefault(base, [])
+            if len(conns) < 16:
+                conns.append(c)
+                return
+        c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                c.close()
+
+
+class Client:
+    """A client of an idemkv cluster. Safe for use from many threads.
+
+    ``Client("10.0.0.1:7420", token=..., ca_file=...)`` or ``Client(config=Config(...))``;
+    see :class:`Config` for every option. Low-level calls return the server's JSON
+    answers as dicts; errors are :class:`APIError` (a wire code) or
+    :class:`StoreUnavailableError` (no node answered within ``store_wait``).
+    """
+
+    def __init__(self, endpoints: Any = None, *, config: Optional[Config] = None, **kw: Any) -> None:
+        self.config = _core.config_from(config, endpoints, kw)
+        self._router = _core.Router(self.config)
+        self._pool = _Pool(self.config.make_ssl_context())
+        self._tracer = _otel.tracer(self.config.tracer_provider)
+        self._aio: Any = None
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def leader(self) -> str:
+        """The leader's base URL as last reported, or ""."""
+        return self._router.leader
+
+    def aio(self) -> Any:
+        """An AsyncClient with this client's configuration (made once)."""
+        if self._aio is None:
+            from .aio import AsyncClient
+
+            self._aio = AsyncClient(config=self.config)
+        return self._aio
+
+    # Sending.
+
+    def _attempt(self, base: str, call: Call, body: Optional[bytes], timeout: float) -> Any:
+        hdrs = _core.headers(self.config, body, _otel.inject())
+        conn, reused = self._pool.get(base, timeout)
+        try:
+            resp, data = _exchange(conn, call, body, hdrs)
+        except _TRANSPORT_ERRORS:
+            conn.close()
+            if not reused:
+                raise
+            # An idle connection the server had closed: try once on a new one before
+            # counting this as a failed attempt.
+            conn = self._pool.new(base, timeout)
+            try:
+                resp, data = _exchange(conn, call, body, hdrs)
+            except _TRANSPORT_ERRORS:
+                conn.close()
+                raise
+        self._router.saw_leader(resp.getheader(_core.HEADER_LEADER) or "")
+        if resp.will_close:
+            conn.close()
+        else:
+            self._pool.put(base, conn)
+        return _core.read_answer(resp.status, data)
+
+    def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+        """Sends call, retrying on another node after answers that leave it safe to
+        repeat, until it succeeds or store_wait (plus a long-poll's wait) runs out.
+        Returns the answer and whether an earlier attempt may have reached a node."""
+        cfg = self.config
+        body = call.encoded_body()
+        wait_for = bound or cfg.store_wait
+        deadline = time.monotonic() + wait_for + call.wait
+        retried = False
+        n = 0
+        while True:
+            n += 1
+            base = self._router.target()
+            left = deadline - time.monotonic()
+            try:
+                return self._attempt(base, call, body, max(min(cfg.timeout + call.wait, left), 0.05)), retried
+            except APIError as e:
+                if e.code not in RETRY_CODES:
+                    e.retried = retried  # type: ignore[attr-defined]
+                    raise
+                last: Exception = e
+            except _TRANSPORT_ERRORS as e:
+                last = APIError("unavailable", f"{call.method} {base}: {e!r}")
+                last.__cause__ = e
+            retried = True
+            self._router.demote(base)
+            pause = _core.backoff(n, cfg.backoff_min, cfg.backoff_max)
+            if time.monotonic() + pause >= deadline:
+                raise StoreUnavailableError(
+                    f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
+                    f"({n} attempts; last: {last})",
+                    cause=last,
+                )
+            time.sleep(pause)
+
+    def _call(self, call: Call) -> Any:
+        return self._send(call)[0]
+
+    # Low-level calls: the server's answers as dicts (docs/protocol.md, "HTTP API").
+
+    def reserve(self, tenant: str, key: str, tool: str, **kw: Any) -> dict[str, Any]:
+        """Asks for the right to run an effect. Give ``fingerprint=`` or ``effect=``
+        (the server fingerprints it); also ``actor``, ``attempt_id``, ``lease_ttl``,
+        ``ttl`` (seconds), ``expires_at``. Answer: ``{decision, fence?, record, ...}``."""
+        return self._call(_core.reserve_call(tenant, key, tool, **kw))  # type: ignore[no-any-return]
+
+    def commit(self, tenant: str, key: str, fingerprint: str, fence: int, remote_system: str, remote_id: str,
+               remote_url: Optional[str] = None, result: Any = None) -> dict[str, Any]:
+        """Stores the receipt of the attempt holding fence; answer: the receipt."""
+        c = _core.commit_call(tenant, key, fingerprint, fence, remote_system, remote_id, remote_url, result)
+        return self._call(c)  # type: ignore[no-any-return]
+
+    def fail(self, tenant: str, key: str, fingerprint: str, fence: int, code: str, message: str,
+             details: Any = None) -> dict[str, Any]:
+        """Stores a permanent failure; answer: the record."""
+        return self._call(_core.fail_call(tenant, key, fingerprint, fence, code, message, details))  # type: ignore[no-any-return]
+
+    def release(self, tenant: str, key: str, fingerprint: str, fence: int) -> dict[str, Any]:
+        """Gives the key back. A not_found after an earlier attempt of this call may
+        have landed is that attempt's doing, and reads as released."""
+        try:
+            return self._call(_core.release_call(tenant, key, fingerprint, fence))  # type: ignore[no-any-return]
+        except APIError as e:
+            if e.code == "not_found" and getattr(e, "retried", False):
+                return {"released": True}
+            raise
+
+    def heartbeat(self, tenant: str, key: str, fence: int, lease_ttl: Optional[float] = None) -> dict[str, Any]:
+        """Extends the lease of the attempt holding fence; answer: the record."""
+        return self._call(_core.heartbeat_call(tenant, key, fence, lease_ttl))  # type: ignore[no-any-return]
+
+    def doubt(self, tenant: str, key: str, fingerprint: str, fence: int) -> dict[str, Any]:
+        """Marks the pending record this fence holds as in doubt; answer: the record."""
+        return self._call(_core.doubt_call(tenant, key, fingerprint, fence))  # type: ignore[no-any-return]
+
+    def resolve(self, tenant: str, key: str, fingerprint: str, outcome: str, **kw: Any) -> dict[str, Any]:
+        """Settles an in-doubt record without a fence: outcome "committed" (with
+        remote_system, remote_id, remote_url?, result?) or "not_executed"."""
+        return self._call(_core.resolve_call(tenant, key, fingerprint, outcome, **kw))  # type: ignore[no-any-return]
+
+    def get(self, tenant: str, key: str, wait: Optional[float] = None,
+            consistency: Optional[str] = None) -> Optional[dict[str, Any]]:
+        """The record, or None when absent. With wait (seconds) it long-polls until the
+        record is not pending."""
+        try:
+            return self._call(_core.get_call(tenant, key, wait, consistency))  # type: ignore[no-any-return]
+        except APIError as e:
+            if e.code == "not_found":
+                return None
+            raise
+
+    def list(self, tenant: str, **kw: Any) -> dict[str, Any]:
+        """One page of a tenant's records: prefix, status, limit, after, in_doubt."""
+        return self._call(_core.list_call(tenant, **kw))  # type: ignore[no-any-return]
+
+    def cluster(self) -> dict[str, Any]:
+        """The cluster as the answering node sees it."""
+        return self._call(_core.cluster_call())  # type: ignore[no-any-return]
+
+    # The tool-call loop.
+
+    def do(self, fn: Callable[[], Any], **op: Any) -> Any:
+        """Runs fn at most once for the key, across retries, workers and crashes;
+        see :func:`idemkv.loop.run_sync` and :class:`idemkv.Op` for the options."""
+        from .loop import Op, run_sync
+
+        return run_sync(self, Op.make(self.config, **op), fn)
+
+    def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``."""
+        from .decorator import idempotent
+
+        return idempotent(client=self, **options)

@@ -1,0 +1,184 @@
+"""The error vocabulary of idemkv's clients, the same words in Go, Python and TypeScript.
+
+Every error the tool-call loop (:meth:`Client.do`, ``@idempotent``) raises is exactly
+one of six kinds, each an :class:`IdemkvError` subclass carrying ``.kind``:
+
+==================== ============================ ====================================
+kind                 class                        meaning
+==================== ============================ ====================================
+``not_executed``     :class:`NotExecutedError`    the effect certainly did not happen
+``stored_failure``   :class:`StoredFailureError`  the tool failed for good; the failure
+                                                  is stored and every retry gets it back
+``outcome_unknown``  :class:`OutcomeUnknownError` the tool may have run; the record
+                                                  stays pending for the next attempt
+``conflict``         :class:`ConflictError`       the key names another effect
+``in_doubt``         :class:`InDoubtError`        an earlier attempt died and nothing
+                                                  can tell whether its effect happened
+``store_unavailable`` :class:`StoreUnavailableError` idemkv could not be reached within
+                                                  the store-wait bound
+==================== ============================ ====================================
+
+The low-level calls raise :class:`APIError` for an answer with a wire code (its
+``.code`` is the server's: ``fenced``, ``not_pending``, ...), and
+:class:`StoreUnavailableError` when no node answered within the bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+__all__ = [
+    "IdemkvError",
+    "NotExecutedError",
+    "StoredFailureError",
+    "OutcomeUnknownError",
+    "ConflictError",
+    "InDoubtError",
+    "StoreUnavailableError",
+    "APIError",
+    "KINDS",
+    "Permanent",
+    "NotExecuted",
+    "DEFAULT_FAILURE_CODE",
+]
+
+
+class IdemkvError(Exception):
+    """Base of every error the loop raises. ``.kind`` is the vocabulary word."""
+
+    kind: str = ""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        decision: Optional[str] = None,
+        record: Optional[Mapping[str, Any]] = None,
+        cause: Optional[BaseException] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.decision = decision
+        self.record = record
+        self.cause = cause
+        if cause is not None:
+            self.__cause__ = cause
+
+
+class NotExecutedError(IdemkvError):
+    """The effect certainly did not happen; the key was released (or never taken)."""
+
+    kind = "not_executed"
+
+
+class StoredFailureError(IdemkvError):
+    """The tool failed permanently and the failure is stored; retries get it back.
+
+    ``.receipt`` is the stored failure (``status: "failed"`` with ``error``);
+    ``.replayed`` says whether this call only read it back. The attempt that stored it
+    keeps the tool's own exception in ``.cause``.
+    """
+
+    kind = "stored_failure"
+
+    def __init__(self, message: str, *, receipt: Mapping[str, Any], replayed: bool, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.receipt = receipt
+        self.replayed = replayed
+
+    @property
+    def code(self) -> str:
+        err = self.receipt.get("error") or {}
+        return str(err.get("code", ""))
+
+
+class OutcomeUnknownError(IdemkvError):
+    """The tool may have run; the record stays pending and the next attempt recovers."""
+
+    kind = "outcome_unknown"
+
+
+class ConflictError(IdemkvError):
+    """The key already names a different effect or tool. Nothing ran.
+
+    ``.conflict`` is the server's conflict body (reason, existing and received
+    fingerprints, existing remote id).
+    """
+
+    kind = "conflict"
+
+    def __init__(self, message: str, *, conflict: Mapping[str, Any], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.conflict = conflict
+
+
+class InDoubtError(IdemkvError):
+    """An earlier attempt died and no probe can tell whether its effect happened.
+
+    The record is marked in doubt and stays pending until a person or a policy
+    resolves it (``idemkv resolve TENANT KEY --committed ... | --not-executed``).
+    """
+
+    kind = "in_doubt"
+
+
+class StoreUnavailableError(IdemkvError):
+    """No idemkv node answered within the store-wait bound. Nothing ran."""
+
+    kind = "store_unavailable"
+
+
+KINDS = tuple(
+    c.kind
+    for c in (
+        NotExecutedError,
+        StoredFailureError,
+        OutcomeUnknownError,
+        ConflictError,
+        InDoubtError,
+        StoreUnavailableError,
+    )
+)
+
+
+class APIError(Exception):
+    """An answer of the server with a wire code (docs/protocol.md, "Errors")."""
+
+    def __init__(self, code: str, message: str, *, status: int = 0, field: str = "") -> None:
+        text = f"idemkv: {code}: {message}" + (f" (field {field})" if field else "")
+        super().__init__(text)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.field = field
+
+    @property
+    def retryable(self) -> bool:
+        """unavailable: certainly not applied; outcome_unknown: retry with the same attempt."""
+        return self.code in ("unavailable", "outcome_unknown")
+
+
+# The stored code of a Permanent error that names none (the Go client's
+# DefaultFailureCode).
+DEFAULT_FAILURE_CODE = "tool_failed"
+
+
+class Permanent(Exception):
+    """Raise from a tool for a failure that will not go away on retry.
+
+    The loop stores it with ``fail`` and every later attempt with the same key gets
+    it back as a :class:`StoredFailureError` instead of running the tool::
+
+        raise idemkv.Permanent("project OPS is archived", code="project_archived") from err
+    """
+
+    def __init__(self, message: str, *, code: str = DEFAULT_FAILURE_CODE, details: Any = None) -> None:
+        super().__init__(message)
+        self.code = code or DEFAULT_FAILURE_CODE
+        self.details = details
+
+
+class NotExecuted(Exception):
+    """Raise from a tool when the effect certainly did not happen (the request was
+    never sent, or the downstream API refused it before acting). The loop releases the
+    key, so the next attempt runs afresh, and raises :class:`NotExecutedError`."""

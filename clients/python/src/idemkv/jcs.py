@@ -1,0 +1,294 @@
+"""RFC 8785 (JCS) canonical JSON and effect fingerprints, byte-identical to the server.
+
+``fingerprint(effect) = "sha256:" + hex(sha256(JCS(effect)))`` (docs/protocol.md,
+"Fingerprints"). The repository's shared vector file pins the bytes; the tests read the
+same file the Go tests do.
+
+Two inputs are accepted: Python values (dict with str keys, list, tuple, str, int,
+float, bool, None) and JSON text (``bytes`` or :class:`RawJSON`), which is parsed as
+strictly as the server parses it: no duplicate member names, no lone surrogates, no
+invalid UTF-8, no NaN or Infinity, no number beyond the range of a double.
+
+A number that does not survive a round trip through an IEEE 754 double is refused
+(:class:`FingerprintError`): two different effects must never share a fingerprint, so
+an identifier such as 2**60 + 1 must be sent as a string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, Iterable, Sequence
+
+__all__ = [
+    "FingerprintError",
+    "RawJSON",
+    "canonicalize",
+    "canonicalize_json",
+    "fingerprint",
+    "format_number",
+    "PREFIX",
+    "MAX_SAFE_INTEGER",
+]
+
+PREFIX = "sha256:"
+
+# 2**53: every integer up to it in magnitude is exactly one double, and no other
+# integer shares that double. Beyond it neighbours collapse (2**53 + 1 reads back as
+# 2**53), which is how two effects would come to share a fingerprint.
+MAX_SAFE_INTEGER = 2**53
+
+
+class FingerprintError(ValueError):
+    """The effect is not I-JSON (RFC 7493) and has no fingerprint. Nothing was sent."""
+
+
+class RawJSON:
+    """JSON text to be canonicalized as it is (not a Python string value)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str | bytes) -> None:
+        self.text = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+
+    def __repr__(self) -> str:
+        return f"RawJSON({self.text!r})"
+
+
+class _Number:
+    """A number literal of parsed JSON text, kept as text until it is formatted."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def format_number(f: float) -> str:
+    """Serialize a finite double as ECMAScript's Number::toString does (RFC 8785 3.2.2.3).
+
+    Python's repr already yields the shortest digit string that reads back as the
+    same double (the digits ECMAScript asks for), but lays it out differently:
+    ``1e+16`` where ECMAScript writes ``10000000000000000``, ``1e-05`` where it writes
+    ``0.00001``, ``1.5e-07`` where it writes ``1.5e-7``. Only the layout is redone here.
+    """
+    if math.isnan(f) or math.isinf(f):
+        raise FingerprintError(f"{f!r} has no JSON form")
+    if f == 0:
+        return "0"  # both zeros
+    sign = ""
+    if f < 0:
+        sign, f = "-", -f
+    r = repr(f)
+    mant, _, exp = r.partition("e")
+    whole, _, frac = mant.partition(".")
+    if frac == "0":
+        frac = ""
+    digits = (whole + frac).lstrip("0")
+    # The value is 0.<digits> × 10^n.
+    n = len(whole) + (int(exp) if exp else 0)
+    if whole == "0":
+        # "0.000123": the leading zeros of frac lower the exponent.
+        n = -(len(frac) - len(frac.lstrip("0")))
+    digits = digits.rstrip("0") or "0"
+    k = len(digits)
+    if k <= n <= 21:
+        out = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        out = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        out = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        out = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+    return sign + out
+
+
+def _int_text(i: int) -> str:
+    if abs(i) > MAX_SAFE_INTEGER:
+        raise FingerprintError(
+            f"integer {i} is beyond ±2^53 and does not survive a round trip through a double; "
+            "send it as a string"
+        )
+    return format_number(float(i))
+
+
+def _number_text(text: str) -> str:
+    f = float(text)
+    if math.isinf(f):
+        raise FingerprintError(f"number {text} is out of the range of a double")
+    return format_number(f)
+
+
+def _escape(s: str) -> str:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise FingerprintError(f"string contains a lone surrogate: {s!r}") from e
+    out = ['"']
+    for ch in s:
+        c = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif c < 0x20:
+            out.append(_SHORT.get(ch) or f"\\u{c:04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+_SHORT = {"\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _utf16_key(name: str) -> bytes:
+    # Big-endian UTF-16 bytes compare exactly as the code units do (RFC 8785 3.2.3).
+    return name.encode("utf-16-be", "surrogatepass")
+
+
+def _write(v: Any, out: list[str], depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise FingerprintError("nesting too deep")
+    if v is None:
+        out.append("null")
+    elif v is True:
+        out.append("true")
+    elif v is False:
+        out.append("false")
+    elif isinstance(v, _Number):
+        out.append(_number_text(v.text))
+    elif isinstance(v, int):
+        out.append(_int_text(v))
+    elif isinstance(v, float):
+        out.append(format_number(v))
+    elif isinstance(v, str):
+        out.append(_escape(v))
+    elif isinstance(v, dict):
+        for name in v:
+            if not isinstance(name, str):
+                raise FingerprintError(f"object member names must be strings, not {type(name).__name__}")
+        out.append("{")
+        for i, name in enumerate(sorted(v, key=_utf16_key)):
+            if i:
+                out.append(",")
+            out.append(_escape(name))
+            out.append(":")
+            _write(v[name], out, depth + 1)
+        out.append("}")
+    elif isinstance(v, (list, tuple)):
+        out.append("[")
+        for i, e in enumerate(v):
+            if i:
+                out.append(",")
+            _write(e, out, depth + 1)
+        out.append("]")
+    elif isinstance(v, RawJSON):
+        _write(_parse(v.text), out, depth)
+    else:
+        raise FingerprintError(f"{type(v).__name__} is not a JSON value")
+
+
+# The server's bound on nesting: an effect is a handful of business fields.
+_MAX_DEPTH = 1000
+
+
+def _reject_constant(name: str) -> Any:
+    raise FingerprintError(f"{name} is not JSON")
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            # Names are compared after unescaping: "a" and "\u0061" are one member.
+            raise FingerprintError(f"duplicate member name {k!r}")
+        d[k] = v
+    return d
+
+
+def _parse(data: bytes) -> Any:
+    try:
+        text = data.decode("utf-8")  # strict: invalid UTF-8 and encoded surrogates fail
+    except UnicodeDecodeError as e:
+        raise FingerprintError(f"invalid UTF-8 at byte {e.start}") from e
+    if text.startswith("\ufeff"):
+        raise FingerprintError("a byte order mark is not JSON")
+    try:
+        v = json.loads(
+            text,
+            parse_int=_Number,
+            parse_float=_Number,
+            parse_constant=_reject_constant,
+            object_pairs_hook=_pairs,
+        )
+    except json.JSONDecodeError as e:
+        raise FingerprintError(f"invalid JSON: {e}") from e
+    except RecursionError as e:
+        raise FingerprintError("nesting too deep") from e
+    return v
+
+
+def _drop(v: Any, path: Sequence[str]) -> Any:
+    """A copy of v without the members path names ("*" matches any member or element)."""
+    seg, rest = path[0], path[1:]
+    if isinstance(v, dict):
+        kept: dict[str, Any] = {}
+        for name, val in v.items():
+            if seg != "*" and name != seg:
+                kept[name] = val
+            elif rest:
+                kept[name] = _drop(val, rest)
+        return kept
+    if isinstance(v, (list, tuple)):
+        if seg != "*":
+            return v
+        if not rest:
+            return []
+        return [_drop(e, rest) for e in v]
+    return v
+
+
+def _split_paths(drop: Iterable[str]) -> list[list[str]]:
+    paths = []
+    for d in drop:
+        segs = d.split(".")
+        if any(s == "" for s in segs):
+            raise FingerprintError(f"drop path {d!r} has an empty segment")
+        paths.append(segs)
+    return paths
+
+
+def _prepare(effect: Any, drop: Iterable[str]) -> Any:
+    paths = _split_paths(drop)
+    if isinstance(effect, (bytes, bytearray, memoryview)):
+        effect = RawJSON(bytes(effect))
+    if isinstance(effect, RawJSON):
+        effect = _parse(effect.text)
+    for p in paths:
+        effect = _drop(effect, p)
+    return effect
+
+
+def canonicalize(effect: Any, drop: Iterable[str] = ()) -> bytes:
+    """The RFC 8785 canonical UTF-8 bytes of effect, without the fields drop names.
+
+    effect is a Python value, or JSON text as bytes or :class:`RawJSON`. A drop path is
+    dot-separated member names from the top ("items.*.trace_id"); paths that match
+    nothing are ignored.
+    """
+    out: list[str] = []
+    _write(_prepare(effect, drop), out, 0)
+    return "".join(out).encode("utf-8")
+
+
+def canonicalize_json(text: str | bytes, drop: Iterable[str] = ()) -> bytes:
+    """canonicalize for JSON text."""
+    return canonicalize(RawJSON(text), drop)
+
+
+def fingerprint(effect: Any, drop: Iterable[str] = ()) -> str:
+    """``"sha256:" + hex(sha256(canonicalize(effect, drop)))``."""
+    return PREFIX + hashlib.sha256(canonicalize(effect, drop)).hexdigest()

@@ -1,0 +1,771 @@
+"""The tool-call loop (docs/protocol.md, "Tool classes"), the same as the Go client's Do.
+
+reserve → replay | conflict | wait while in progress | recover (probe, or in doubt)
+| execute under a heartbeat → commit the receipt; a Permanent failure is stored and
+replayed, a NotExecuted one releases the key, any other leaves the record pending.
+
+The loop is written once, as a generator that yields what it needs done (send a
+request, sleep, run the tool or the probe under a lease) and is sent the results;
+:func:`run_sync` drives it with threads, :func:`run_async` with asyncio tasks, so that
+both clients decide exactly alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import datetime as _dt
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Generator, Optional, Sequence
+
+from . import _core, _otel
+from ._core import Call, Config, new_attempt_id
+from .errors import (
+    APIError,
+    ConflictError,
+    InDoubtError,
+    NotExecuted,
+    NotExecutedError,
+    OutcomeUnknownError,
+    Permanent,
+    StoredFailureError,
+    StoreUnavailableError,
+)
+from .jcs import fingerprint as _fingerprint
+
+__all__ = ["Op", "Outcome", "Result", "Lease", "current_lease", "run_sync", "run_async", "CLASSES"]
+
+READ_ONLY = "read_only"
+IDEMPOTENT = "idempotent_mutation"
+NON_IDEMPOTENT = "non_idempotent_mutation"
+
+# The classes of docs/protocol.md and the short names a decorator may use.
+CLASSES = {
+    "read_only": READ_ONLY,
+    "idempotent": IDEMPOTENT,
+    "idempotent_mutation": IDEMPOTENT,
+    "non_idempotent": NON_IDEMPOTENT,
+    "non_idempotent_mutation": NON_IDEMPOTENT,
+}
+
+# Wire codes that say our lease went to a newer attempt (or the record is gone).
+_LOST = frozenset({"fenced", "not_pending", "not_found"})
+
+
+@dataclass
+class Result:
+    """What a tool or a probe reports: the downstream system's receipt."""
+
+    remote_system: str  # "linear"
+    remote_id: str  # "LIN-1842"
+    remote_url: str = ""
+    result: Any = None  # stored with the receipt and replayed with it (any JSON)
+
+
+@dataclass
+class Outcome:
+    """What the loop returns when the operation has a committed receipt."""
+
+    decision: str  # the reserve decision that led here: execute, recover or replay
+    receipt: dict[str, Any]
+    value: Any  # the tool's return value; on a replay or probe, the stored result
+    fingerprint: str = ""
+    fence: int = 0
+    attempts: int = 0
+    replayed: bool = False  # the tool did not run; the receipt is the stored one
+    probed: bool = False  # a recovered attempt found the effect through the probe
+    unguarded: bool = False  # the store was unreachable and the tool ran without it
+
+
+@dataclass
+class Op:
+    """One tool call (the Go client's Op)."""
+
+    tenant: str
+    key: str  # names the business operation; every retry by any worker carries it
+    tool: str
+    side_effect: str = NON_IDEMPOTENT
+    effect: Any = None  # the fields that define the effect; fingerprinted with JCS
+    drop: Sequence[str] = ()  # volatile fields to leave out of the fingerprint
+    fingerprint: Optional[str] = None  # instead of effect: computed elsewhere
+    actor: Optional[str] = None
+    ttl: Optional[float] = None  # seconds the record is kept; server default 24 h
+    lease_ttl: float = 30.0
+    # probe(*args) looks the effect up downstream after an attempt died: the receipt
+    # (a Result, or a value to_result reads) when it happened, None when it did not.
+    probe: Optional[Callable[[], Any]] = None
+    # Reads the tool's return value as a receipt; default: see default_result.
+    to_result: Optional[Callable[[Any], Result]] = None
+    remote_system: Optional[str] = None
+    # Bounds the whole call, waits for another attempt included (seconds).
+    deadline: Optional[float] = None
+    poll_wait: float = 30.0
+    backoff_min: float = 0.02
+    backoff_max: float = 1.0
+    unguarded: bool = False
+
+    @classmethod
+    def make(cls, config: Config, **kw: Any) -> "Op":
+        kw.setdefault("tenant", config.tenant)
+        kw.setdefault("actor", config.actor)
+        if kw.get("lease_ttl") is None:
+            kw["lease_ttl"] = config.lease_ttl
+        kw.setdefault("poll_wait", config.poll_wait)
+        kw.setdefault("backoff_min", config.backoff_min)
+        kw.setdefault("backoff_max", config.backoff_max)
+        kw.setdefault("unguarded", config.on_store_unavailable == "unguarded")
+        if "side_effect" in kw:
+            se = kw["side_effect"]
+            if se not in CLASSES:
+                raise ValueError(f"idemkv: unknown side_effect {se!r}; one of {sorted(CLASSES)}")
+            kw["side_effect"] = CLASSES[se]
+        op = cls(**kw)
+        op.validate()
+        return op
+
+    def validate(self) -> None:
+        if not self.tenant:
+            raise ValueError("idemkv: a tenant is required (on the call or the client)")
+        if not self.key:
+            raise ValueError("idemkv: an idempotency key is required")
+        if not self.tool:
+            raise ValueError("idemkv: a tool name is required")
+        if self.side_effect == READ_ONLY:
+            return
+        if self.fingerprint is not None and (self.effect is not None or self.drop):
+            raise ValueError("idemkv: give an effect or a fingerprint, not both")
+        if self.fingerprint is None and self.effect is None:
+            raise ValueError("idemkv: a mutating tool call needs an effect or a fingerprint")
+        if self.lease_ttl < 1:
+            raise ValueError("idemkv: the lease must be at least 1 second")
+
+    def compute_fingerprint(self) -> str:
+        if self.fingerprint is not None:
+            return self.fingerprint
+        return _fingerprint(self.effect, self.drop)
+
+
+def _jsonable(v: Any) -> Any:
+    """v as something json can encode, or None when it cannot be stored."""
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        v = dataclasses.asdict(v)
+    elif hasattr(v, "model_dump"):  # pydantic v2 models, common in agent frameworks
+        try:
+            v = v.model_dump(mode="json")
+        except Exception:
+            return None
+    try:
+        json.dumps(v, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    return v
+
+
+def default_result(op: Op, value: Any) -> Result:
+    """The receipt of a tool that returned something other than a Result.
+
+    remote_id is the value's "remote_id", "id" or "key" member (or attribute); the
+    server requires one, so a value that names none is receipted under the
+    idempotency key itself. The value, when it is JSON, is stored as the result and is
+    what a replay returns.
+    """
+    if isinstance(value, Result):
+        return value
+    rid: Any = None
+    for name in ("remote_id", "id", "key"):
+        if isinstance(value, dict) and value.get(name) not in (None, ""):
+            rid = value[name]
+            break
+        if not isinstance(value, dict) and getattr(value, name, None) not in (None, ""):
+            rid = getattr(value, name)
+            break
+    url = ""
+    if isinstance(value, dict):
+        url = str(value.get("url") or value.get("remote_url") or "")
+    return Result(
+        remote_system=op.remote_system or op.tool,
+        remote_id=str(rid) if rid is not None else op.key,
+        remote_url=url,
+        result=_jsonable(value),
+    )
+
+
+class Lease:
+    """The lease the running tool holds; ``current_lease()`` inside the tool.
+
+    ``lost`` is set when a newer attempt took the key over: a sync tool should stop as
+    soon as it can (an async tool is cancelled instead)."""
+
+    def __init__(self, fence: int) -> None:
+        self.fence = fence
+        self.lost = threading.Event()
+        self.error: Optional[APIError] = None
+
+
+_lease: contextvars.ContextVar[Optional[Lease]] = contextvars.ContextVar("idemkv_lease", default=None)
+
+
+def current_lease() -> Optional[Lease]:
+    """The lease of the tool call this code runs in, or None."""
+    return _lease.get()
+
+
+def _seconds_until(stamp: Any) -> Optional[float]:
+    if not stamp:
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t - _dt.datetime.now(_dt.timezone.utc)).total_seconds()
+
+
+# Effects the generator yields; the drivers carry them out.
+@dataclass
+class _Send:
+    call: Call
+    bound: Optional[float] = None  # store_wait of this call (heartbeats use less)
+
+
+@dataclass
+class _Sleep:
+    seconds: float
+
+
+@dataclass
+class _Run:
+    which: str  # "tool" or "probe"
+    fence: Optional[int]  # run under a heartbeat for this fence; None: no lease
+
+
+@dataclass
+class _Ran:
+    value: Any = None
+    error: Optional[BaseException] = None
+    lost: Optional[APIError] = None
+
+
+@dataclass
+class _Grant:
+    decision: str
+    fence: int
+    record: Optional[dict[str, Any]]
+
+
+Gen = Generator[Any, Any, Outcome]
+
+
+@dataclass
+class _Loop:
+    op: Op
+    fp: str
+    span: Any
+    attempt_id: str = field(default_factory=new_attempt_id)
+
+    def outcome(self, g: _Grant, receipt: dict[str, Any], value: Any, **kw: Any) -> Outcome:
+        attempts = int((g.record or {}).get("attempts", 0))
+        return Outcome(decision=g.decision, receipt=receipt, value=value, fingerprint=self.fp, fence=g.fence,
+                       attempts=attempts, **kw)
+
+    def main(self) -> Gen:
+        op = self.op
+        deadline = None if op.deadline is None else time.monotonic() + op.deadline
+        reserve = _core.reserve_call(op.tenant, op.key, op.tool, fingerprint=self.fp, actor=op.actor,
+                                     attempt_id=self.attempt_id, lease_ttl=op.lease_ttl, ttl=op.ttl)
+        waits = 0
+        while True:
+            try:
+                res = yield _Send(reserve)
+            except StoreUnavailableError as e:
+                if op.unguarded and op.side_effect == IDEMPOTENT:
+                    return (yield from self.unguarded(e))
+                raise
+            except APIError as e:
+                # Refused before anything ran (a bad argument, a token without the
+                # tenant): the effect did not happen.
+                raise NotExecutedError(f"idemkv: reserve of {op.key!r} refused: {e}", cause=e) from e
+            decision = res.get("decision", "")
+            record = res.get("record")
+            self.decided(res)
+            if decision == "replay":
+                return self.replay(res)
+            if decision == "conflict":
+                c = res.get("conflict") or {}
+                raise ConflictError(
+                    f"idemkv: conflict on {op.key!r}: {c.get('reason', '')} (existing {c.get('existing_fingerprint', '')}, "
+                    f"received {c.get('received_fingerprint', '')})",
+                    conflict=c, decision=decision, record=record)
+            if decision == "in_progress":
+                waits += 1
+                yield from self.wait(res, waits, deadline)
+                continue
+            g = _Grant(decision, int(res.get("fence") or 0), record)
+            if decision == "execute":
+                return (yield from self.execute(g))
+            if decision == "recover" and g.fence:
+                return (yield from self.recover(g))
+            if decision == "recover":
+                settled = yield from self.in_doubt(g)
+                if settled is not None:
+                    return settled
+                continue  # released: reserve again
+            raise OutcomeUnknownError(f"idemkv: unknown reserve decision {decision!r}", decision=decision, record=record)
+
+    def decided(self, res: dict[str, Any]) -> None:
+        attrs: dict[str, Any] = {_otel.DECISION: res.get("decision", "")}
+        if res.get("fence"):
+            attrs[_otel.FENCE] = int(res["fence"])
+        rec = res.get("record") or {}
+        if rec.get("attempts"):
+            attrs[_otel.ATTEMPTS] = int(rec["attempts"])
+        c = res.get("conflict")
+        if c:
+            attrs[_otel.CONFLICT_REASON] = c.get("reason", "")
+            attrs[_otel.CONFLICT_EXISTING_FINGERPRINT] = c.get("existing_fingerprint", "")
+            if c.get("existing_remote_id"):
+                attrs[_otel.CONFLICT_EXISTING_REMOTE_ID] = c["existing_remote_id"]
+        self.span.set_attributes(attrs)
+        self.span.add_event("reserve", attrs)
+
+    def replay(self, res: dict[str, Any]) -> Outcome:
+        rec = res.get("record") or {}
+        receipt = res.get("receipt") or _receipt_of(rec)
+        if not receipt:
+            raise OutcomeUnknownError(f"idemkv: replay of {self.op.key!r} without a receipt", decision="replay", record=rec)
+        if receipt.get("status") == "failed":
+            raise _stored_failure(self.op.key, receipt, True, "replay", rec)
+        g = _Grant("replay", int(rec.get("fence") or 0), rec)
+        return self.outcome(g, receipt, receipt.get("result"), replayed=True)
+
+    def wait(self, res: dict[str, Any], waits: int, deadline: Optional[float]) -> Generator[Any, Any, None]:
+        """Long-polls the record another attempt holds until it is settled or that
+        attempt's lease runs out; the caller then reserves again and learns which."""
+        op = self.op
+        wait = op.poll_wait
+        until = _seconds_until(res.get("lease_expires_at"))
+        if until is not None:
+            # The server ends the wait at lease expiry itself; the margin covers a
+            # server that only wakes on a change.
+            wait = min(wait, until + 0.25)
+        wait = max(wait, 0.1)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OutcomeUnknownError(
+                    f"idemkv: gave up waiting for the attempt that holds {op.key!r}: it may still run the tool",
+                    decision="in_progress", record=res.get("record"))
+            wait = min(wait, left)
+        start = time.monotonic()
+        try:
+            rec = yield _Send(_core.get_call(op.tenant, op.key, wait))
+        except APIError as e:
+            if e.code == "not_found":
+                return
+            raise OutcomeUnknownError(f"idemkv: waiting on {op.key!r}: {e}", decision="in_progress", cause=e) from e
+        if rec.get("status") == "pending" and time.monotonic() - start < wait / 2:
+            # Still held, and the wait ended early: do not spin on a server whose
+            # clock and ours disagree about the lease.
+            yield _Sleep(_core.backoff(waits, op.backoff_min, op.backoff_max))
+
+    def recover(self, g: _Grant) -> Gen:
+        op = self.op
+        if op.side_effect == IDEMPOTENT:
+            return (yield from self.execute(g))
+        if op.probe is None:
+            # Nobody can know whether the dead attempt's effect happened: mark the
+            # record in doubt, so that retries stop re-leasing it, and say so.
+            self.span.add_event("in_doubt")
+            record = g.record
+            try:
+                record = yield _Send(_core.doubt_call(op.tenant, op.key, self.fp, g.fence))
+            except (APIError, StoreUnavailableError) as e:
+                raise _in_doubt(op.key, g.record, e) from e
+            raise _in_doubt(op.key, record, None)
+        ran = yield _Run("probe", g.fence)
+        if ran.lost is not None:
+            raise _lost(op.key, ran)
+        if ran.error is not None:
+            # Still unknown: the record stays pending for the next attempt.
+            raise OutcomeUnknownError(f"idemkv: probe for {op.key!r} failed: {ran.error}", decision=g.decision,
+                                      record=g.record, cause=ran.error) from ran.error
+        if ran.value is None:
+            self.span.add_event("probe", {"found": False})
+            return (yield from self.execute(g))
+        self.span.add_event("probe", {"found": True})
+        found = self.as_result(ran.value)
+        return (yield from self.commit(g, found, ran.value if not isinstance(ran.value, Result) else found.result,
+                                       probed=True))
+
+    def in_doubt(self, g: _Grant) -> Generator[Any, Any, Optional[Outcome]]:
+        """A recover without a fence: the record is in doubt. With a probe, settle it
+        (resolve committed, or resolve not_executed and reserve again)."""
+        op = self.op
+        if op.probe is None and op.side_effect != IDEMPOTENT:
+            raise _in_doubt(op.key, g.record, None)
+        found: Optional[Result] = None
+        value: Any = None
+        if op.probe is not None:
+            ran = yield _Run("probe", None)
+            if ran.error is not None:
+                raise _in_doubt(op.key, g.record, ran.error) from ran.error
+            if ran.value is not None:
+                found = self.as_result(ran.value)
+                value = ran.value if not isinstance(ran.value, Result) else found.result
+        # An idempotent tool without a probe may simply run again: release first.
+        try:
+            if found is not None:
+                self.span.add_event("probe", {"found": True})
+                receipt = yield _Send(_core.resolve_call(
+                    op.tenant, op.key, self.fp, "committed", found.remote_system, found.remote_id,
+                    found.remote_url or None, found.result))
+                return self.outcome(g, receipt, value, probed=True)
+            self.span.add_event("probe", {"found": False})
+            yield _Send(_core.resolve_call(op.tenant, op.key, self.fp, "not_executed"))
+        except APIError as e:
+            if e.code not in ("not_pending", "not_found"):
+                raise _in_doubt(op.key, g.record, e) from e
+            # Someone settled it first: reserve again and read what they decided.
+        except StoreUnavailableError as e:
+            raise _in_doubt(op.key, g.record, e) from e
+        return None
+
+    def execute(self, g: _Grant) -> Gen:
+        op = self.op
+        ran = yield _Run("tool", g.fence)
+        if ran.lost is not None:
+            # A newer attempt owns the key; it decides the outcome (and probes for ours).
+            raise _lost(op.key, ran)
+        err = ran.error
+        if err is None:
+            return (yield from self.commit(g, self.as_result(ran.value), ran.value))
+        if isinstance(err, NotExecuted):
+            yield from self.release(g, err)
+            raise NotExecutedError(f"idemkv: {op.key!r} not executed: {err}", decision=g.decision, record=g.record,
+                                   cause=err) from err
+        if isinstance(err, Permanent):
+            return (yield from self.fail(g, err))
+        self.span.add_event("left_pending")
+        raise OutcomeUnknownError(
+            f"idemkv: the tool for {op.key!r} failed and may have had its effect; the record stays pending "
+            f"and the next attempt after its lease recovers it: {err!r}",
+            decision=g.decision, record=g.record, cause=err) from err
+
+    def as_result(self, value: Any) -> Result:
+        if isinstance(value, Result):
+            return value
+        if self.op.to_result is not None:
+            return self.op.to_result(value)
+        return default_result(self.op, value)
+
+    def commit(self, g: _Grant, res: Result, value: Any, probed: bool = False) -> Gen:
+        op = self.op
+        try:
+            receipt = yield _Send(_core.commit_call(op.tenant, op.key, self.fp, g.fence, res.remote_system,
+                                                    res.remote_id, res.remote_url or None, _jsonable(res.result)))
+        except (APIError, StoreUnavailableError) as e:
+            raise OutcomeUnknownError(
+                f"idemkv: the tool ran but its receipt for {op.key!r} was not stored (remote id {res.remote_id!r}): {e}",
+                decision=g.decision, record=g.record, cause=e) from e
+        if receipt.get("status") == "failed":
+            # The first stored outcome wins, and it was a failure.
+            raise _stored_failure(op.key, receipt, True, g.decision, g.record)
+        if receipt.get("remote_id"):
+            self.span.set_attributes({_otel.RECEIPT_REMOTE_ID: receipt["remote_id"]})
+        return self.outcome(g, receipt, value, probed=probed)
+
+    def fail(self, g: _Grant, perm: Permanent) -> Gen:
+        op = self.op
+        try:
+            rec = yield _Send(_core.fail_call(op.tenant, op.key, self.fp, g.fence, _printable(perm.code, 128),
+                                              _printable(str(perm), 4096), _jsonable(perm.details)))
+        except (APIError, StoreUnavailableError) as e:
+            raise OutcomeUnknownError(f"idemkv: storing the failure of {op.key!r}: {e}", decision=g.decision,
+                                      record=g.record, cause=perm) from perm
+        receipt = _receipt_of(rec)
+        if receipt.get("status") == "committed":
+            return self.outcome(g, receipt, receipt.get("result"))
+        err = StoredFailureError(f"idemkv: {op.key!r} failed permanently: {perm.code}: {perm}", receipt=receipt,
+                                 replayed=False, decision=g.decision, record=rec, cause=perm)
+        raise err from perm
+
+    def release(self, g: _Grant, cause: BaseException) -> Generator[Any, Any, None]:
+        op = self.op
+        try:
+            yield _Send(_core.release_call(op.tenant, op.key, self.fp, g.fence))
+        except APIError as e:
+            if e.code not in ("not_found", "fenced"):
+                raise OutcomeUnknownError(f"idemkv: releasing {op.key!r}: {e}", decision=g.decision, cause=cause) from e
+            # Gone already, or a newer attempt owns the key: not ours to free.
+        except StoreUnavailableError as e:
+            raise OutcomeUnknownError(f"idemkv: releasing {op.key!r}: {e}", decision=g.decision, cause=cause) from e
+        self.span.add_event("released")
+
+    def unguarded(self, e: StoreUnavailableError) -> Gen:
+        self.span.add_event("unguarded")
+        ran = yield _Run("tool", None)
+        if ran.error is not None:
+            raise OutcomeUnknownError(f"idemkv: unguarded tool for {self.op.key!r} failed: {ran.error!r}",
+                                      cause=ran.error) from ran.error
+        res = self.as_result(ran.value)
+        receipt = {"idempotency_key": self.op.key, "effect_fingerprint": self.fp, "status": "committed",
+                   "remote_system": res.remote_system, "remote_id": res.remote_id}
+        return Outcome(decision="execute", receipt=receipt, value=ran.value, fingerprint=self.fp, unguarded=True)
+
+
+def _receipt_of(rec: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The receipt a terminal record replays (the Go Record.Outcome)."""
+    if not rec or rec.get("status") not in ("committed", "failed"):
+        return {}
+    out = {"idempotency_key": rec.get("idempotency_key"), "effect_fingerprint": rec.get("effect_fingerprint"),
+           "status": rec["status"]}
+    if rec.get("receipt"):
+        out.update(rec["receipt"])
+    if rec.get("error"):
+        out["error"] = rec["error"]
+    return out
+
+
+def _stored_failure(key: str, receipt: dict[str, Any], replayed: bool, decision: str,
+                    record: Optional[dict[str, Any]]) -> StoredFailureError:
+    info = receipt.get("error") or {}
+    return StoredFailureError(f"idemkv: {key!r} failed permanently: {info.get('code', '')}: {info.get('message', '')}",
+                              receipt=receipt, replayed=replayed, decision=decision, record=record)
+
+
+def _in_doubt(key: str, record: Optional[dict[str, Any]], cause: Optional[BaseException]) -> InDoubtError:
+    return InDoubtError(
+        f"idemkv: {key!r} is in doubt: an earlier attempt died and nothing can tell whether its effect happened; "
+        f"resolve it (idemkv resolve TENANT KEY --committed --remote-system S --remote-id ID | --not-executed)",
+        decision="recover", record=record, cause=cause)
+
+
+def _lost(key: str, ran: _Ran) -> OutcomeUnknownError:
+    return OutcomeUnknownError(f"idemkv: lease on {key!r} lost to a newer attempt while the tool ran: {ran.lost}",
+                               decision="execute", cause=ran.error or ran.lost)
+
+
+def _printable(s: str, limit: int) -> str:
+    """s as the server stores it: printable UTF-8 (errors often span lines), bounded."""
+    s = "".join(ch if ch.isprintable() else " " for ch in s)
+    while len(s.encode("utf-8")) > limit:
+        s = s[:-1]
+    return s
+
+
+def _start_span(client: Any, op: Op) -> Any:
+    return _otel.start(client._tracer, "execute_tool " + op.tool, {
+        _otel.TOOL_NAME: op.tool,
+        _otel.TOOL_SIDE_EFFECT: op.side_effect != READ_ONLY,
+        _otel.TOOL_CLASS: op.side_effect,
+        _otel.IDEMPOTENCY_KEY: op.key,
+        _otel.TENANT: op.tenant,
+    })
+
+
+def _finish_span(span: Any, out: Optional[Outcome], exc: Optional[BaseException]) -> None:
+    if out is not None:
+        span.set_attributes({_otel.REPLAYED: out.replayed})
+        if out.receipt.get("remote_id"):
+            span.set_attributes({_otel.RECEIPT_REMOTE_ID: out.receipt["remote_id"]})
+    if exc is not None:
+        span.fail(exc)
+    span.end()
+
+
+# The sync driver.
+
+
+def _heartbeat_thread(client: Any, op: Op, lease: Lease, stop: threading.Event) -> None:
+    every = op.lease_ttl / 3
+    nxt = every
+    call = _core.heartbeat_call(op.tenant, op.key, lease.fence, op.lease_ttl)
+    while not stop.wait(nxt):
+        try:
+            client._send(call, bound=every)
+            nxt = every
+        except APIError as e:
+            if e.code in _LOST:
+                lease.error = e
+                lease.lost.set()
+                return
+            nxt = max(every / 6, 0.05)
+        except Exception:
+            # The lease still has two thirds to run: try again soon.
+            nxt = max(every / 6, 0.05)
+
+
+def _run_sync(client: Any, op: Op, fn: Callable[[], Any], eff: _Run) -> _Ran:
+    f = fn if eff.which == "tool" else op.probe
+    assert f is not None
+    if eff.fence is None:
+        try:
+            return _Ran(value=f())
+        except Exception as e:
+            return _Ran(error=e)
+    lease = Lease(eff.fence)
+    stop = threading.Event()
+    hb = threading.Thread(target=_heartbeat_thread, args=(client, op, lease, stop), name="idemkv-heartbeat",
+                          daemon=True)
+    hb.start()
+    token = _lease.set(lease)
+    try:
+        try:
+            ran = _Ran(value=f())
+        except Exception as e:
+            ran = _Ran(error=e)
+    finally:
+        _lease.reset(token)
+        stop.set()
+        hb.join()
+    ran.lost = lease.error
+    return ran
+
+
+def run_sync(client: Any, op: Op, fn: Callable[[], Any]) -> Outcome:
+    """Runs fn (no arguments) at most once for op.key; see the module doc."""
+    span = _start_span(client, op)
+    out: Optional[Outcome] = None
+    try:
+        if op.side_effect == READ_ONLY:
+            value = fn()
+            out = Outcome(decision="execute", receipt={}, value=value)
+            return out
+        fp = op.compute_fingerprint()
+        span.set_attributes({_otel.FINGERPRINT: fp})
+        gen = _Loop(op, fp, span).main()
+        send: Any = None
+        throw: Optional[BaseException] = None
+        while True:
+            try:
+                eff = gen.throw(throw) if throw is not None else gen.send(send)
+            except StopIteration as stop:
+                out = stop.value
+                return stop.value  # type: ignore[no-any-return]
+            send, throw = None, None
+            try:
+                if isinstance(eff, _Send):
+                    send = client._send(eff.call, bound=eff.bound)[0]
+                elif isinstance(eff, _Sleep):
+                    time.sleep(eff.seconds)
+                else:
+                    send = _run_sync(client, op, fn, eff)
+            except Exception as e:
+                throw = e
+    except BaseException as e:
+        _finish_span(span, None, e)
+        raise
+    finally:
+        if out is not None:
+            _finish_span(span, out, None)
+
+
+# The asyncio driver.
+
+
+async def _heartbeat_task(client: Any, op: Op, lease: Lease, tool: "asyncio.Task[Any]") -> None:
+    every = op.lease_ttl / 3
+    nxt = every
+    call = _core.heartbeat_call(op.tenant, op.key, lease.fence, op.lease_ttl)
+    while True:
+        await asyncio.sleep(nxt)
+        try:
+            await client._send(call, bound=every)
+            nxt = every
+        except APIError as e:
+            if e.code in _LOST:
+                lease.error = e
+                lease.lost.set()
+                tool.cancel()
+                return
+            nxt = max(every / 6, 0.05)
+        except Exception:
+            nxt = max(every / 6, 0.05)
+
+
+async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]], eff: _Run) -> _Ran:
+    f = fn if eff.which == "tool" else op.probe
+    assert f is not None
+
+    async def call() -> Any:
+        v = f()
+        if asyncio.iscoroutine(v) or isinstance(v, asyncio.Future):
+            v = await v
+        return v
+
+    if eff.fence is None:
+        try:
+            return _Ran(value=await call())
+        except Exception as e:
+            return _Ran(error=e)
+    lease = Lease(eff.fence)
+    ctx = contextvars.copy_context()
+    ctx.run(_lease.set, lease)
+    tool = asyncio.get_running_loop().create_task(call(), context=ctx) if _HAS_TASK_CONTEXT else \
+        ctx.run(asyncio.ensure_future, call())
+    hb = asyncio.ensure_future(_heartbeat_task(client, op, lease, tool))
+    try:
+        try:
+            ran = _Ran(value=await asyncio.shield(tool))
+        except asyncio.CancelledError:
+            if lease.error is None or not tool.cancelled():
+                tool.cancel()  # our caller was cancelled: stop the tool too
+                raise
+            ran = _Ran(error=None)
+        except Exception as e:
+            ran = _Ran(error=e)
+    finally:
+        hb.cancel()
+        try:
+            await hb
+        except (asyncio.CancelledError, Exception):
+            pass
+    ran.lost = lease.error
+    return ran
+
+
+_HAS_TASK_CONTEXT = __import__("sys").version_info >= (3, 11)
+
+
+async def run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]]) -> Outcome:
+    """run_sync for coroutine functions: the heartbeat is a task, and a lost lease
+    cancels the tool's task."""
+    span = _start_span(client, op)
+    out: Optional[Outcome] = None
+    try:
+        if op.side_effect == READ_ONLY:
+            v = fn()
+            if asyncio.iscoroutine(v):
+                v = await v
+            out = Outcome(decision="execute", receipt={}, value=v)
+            return out
+        fp = op.compute_fingerprint()
+        span.set_attributes({_otel.FINGERPRINT: fp})
+        gen = _Loop(op, fp, span).main()
+        send: Any = None
+        throw: Optional[BaseException] = None
+        while True:
+            try:
+                eff = gen.throw(throw) if throw is not None else gen.send(send)
+            except StopIteration as stop:
+                out = stop.value
+                return stop.value  # type: ignore[no-any-return]
+            send, throw = None, None
+            try:
+                if isinstance(eff, _Send):
+                    send = (await client._send(eff.call, bound=eff.bound))[0]
+                elif isinstance(eff, _Sleep):
+                    await asyncio.sleep(eff.seconds)
+                else:
+                    send = await _run_async(client, op, fn, eff)
+            except Exception as e:
+                throw = e
+    except BaseException as e:
+        _finish_span(span, None, e)
+        raise
+    finally:
+        if out is not None:
+            _finish_span(span, out, None)

@@ -1,0 +1,145 @@
+"""RFC 8785 canonical JSON and fingerprints: the shared vectors, Python values, and
+the server's own fingerprint of the same effects."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import unittest
+
+import harness
+import idemkv
+from idemkv import jcs
+
+
+def vector_file() -> str:
+    root = harness.repo_root()
+    for rel in ("testdata/fingerprint/vectors.json", "fingerprint/testdata/vectors.json"):
+        p = os.path.join(root, rel)
+        if os.path.exists(p):
+            return p
+    raise AssertionError("the shared fingerprint vector file is missing")
+
+
+def load_vectors() -> list[dict]:
+    with open(vector_file(), encoding="utf-8") as f:
+        return json.load(f)["vectors"]
+
+
+def input_bytes(v: dict) -> bytes:
+    if "input_hex" in v:
+        return bytes.fromhex(v["input_hex"])
+    return v.get("input", "").encode("utf-8")
+
+
+class SharedVectors(unittest.TestCase):
+    def test_every_vector(self) -> None:
+        vectors = load_vectors()
+        self.assertGreater(len(vectors), 50, "the vector file shrank")
+        valid = invalid = 0
+        for v in vectors:
+            with self.subTest(v["name"]):
+                data, drop = input_bytes(v), v.get("drop", ())
+                if v.get("invalid"):
+                    with self.assertRaises(idemkv.FingerprintError):
+                        jcs.canonicalize_json(data, drop)
+                    invalid += 1
+                    continue
+                self.assertEqual(jcs.canonicalize_json(data, drop).decode("utf-8"), v["canonical"])
+                self.assertEqual(idemkv.fingerprint(idemkv.RawJSON(data), drop), v["fingerprint"])
+                valid += 1
+        print(f"\nshared vectors: {valid} canonical forms and fingerprints equal, {invalid} invalid inputs refused")
+
+    def test_python_values_of_the_vectors(self) -> None:
+        # The canonical text read back into Python values canonicalizes to itself: the
+        # value path (what @idempotent fingerprints) agrees with the text path.
+        for v in load_vectors():
+            if v.get("invalid") or v.get("drop"):
+                continue
+            with self.subTest(v["name"]):
+                value = json.loads(v["canonical"])
+                if _has_unsafe_int(value):
+                    continue  # ints beyond 2^53 are refused as values; tested below
+                self.assertEqual(idemkv.fingerprint(value), v["fingerprint"])
+
+
+def _has_unsafe_int(v: object) -> bool:
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return abs(v) > 2**53
+    if isinstance(v, dict):
+        return any(_has_unsafe_int(x) for x in v.values())
+    if isinstance(v, list):
+        return any(_has_unsafe_int(x) for x in v)
+    return False
+
+
+class PythonValues(unittest.TestCase):
+    def test_numbers_beyond_a_double_are_refused(self) -> None:
+        for bad in (2**53 + 1, -(2**53) - 1, 2**60, 10**30, float("nan"), float("inf"), -float("inf")):
+            with self.subTest(bad=bad), self.assertRaises(idemkv.FingerprintError) as cm:
+                idemkv.fingerprint({"customer_id": bad})
+            if isinstance(bad, int):
+                self.assertIn("string", str(cm.exception))  # says to send it as a string
+        self.assertEqual(idemkv.canonicalize({"n": 2**53}), b'{"n":9007199254740992}')
+        self.assertEqual(idemkv.canonicalize({"n": -(2**53)}), b'{"n":-9007199254740992}')
+
+    def test_ecmascript_number_layout(self) -> None:
+        # Python's repr and ECMAScript's Number::toString differ in layout only.
+        cases = {
+            1e16: "10000000000000000", 1e21: "1e+21", 1e20: "100000000000000000000", 1e-5: "0.00001",
+            1e-6: "0.000001", 1e-7: "1e-7", 1.5e-7: "1.5e-7", 123.0: "123", -0.0: "0", 0.1 + 0.2: "0.30000000000000004",
+            5e-324: "5e-324", 1.7976931348623157e308: "1.7976931348623157e+308", 2.5e22: "2.5e+22", -1234.5: "-1234.5",
+            100.0: "100", 1e300: "1e+300", 0.000123: "0.000123",
+        }
+        for f, want in cases.items():
+            with self.subTest(f=f):
+                self.assertEqual(jcs.format_number(f), want)
+        self.assertEqual(idemkv.canonicalize([1, 1.0, True, None]), b"[1,1,true,null]")
+
+    def test_values(self) -> None:
+        a = {"title": "Outage X: API 5xx", "tenant": "tenant_42", "project": "OPS", "severity": "sev1",
+             "customer_id": "cus_9", "incident_id": "inc_17"}
+        b = dict(reversed(list(a.items())))
+        self.assertEqual(idemkv.fingerprint(a), idemkv.fingerprint(b))
+        self.assertEqual(idemkv.fingerprint(a), "sha256:76157b1f62c6c2942d526bb835ec2d1ee237f3ad3701791256e1a8e5cf57b02f")
+        self.assertEqual(idemkv.fingerprint({"x": 1, "trace_id": "t"}, drop=["trace_id"]), idemkv.fingerprint({"x": 1}))
+        self.assertEqual(idemkv.canonicalize({"a": ("x", 2)}), b'{"a":["x",2]}')
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.fingerprint({"bad": "\ud800"})  # a lone surrogate has no UTF-8 form
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.fingerprint({1: "x"})
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.fingerprint({"x": object()})
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.fingerprint({"x": 1}, drop=["a..b"])
+        self.assertTrue(math.isfinite(1.0))
+
+
+class ServerAgrees(unittest.TestCase):
+    """The server fingerprints an effect sent whole (reserve with "effect"); it must
+    compute the bytes the client computes."""
+
+    def test_server_fingerprint_equals_client(self) -> None:
+        node = harness.shared_node()
+        c = idemkv.Client(node.http, tenant="fp")
+        self.addCleanup(c.close)
+        checked = 0
+        for v in load_vectors():
+            if v.get("invalid") or v.get("drop"):
+                continue
+            value = json.loads(v["canonical"])
+            if _has_unsafe_int(value):
+                continue
+            res = c.reserve("fp", harness.unique("vec"), "fp_check", effect=value)
+            self.assertEqual(res["record"]["effect_fingerprint"], idemkv.fingerprint(value), v["name"])
+            self.assertEqual(res["record"]["effect_fingerprint"], v["fingerprint"], v["name"])
+            checked += 1
+        self.assertGreater(checked, 40)
+        print(f"\nserver agrees on {checked} effects")
+
+
+if __name__ == "__main__":
+    unittest.main()
