@@ -74,6 +74,9 @@ type Config struct {
 	ForwardTimeout time.Duration
 	// Middleware, when set, wraps the whole handler (tracing, authentication).
 	Middleware func(http.Handler) http.Handler
+	// Pprof serves Go's profiles at /debug/pprof/ for the admin role alone: the
+	// command line, heap and goroutine stacks are no tenant's business.
+	Pprof bool
 }
 
 // Server serves the API of one node.
@@ -128,6 +131,9 @@ func New(cfg Config) *Server {
 	fwd.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	s.forward = fwd
 	s.routes()
+	if cfg.Pprof {
+		s.mountPprof()
+	}
 	var h http.Handler = http.HandlerFunc(s.serve)
 	if cfg.Middleware != nil {
 		h = s.countAnsweredBefore(cfg.Middleware(h))

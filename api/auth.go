@@ -21,7 +21,7 @@ const (
 	OpList Operation = "list"
 	// OpCluster: read the membership (GET /v1/cluster).
 	OpCluster Operation = "cluster"
-	// OpAdmin: change the membership, take a backup.
+	// OpAdmin: change the membership, take a backup, read Go's profiles.
 	OpAdmin Operation = "admin"
 	// OpMetrics: scrape /metrics. Tool names and decision counts of every tenant are in
 	// it, so it is not a tenant's right.
@@ -82,6 +82,12 @@ var access = map[string]routeAccess{
 	"POST /v1/cluster/remove":           {OpAdmin, tenantNone},
 	"GET /v1/backup":                    {OpAdmin, tenantNone},
 	"GET /metrics":                      {OpMetrics, tenantNone},
+	"GET /debug/pprof/":                 {OpAdmin, tenantNone},
+	"GET /debug/pprof/cmdline":          {OpAdmin, tenantNone},
+	"GET /debug/pprof/profile":          {OpAdmin, tenantNone},
+	"GET /debug/pprof/symbol":           {OpAdmin, tenantNone},
+	"POST /debug/pprof/symbol":          {OpAdmin, tenantNone},
+	"GET /debug/pprof/trace":            {OpAdmin, tenantNone},
 	"GET /healthz":                      {"", tenantNone},
 	"GET /readyz":                       {"", tenantNone},
 }

@@ -310,3 +310,29 @@ func TestRequestsAnsweredByTheMiddlewareAreTimed(t *testing.T) {
 		}
 	}
 }
+
+// TestPprofNeedsAdmin: profiles are served only with Config.Pprof, and only to a caller
+// the admin operation is allowed (issue 13, defect 2).
+func TestPprofNeedsAdmin(t *testing.T) {
+	off := startNode(t, &FakeStore{}, nil)
+	if r := do(t, http.MethodGet, off.url+"/debug/pprof/cmdline", nil, nil); r.status != http.StatusNotFound {
+		t.Errorf("without Pprof: %d %s, want 404", r.status, r.body)
+	}
+	for _, admin := range []bool{false, true} {
+		caller := &authzCaller{allow: func(op api.Operation, _ string) bool { return admin && op == api.OpAdmin }}
+		n := startNode(t, &FakeStore{}, func(c *api.Config) { withCaller(caller)(c); c.Pprof = true })
+		for _, p := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/goroutine?debug=1", "/debug/pprof/heap"} {
+			r := do(t, http.MethodGet, n.url+p, nil, nil)
+			want := http.StatusForbidden
+			if admin {
+				want = http.StatusOK
+			}
+			if r.status != want {
+				t.Errorf("admin %v, %s: %d, want %d", admin, p, r.status, want)
+			}
+			if q := caller.questions(); len(q) == 0 || q[len(q)-1] != "admin " {
+				t.Errorf("admin %v, %s: asked %q, want admin", admin, p, q)
+			}
+		}
+	}
+}

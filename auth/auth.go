@@ -36,8 +36,9 @@ const (
 	// heartbeat, get (long-poll included) and list. It may read the membership, which
 	// clients use to find the leader.
 	RoleClient Role = "client"
-	// RoleAdmin can do what a client can on its tenants, and also change the
-	// membership, take backups and scrape metrics.
+	// RoleAdmin is global: it can do what a client can on every tenant, and also
+	// change the membership, take backups, scrape metrics and read profiles. A token
+	// file that scopes an admin to tenants is refused.
 	RoleAdmin Role = "admin"
 	// RoleMonitor may only scrape /metrics and read the membership: for Prometheus
 	// and dashboards, which must not read records.
@@ -121,9 +122,16 @@ func (f *File) Validate() error {
 		}
 		hashes[h] = t.Name
 		switch t.Role {
-		case RoleClient, RoleAdmin:
-			if len(t.Tenants) == 0 && t.Role == RoleClient {
+		case RoleClient:
+			if len(t.Tenants) == 0 {
 				return fmt.Errorf("%w: %s: a client token needs tenants", ErrInvalidFile, where)
+			}
+		case RoleAdmin:
+			// Admin operations (backups of every tenant, membership, profiles) cannot be
+			// scoped to a tenant, so an admin is global: a file that lists an admin's
+			// tenants would promise a limit that does not exist.
+			if len(t.Tenants) > 1 || (len(t.Tenants) == 1 && t.Tenants[0] != AllTenants) {
+				return fmt.Errorf("%w: %s: an admin token is global; give it no tenants (or [\"*\"]), and a client token for tenant-scoped access", ErrInvalidFile, where)
 			}
 		case RoleMonitor:
 			if len(t.Tenants) > 0 {
@@ -193,7 +201,7 @@ func (p *Principal) Allow(op api.Operation, tenant string) error {
 		}
 		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q (role %s) may not perform %s operations", p.Name, p.Role, op)
 	case api.OpWrite, api.OpRead, api.OpList:
-		if p.Role != RoleMonitor && (p.allTenants || p.tenants[tenant]) {
+		if p.Role == RoleAdmin || (p.Role == RoleClient && (p.allTenants || p.tenants[tenant])) {
 			return nil
 		}
 		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q may not act on tenant %q", p.Name, tenant)

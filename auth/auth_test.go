@@ -116,6 +116,9 @@ func TestBadFilesAreRefused(t *testing.T) {
 		"monitor tenants":    `{"tokens":[{"name":"a","hash":"` + h1 + `","role":"monitor","tenants":["acme"]}]}`,
 		"bad tenant":         `{"tokens":[{"name":"a","hash":"` + h1 + `","role":"client","tenants":["ac/me"]}]}`,
 		"malformed yaml":     "tokens: [\n",
+		// Issue 13, defect 1: a scoped admin was a global one in disguise.
+		"scoped admin":               `{"tokens":[{"name":"a","hash":"` + h1 + `","role":"admin","tenants":["acme"]}]}`,
+		"admin with star and tenant": `{"tokens":[{"name":"a","hash":"` + h1 + `","role":"admin","tenants":["*","acme"]}]}`,
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -124,6 +127,29 @@ func TestBadFilesAreRefused(t *testing.T) {
 				t.Fatalf("Parse = %+v, %v; want ErrInvalidFile", f, err)
 			}
 		})
+	}
+}
+
+// TestAdminIsGlobal: an admin token, with no tenants or "*", acts on every tenant.
+func TestAdminIsGlobal(t *testing.T) {
+	for _, tenants := range []string{``, `,"tenants":["*"]`} {
+		f, err := auth.Parse([]byte(`{"tokens":[{"name":"ops","hash":"` + auth.HashToken("t") + `","role":"admin"` + tenants + `}]}`))
+		if err != nil {
+			t.Fatalf("tenants %q: %v", tenants, err)
+		}
+		a, err := auth.New(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := a.Authenticate("t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range []api.Operation{api.OpWrite, api.OpRead, api.OpList, api.OpAdmin, api.OpMetrics} {
+			if err := p.Allow(op, "any-tenant"); err != nil {
+				t.Errorf("tenants %q: %s refused: %v", tenants, op, err)
+			}
+		}
 	}
 }
 

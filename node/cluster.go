@@ -28,8 +28,26 @@ func (n *Node) Leader() (apiAddr string, isLeader bool) {
 	if string(id) == n.cfg.ID {
 		return n.cfg.APIAddr, n.raft.State() == raft.Leader
 	}
+	// Followers forward callers' bearer tokens to this address, so it must belong to
+	// the member Raft knows as the leader: its ID in the current configuration, and
+	// the API address recorded together with the Raft address that configuration
+	// holds for it (a leader's own registration, or the join that added it). Anything
+	// else is "no leader known", never a guess.
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return "", false
+	}
+	var raftAddr raft.ServerAddress
+	for _, s := range f.Configuration().Servers {
+		if s.ID == id {
+			raftAddr = s.Address
+		}
+	}
+	if raftAddr == "" {
+		return "", false
+	}
 	for _, ni := range n.fsm.Nodes() {
-		if ni.ID == string(id) {
+		if ni.ID == string(id) && ni.RaftAddr == string(raftAddr) {
 			return ni.APIAddr, false
 		}
 	}
@@ -116,7 +134,8 @@ func stateName(s raft.RaftState) string {
 	}
 }
 
-// Join adds a node as a voter (or updates its addresses) and records its API address.
+// Join adds a node as a voter and records its API address. Joining again with the
+// same addresses is a no-op; a join that would change a member's addresses is refused.
 func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
 	if req.ID == "" {
 		return nil, idemkv.Invalid("id", "id is required")
@@ -134,16 +153,24 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	if err := f.Error(); err != nil {
 		return nil, n.raftError(err)
 	}
+	// A join never changes a member: moving one's addresses is a remove and a join.
+	// Otherwise a join with a live member's ID and a new api_addr would make every
+	// follower forward callers' requests, bearer tokens included, to that address.
 	member := false
 	for _, s := range f.Configuration().Servers {
 		switch {
 		case s.ID == raft.ServerID(req.ID) && s.Address == raft.ServerAddress(req.RaftAddr):
 			member = true
-		case s.ID == raft.ServerID(req.ID) || s.Address == raft.ServerAddress(req.RaftAddr):
-			// Same ID at a new address, or a new ID at an old address: the old entry
-			// is stale and would split the vote.
-			if err := n.raft.RemoveServer(s.ID, 0, n.timeout(ctx)).Error(); err != nil {
-				return nil, n.raftError(err)
+		case s.ID == raft.ServerID(req.ID):
+			return nil, idemkv.Invalid("raft_addr", "%s is a member at raft_addr %s; a join cannot move it: remove it first", req.ID, s.Address)
+		case s.Address == raft.ServerAddress(req.RaftAddr):
+			return nil, idemkv.Invalid("raft_addr", "raft_addr %s belongs to member %s; remove it first", req.RaftAddr, s.ID)
+		}
+	}
+	if member {
+		for _, ni := range n.fsm.Nodes() {
+			if ni.ID == req.ID && ni.APIAddr != "" && ni.APIAddr != req.APIAddr {
+				return nil, idemkv.Invalid("api_addr", "%s is a member with api_addr %s; a join cannot move it: remove it first", req.ID, ni.APIAddr)
 			}
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -72,7 +71,7 @@ asks the cluster to add it and retries until it is in.
 	f.StringSliceVar(&o.peerAddresses, "peer-address", nil, "ID=HOST:PORT: dial peer ID at this address instead of its advertised one (NAT, proxies; repeatable)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
-	f.BoolVar(&o.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address")
+	f.BoolVar(&o.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address, to admin tokens only")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
 
 	f.DurationVar(&o.node.HeartbeatTimeout, "heartbeat-timeout", o.node.HeartbeatTimeout, "Raft heartbeat timeout")
@@ -202,10 +201,8 @@ func runServe(ctx context.Context, o serveOptions) error {
 		Middleware:    middleware,
 		ForwardScheme: ex.forwardScheme,
 		Forward:       ex.forwardClient,
+		Pprof:         o.pprof,
 	}).Handler()
-	if o.pprof {
-		handler = withPprof(handler)
-	}
 	srv := api.NewHTTPServer(o.httpAddr, handler)
 	srv.TLSConfig = ex.apiTLS
 	serveErr := make(chan error, 1)
@@ -301,17 +298,6 @@ func postJSON(ctx context.Context, hc *http.Client, url string, body []byte) err
 		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
 	}
 	return nil
-}
-
-func withPprof(next http.Handler) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.Handle("/", next)
-	return mux
 }
 
 // serveGCPercent is the garbage collector's target when GOGC is not set. A node's

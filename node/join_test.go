@@ -1,0 +1,76 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testcluster"
+)
+
+// TestJoinNeverMovesAMember: a join with a live member's ID and a new api_addr made
+// every follower forward requests, with the callers' bearer tokens, to that address
+// (issue 13, defect 1). A join that would change a member's addresses is refused; the
+// same join again is still a no-op, and followers keep naming the real leader.
+func TestJoinNeverMovesAMember(t *testing.T) {
+	c := testcluster.Start(t, 3)
+	li := c.WaitLeader()
+	leader := c.Node(li)
+	fi := (li + 1) % 3
+	infoOf := func(id string) idemkv.NodeInfo {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		info, err := leader.Cluster(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ni := range info.Nodes {
+			if ni.ID == id {
+				return ni
+			}
+		}
+		t.Fatalf("no member %s in %+v", id, info.Nodes)
+		return idemkv.NodeInfo{}
+	}
+	self, follower := infoOf(c.ID(li)), infoOf(c.ID(fi))
+	const evil = "127.0.0.1:9"
+	attacks := []struct {
+		name string
+		req  idemkv.JoinRequest
+	}{
+		{"the leader's ID, a new api_addr", idemkv.JoinRequest{ID: self.ID, RaftAddr: self.RaftAddr, APIAddr: evil}},
+		{"a follower's ID, a new api_addr", idemkv.JoinRequest{ID: follower.ID, RaftAddr: follower.RaftAddr, APIAddr: evil}},
+		{"a follower's ID, a new raft_addr", idemkv.JoinRequest{ID: follower.ID, RaftAddr: evil, APIAddr: evil}},
+		{"a new ID at the leader's raft_addr", idemkv.JoinRequest{ID: "intruder", RaftAddr: self.RaftAddr, APIAddr: evil}},
+	}
+	for _, a := range attacks {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := leader.Join(ctx, &a.req)
+		cancel()
+		if !errors.Is(err, idemkv.ErrInvalidArgument) {
+			t.Errorf("%s: join answered %v, want invalid_argument", a.name, err)
+		}
+	}
+	for _, id := range []string{self.ID, follower.ID} {
+		ni := infoOf(id)
+		if ni.APIAddr == evil || ni.RaftAddr == evil {
+			t.Errorf("member %s moved to %+v", id, ni)
+		}
+	}
+	for i := range 3 {
+		if i == li {
+			continue
+		}
+		if addr, _ := c.Node(i).Leader(); addr != c.Endpoint(li) {
+			t.Errorf("%s names the leader at %q, want %s", c.ID(i), addr, c.Endpoint(li))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := leader.Join(ctx, &idemkv.JoinRequest{ID: follower.ID, RaftAddr: follower.RaftAddr, APIAddr: follower.APIAddr}); err != nil {
+		t.Errorf("joining again with the same addresses: %v", err)
+	}
+}
