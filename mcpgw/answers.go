@@ -32,6 +32,11 @@ const (
 	MetaError = MetaPrefix + "error"
 	// MetaFingerprint (result): the effect fingerprint of the call.
 	MetaFingerprint = MetaPrefix + "effect_fingerprint"
+	// MetaDetails (result): on the gateway's own tool errors, what the error is about
+	// as JSON (the conflict of docs/protocol.md, the in-doubt record). It lives in
+	// _meta and in the text, never in structuredContent: that belongs to the tool's
+	// declared outputSchema, and clients that validate it would reject the answer.
+	MetaDetails = MetaPrefix + "details"
 	// MetaWarning (result): the upstream answered but idemkv could not store the
 	// outcome; a retry will recover it.
 	MetaWarning = MetaPrefix + "warning"
@@ -98,9 +103,12 @@ func encodeResult(res *mcp.CallToolResult, max int) (raw json.RawMessage, trunca
 }
 
 // decodeResult reads a stored result back. A receipt committed by other means (a
-// person resolving an in-doubt record with `idemkv commit`) may hold any JSON or
-// none: the answer then describes the receipt itself.
-func decodeResult(receipt *idemkv.Receipt) *mcp.CallToolResult {
+// person resolving an in-doubt record with `idemkv resolve`) may hold any JSON or
+// none: the answer then describes the receipt itself, in the text and in _meta. For
+// a tool that declares an outputSchema only the receipt's own result, when it is an
+// object, may become structuredContent (the operator recorded what the tool would
+// have returned); the gateway's description never does.
+func decodeResult(receipt *idemkv.Receipt, declared bool) *mcp.CallToolResult {
 	if len(receipt.Result) > 0 && isObject(receipt.Result) {
 		var res mcp.CallToolResult
 		if err := json.Unmarshal(receipt.Result, &res); err == nil && res.Content != nil {
@@ -118,7 +126,15 @@ func decodeResult(receipt *idemkv.Receipt) *mcp.CallToolResult {
 	if len(receipt.Result) > 0 {
 		desc["result"] = receipt.Result
 	}
-	return structuredResult(desc, false)
+	if !declared {
+		return structuredResult(desc, false)
+	}
+	text, _ := json.Marshal(desc)
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(text)}}, Meta: mcp.Meta{MetaDetails: desc}}
+	if isObject(receipt.Result) {
+		res.StructuredContent = receipt.Result
+	}
+	return res
 }
 
 // decodeFailure reads a stored failure back: the upstream's own isError answer when
@@ -135,9 +151,8 @@ func decodeFailure(receipt *idemkv.Receipt) *mcp.CallToolResult {
 			return &res
 		}
 	}
-	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: info.Code + ": " + info.Message}}}
-	res.StructuredContent = map[string]any{"code": info.Code, "message": info.Message}
-	return res
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: info.Code + ": " + info.Message}},
+		Meta: mcp.Meta{MetaDetails: map[string]any{"code": info.Code, "message": info.Message}}}
 }
 
 func isObject(raw json.RawMessage) bool {
@@ -159,8 +174,9 @@ func structuredResult(v any, isError bool) *mcp.CallToolResult {
 	}
 }
 
-// errorResult is a tool error the gateway answers itself: a sentence for the model,
-// the details as structured content, and the code in _meta.
+// errorResult is a tool error the gateway answers itself: a sentence for the model
+// followed by the details as JSON, and the code and details in _meta. Never
+// structuredContent: see MetaDetails.
 func errorResult(code, msg string, details any) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{IsError: true, Meta: mcp.Meta{MetaError: code}}
 	text := msg
@@ -168,7 +184,7 @@ func errorResult(code, msg string, details any) *mcp.CallToolResult {
 		if b, err := json.Marshal(details); err == nil {
 			text += "\n" + string(b)
 		}
-		res.StructuredContent = details
+		res.Meta[MetaDetails] = details
 	}
 	res.Content = []mcp.Content{&mcp.TextContent{Text: text}}
 	return res

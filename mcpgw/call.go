@@ -164,7 +164,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		upstream = res
 		if res.IsError {
 			te := &toolError{res: res}
-			if r.policy.RetryableErrors {
+			if r.policy.RetryableErrors || (r.notExec == Release && validationError(res)) {
 				return nil, client.NotExecuted(te)
 			}
 			details, _, derr := encodeResult(res, g.cfg.MaxReceiptBytes)
@@ -182,7 +182,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		if upstream != nil {
 			return annotate(upstream, meta...), nil
 		}
-		return annotate(decodeResult(out.Receipt), meta...), nil
+		return annotate(decodeResult(out.Receipt, r.tool.OutputSchema != nil), meta...), nil
 	}
 	return g.failure(ctx, r, c, err, upstream, meta)
 }
@@ -317,6 +317,40 @@ func (g *Gateway) receipt(r *rule, key string, res *mcp.CallToolResult) (*client
 		}
 	}
 	return out, nil
+}
+
+// validationPrefixes open the isError answers with which MCP SDKs refuse arguments
+// before the tool's own code runs (SEP-1303 made input validation a tool error so
+// the model can correct itself): mcp-go's schema validation ("input schema
+// validation failed: ", "invalid arguments: ") and typed handlers ("failed to bind
+// arguments: "), the TypeScript and Python SDKs ("Input validation error: ", or
+// the TypeScript SDK's wrapped "MCP error -32602: "). Nothing ran, so the key must
+// not be consumed by a stored failure.
+var validationPrefixes = []string{
+	"input schema validation failed:",
+	"invalid arguments:",
+	"failed to bind arguments:",
+	"input validation error:",
+	"mcp error -32602:",
+}
+
+// validationError reports whether an isError answer is the upstream refusing the
+// arguments rather than the tool failing: its first text says so.
+func validationError(res *mcp.CallToolResult) bool {
+	for _, c := range res.Content {
+		t, ok := c.(*mcp.TextContent)
+		if !ok {
+			continue
+		}
+		text := strings.ToLower(strings.TrimSpace(t.Text))
+		for _, p := range validationPrefixes {
+			if strings.HasPrefix(text, p) {
+				return true
+			}
+		}
+		return false
+	}
+	return false
 }
 
 // toolError is an upstream answer with isError set.

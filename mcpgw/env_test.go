@@ -277,6 +277,16 @@ func sc(t *testing.T, res *mcp.CallToolResult) map[string]any {
 	return m
 }
 
+// details is the JSON the gateway put in _meta with its own tool error.
+func details(t *testing.T, res *mcp.CallToolResult) map[string]any {
+	t.Helper()
+	m, ok := res.Meta[mcpgw.MetaDetails].(map[string]any)
+	if !ok {
+		t.Fatalf("_meta[%s] is %T, want an object; result: %s", mcpgw.MetaDetails, res.Meta[mcpgw.MetaDetails], show(res))
+	}
+	return m
+}
+
 func meta(res *mcp.CallToolResult, key string) string {
 	s, _ := res.Meta[key].(string)
 	return s

@@ -194,7 +194,10 @@ func TestGateway(t *testing.T) {
 		if !second.IsError || meta(second, mcpgw.MetaError) != mcpgw.CodeConflict || meta(second, mcpgw.MetaDecision) != "conflict" {
 			t.Fatalf("want a conflict tool error, got %s", show(second))
 		}
-		c := sc(t, second)
+		if second.StructuredContent != nil {
+			t.Fatalf("the gateway's error went into structuredContent: %s", show(second))
+		}
+		c := details(t, second)
 		ticket := sc(t, first)["ticket_id"]
 		if c["status"] != "conflict" || c["reason"] != idemkv.ReasonDifferentEffect ||
 			c["existing_fingerprint"] != meta(first, mcpgw.MetaFingerprint) ||
@@ -203,7 +206,7 @@ func TestGateway(t *testing.T) {
 		}
 		// An explicit key reused by another tool is a conflict too.
 		third := e.call(s, "close_ticket", map[string]any{"ticket_id": ticket}, mcp.Meta{mcpgw.MetaIdempotencyKey: "conflict:INC-2:create_ticket"})
-		if c := sc(t, third); meta(third, mcpgw.MetaError) != mcpgw.CodeConflict || c["reason"] != idemkv.ReasonDifferentTool {
+		if c := details(t, third); meta(third, mcpgw.MetaError) != mcpgw.CodeConflict || c["reason"] != idemkv.ReasonDifferentTool {
 			t.Fatalf("want a different-tool conflict, got %s", show(third))
 		}
 		if st := e.upstream(); len(st.Tickets) != 1 || st.CreateCalls != 1 {

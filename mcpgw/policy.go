@@ -31,6 +31,21 @@ const (
 	PassThrough MissingKey = "pass_through"
 )
 
+// NotExecuted says what happens to the key when the upstream answers in a way that
+// means the tool did not run: its input validation refused the arguments (an isError
+// result such as "input schema validation failed: ...", see validationError), or the
+// request itself was refused as invalid params or an unknown tool.
+type NotExecuted string
+
+const (
+	// Release frees the key, so that the model's corrected retry under the same key
+	// runs (the default): nothing happened, so there is nothing to replay.
+	Release NotExecuted = "release"
+	// Store keeps a validation isError as a stored failure, replayed to every retry,
+	// like any other tool error (the behaviour before the default changed).
+	Store NotExecuted = "store"
+)
+
 // DefaultTenant is the tenant of calls when neither the policy nor the call names one.
 const DefaultTenant = "default"
 
@@ -58,6 +73,9 @@ type Policy struct {
 	// idemkv's defaults (30 s and 24 h).
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	TTL      time.Duration `yaml:"ttl"`
+	// ValidationErrors is the default for tools that do not set their own: release
+	// (the default) or store.
+	ValidationErrors NotExecuted `yaml:"validation_errors"`
 	// RemoteSystem names the upstream in receipts; default: the upstream server's
 	// name from its initialize answer.
 	RemoteSystem string `yaml:"remote_system"`
@@ -90,10 +108,12 @@ type ToolPolicy struct {
 	// RetryableErrors: an isError answer means the effect did not happen and a retry
 	// may succeed, so the key is released instead of the failure being stored.
 	RetryableErrors bool `yaml:"retryable_errors"`
-	// MissingKey, LeaseTTL and TTL override the policy-wide defaults.
-	MissingKey MissingKey    `yaml:"missing_key"`
-	LeaseTTL   time.Duration `yaml:"lease_ttl"`
-	TTL        time.Duration `yaml:"ttl"`
+	// ValidationErrors, MissingKey, LeaseTTL and TTL override the policy-wide
+	// defaults.
+	ValidationErrors NotExecuted   `yaml:"validation_errors"`
+	MissingKey       MissingKey    `yaml:"missing_key"`
+	LeaseTTL         time.Duration `yaml:"lease_ttl"`
+	TTL              time.Duration `yaml:"ttl"`
 }
 
 // ProbePolicy names an upstream tool that finds an effect by arguments.
@@ -151,6 +171,9 @@ func (p *Policy) Validate() error {
 	if err := validMissingKey(p.MissingKey); err != nil {
 		return fmt.Errorf("%w: missing_key: %w", ErrPolicy, err)
 	}
+	if err := validNotExecuted(p.ValidationErrors); err != nil {
+		return fmt.Errorf("%w: validation_errors: %w", ErrPolicy, err)
+	}
 	if err := validDurations(p.LeaseTTL, p.TTL); err != nil {
 		return fmt.Errorf("%w: %w", ErrPolicy, err)
 	}
@@ -177,6 +200,14 @@ func validMissingKey(m MissingKey) error {
 		return nil
 	}
 	return fmt.Errorf("%q is neither %s nor %s", m, Refuse, PassThrough)
+}
+
+func validNotExecuted(n NotExecuted) error {
+	switch n {
+	case "", Release, Store:
+		return nil
+	}
+	return fmt.Errorf("%q is neither %s nor %s", n, Release, Store)
 }
 
 func validDurations(lease, ttl time.Duration) error {
@@ -207,6 +238,9 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 	}
 	if err := validMissingKey(tp.MissingKey); err != nil {
 		return nil, fmt.Errorf("missing_key: %w", err)
+	}
+	if err := validNotExecuted(tp.ValidationErrors); err != nil {
+		return nil, fmt.Errorf("validation_errors: %w", err)
 	}
 	if err := validDurations(tp.LeaseTTL, tp.TTL); err != nil {
 		return nil, err
@@ -281,6 +315,7 @@ type rule struct {
 	class      client.Class
 	policy     *compiled
 	missingKey MissingKey
+	notExec    NotExecuted
 	leaseTTL   time.Duration
 	ttl        time.Duration
 }
@@ -295,7 +330,13 @@ func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
 		return nil, err
 	}
 	r := &rule{tool: tool, class: Classify(tool, tp), policy: c,
-		missingKey: tp.MissingKey, leaseTTL: tp.LeaseTTL, ttl: tp.TTL}
+		missingKey: tp.MissingKey, notExec: tp.ValidationErrors, leaseTTL: tp.LeaseTTL, ttl: tp.TTL}
+	if r.notExec == "" {
+		r.notExec = p.ValidationErrors
+	}
+	if r.notExec == "" {
+		r.notExec = Release
+	}
 	if r.missingKey == "" {
 		r.missingKey = p.MissingKey
 	}

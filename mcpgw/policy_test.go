@@ -213,7 +213,7 @@ func TestEncodeResultFitsTheLimit(t *testing.T) {
 	if err != nil || truncated {
 		t.Fatalf("encode: %v truncated=%v", err, truncated)
 	}
-	back := decodeResult(&idemkv.Receipt{Status: idemkv.StatusCommitted, Result: raw})
+	back := decodeResult(&idemkv.Receipt{Status: idemkv.StatusCommitted, Result: raw}, false)
 	if back.Content[0].(*mcp.TextContent).Text != big || back.Meta["upstream/meta"] != "kept" || back.Meta[MetaDecision] != nil {
 		t.Fatalf("round trip lost something or kept the gateway's meta: %+v", back)
 	}
@@ -222,7 +222,7 @@ func TestEncodeResultFitsTheLimit(t *testing.T) {
 	if err != nil || !truncated || len(raw) > 1000 {
 		t.Fatalf("limit 1000: %d bytes truncated=%v err=%v", len(raw), truncated, err)
 	}
-	back = decodeResult(&idemkv.Receipt{Status: idemkv.StatusCommitted, Result: raw})
+	back = decodeResult(&idemkv.Receipt{Status: idemkv.StatusCommitted, Result: raw}, false)
 	if !reflect.DeepEqual(back.StructuredContent, map[string]any{"id": "T-1"}) {
 		t.Fatalf("the structured content must survive: %+v", back)
 	}
@@ -232,14 +232,14 @@ func TestEncodeResultFitsTheLimit(t *testing.T) {
 	if err != nil || !truncated || len(raw) > 1000 {
 		t.Fatalf("nothing fits: %d bytes truncated=%v err=%v", len(raw), truncated, err)
 	}
-	if back := decodeResult(&idemkv.Receipt{Result: raw}); !strings.Contains(back.Content[0].(*mcp.TextContent).Text, "did take effect") {
+	if back := decodeResult(&idemkv.Receipt{Result: raw}, false); !strings.Contains(back.Content[0].(*mcp.TextContent).Text, "did take effect") {
 		t.Fatalf("want a note, got %+v", back)
 	}
 }
 
 func TestDecodeReceiptsNotWrittenByTheGateway(t *testing.T) {
 	// An operator resolved an in-doubt call with `idemkv commit` and no result.
-	res := decodeResult(&idemkv.Receipt{Status: idemkv.StatusCommitted, RemoteSystem: "linear", RemoteID: "LIN-1"})
+	res := decodeResult(&idemkv.Receipt{Status: idemkv.StatusCommitted, RemoteSystem: "linear", RemoteID: "LIN-1"}, false)
 	m := res.StructuredContent.(map[string]any)
 	if res.IsError || m["remote_id"] != "LIN-1" || m["remote_system"] != "linear" {
 		t.Fatalf("manual receipt: %+v", res)
