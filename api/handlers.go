@@ -32,10 +32,10 @@ func (s *Server) routes() {
 		// The node validates again against the time the leader stamps on the command;
 		// this early check only spares a round trip for requests that cannot succeed.
 		return q.Validate(s.limits, idemkv.TimestampOf(time.Now()))
-	}, s.store.Reserve, s.countDecision))
+	}, s.sabotageReserve(s.store.Reserve), s.countDecision))
 	s.handle("POST /v1/commit", leaderWrite(s, func(q *idemkv.CommitRequest) error {
 		return q.Validate(s.limits)
-	}, s.store.Commit, annotateCommit))
+	}, s.sabotageCommit(s.store.Commit), annotateCommit))
 	s.handle("POST /v1/fail", leaderWrite(s, func(q *idemkv.FailRequest) error {
 		return q.Validate(s.limits)
 	}, s.store.Fail, nil))
@@ -174,6 +174,9 @@ func (s *Server) serveUnclean(w http.ResponseWriter, r *http.Request, escaped st
 func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 	call func(context.Context, *Q) (*A, error), served func(context.Context, *Q, *A)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.sabotageRefuse(w, r) {
+			return
+		}
 		var req Q
 		body, err := s.decode(w, r, &req)
 		if err == nil {
@@ -203,6 +206,9 @@ func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 		}
 		if served != nil {
 			served(r.Context(), &req, res)
+		}
+		if s.sabotageAnswer(w, r) {
+			return
 		}
 		s.writeJSON(w, r, http.StatusOK, res)
 	})

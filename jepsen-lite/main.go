@@ -53,7 +53,8 @@ Nemesis families (--nemesis all, none, or a comma list):
   clock       offset the leader's clock (test build only)
 
 Sabotage modes (--sabotage, to prove the checkers can fail):
-  stale-reads, ignore-fences, early-ack
+  stale-reads, ignore-fences, early-ack, fail-writes, internal-errors,
+  early-recover, orphan-effects
 
 Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed.`,
 		Args:          cobra.NoArgs,
@@ -79,11 +80,12 @@ Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed.`,
 	f.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "register clients; the agent workload gets half as many workers")
 	f.StringVar(&nem, "nemesis", "all", "fault families: all, none, or a comma list of "+fmt.Sprint(nemesis.Families))
 	f.StringVar(&cfg.Out, "out", cfg.Out, "directory for history.jsonl, linearizability.html, summary.json, timeline.svg, node logs")
-	f.StringVar(&sabotage, "sabotage", "", "break the nodes on purpose: stale-reads, ignore-fences, early-ack (comma list)")
+	f.StringVar(&sabotage, "sabotage", "", "break the nodes on purpose (comma list): "+testhooks.AllModes.String())
 	f.DurationVar(&cfg.Quiet, "quiet", cfg.Quiet, "longest pause between faults")
 	f.DurationVar(&cfg.Hold, "hold", cfg.Hold, "longest a fault lasts")
 	f.IntVar(&cfg.Slots, "keys", cfg.Slots, "register keys live at once (fewer: more contention)")
 	f.DurationVar(&cfg.OpTimeout, "op-timeout", cfg.OpTimeout, "client timeout of one request (a timeout is an unknown outcome)")
+	f.DurationVar(&cfg.Recovery.Limit, "recovery", cfg.Recovery.Limit, "write throughput must be back to a quarter of the baseline this long after each heal")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the nemesis schedule (0: from the clock)")
 	f.StringVar(&cfg.Binary, "binary", "", "use this idemkv binary (built with -tags idemkv_testhooks) instead of building one")
 	f.StringVar(&cfg.Root, "root", cfg.Root, "module root to build idemkv from")
@@ -100,6 +102,8 @@ func (c *config) validate() error {
 		return errors.New("--concurrency must be at least 1")
 	case c.Out == "":
 		return errors.New("--out is required")
+	case c.Recovery.Limit <= 0:
+		return errors.New("--recovery must be positive")
 	}
 	if c.Seed == 0 {
 		c.Seed = uint64(time.Now().UnixNano())

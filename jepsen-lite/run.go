@@ -21,6 +21,7 @@ import (
 	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/model"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/nemesis"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/progress"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/report"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/workload"
 )
@@ -46,6 +47,9 @@ type config struct {
 	// that a node cut off for a few seconds needs one.
 	SnapshotThreshold, TrailingLogs uint64
 
+	// Recovery states how fast write throughput must come back after each heal.
+	Recovery progress.Config
+
 	// Progress receives the live progress line (stderr by default).
 	Progress io.Writer
 }
@@ -53,7 +57,7 @@ type config struct {
 func defaultConfig() config {
 	return config{Nodes: 3, Time: 60 * time.Second, Concurrency: 16, Out: "jepsen-out", Quiet: 5 * time.Second,
 		Hold: 8 * time.Second, Slots: 8, OpTimeout: 3 * time.Second, Root: ".",
-		SnapshotThreshold: 256, TrailingLogs: 128, Progress: os.Stderr}
+		SnapshotThreshold: 256, TrailingLogs: 128, Recovery: progress.DefaultConfig(), Progress: os.Stderr}
 }
 
 // summary is summary.json.
@@ -74,6 +78,7 @@ type summary struct {
 	Linear      model.Result              `json:"linearizability"`
 	Convergence *convergence              `json:"convergence"`
 	Effects     map[string]int            `json:"downstream_effects"`
+	Progress    progress.Result           `json:"progress"`
 }
 
 type anomaly struct {
@@ -148,8 +153,10 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	nem := nemesis.New(nemesis.Config{Families: cfg.Families, Quiet: cfg.Quiet, Hold: cfg.Hold, Logger: logger,
-		Now: rec.Now, Seed: cfg.Seed, SnapshotGap: cfg.SnapshotThreshold + cfg.TrailingLogs + 64}, c)
+	var nem *nemesis.Nemesis
+	nem = nemesis.New(nemesis.Config{Families: cfg.Families, Quiet: cfg.Quiet, Hold: cfg.Hold, Logger: logger,
+		Now: rec.Now, Seed: cfg.Seed, SnapshotGap: cfg.SnapshotThreshold + cfg.TrailingLogs + 64,
+		AwaitRecovery: func(ctx context.Context, healed int64) { awaitRecovery(ctx, rec, nem, healed, cfg.Recovery) }}, c)
 
 	say("running for %s: %d register clients, %d agent workers, nemesis %s, sabotage %q, seed %d",
 		cfg.Time, cfg.Concurrency, max(1, cfg.Concurrency/2), strings.Join(cfg.Families, ","), cfg.Sabotage.String(), cfg.Seed)
@@ -161,9 +168,12 @@ func run(ctx context.Context, cfg config) error {
 		go func() { defer wg.Done(); f(runCtx) }()
 	}
 	progressDone := make(chan struct{})
-	go func() { defer close(progressDone); progress(runCtx, cfg, rec, nem) }()
+	go func() { defer close(progressDone); progressLine(runCtx, cfg, rec, nem) }()
 	wg.Wait()
 	<-progressDone
+	// The workloads' time; deliveries in flight when it ended complete later, and the
+	// progress verdict does not judge the time after it.
+	runEnd := min(rec.Now(), int64(cfg.Time))
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -219,6 +229,13 @@ func run(ctx context.Context, cfg config) error {
 			sum.Effects[e.Class]++
 		}
 	}
+	sum.Progress = progress.Check(ops, sum.FaultLog, runEnd, cfg.Recovery)
+	for _, a := range sum.Progress.Anomalies {
+		sum.add(a.Kind, "", a.Detail)
+	}
+	for _, b := range api.BadAnswers() {
+		sum.add(b.Kind, "", fmt.Sprintf("%s %s on %s: %s", b.Method, b.Path, b.Node, b.Detail))
+	}
 	if !conv.Converged {
 		sum.add("divergence", "", fmt.Sprintf("nodes did not converge: %v", conv.Nodes))
 	}
@@ -240,7 +257,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	title := fmt.Sprintf("idemkv jepsen-lite: %d nodes, %s, nemesis %s%s: %s", cfg.Nodes, cfg.Time,
 		strings.Join(cfg.Families, ","), sabotageLabel(cfg.Sabotage), sum.Verdict)
-	if err := report.WriteSVG(svg, title, report.Buckets(ops, time.Duration(rec.Now())), sum.FaultLog); err != nil {
+	if err := report.WriteSVG(svg, title, report.Buckets(ops, time.Duration(rec.Now())), sum.FaultLog, sum.Progress.Windows); err != nil {
 		svg.Close()
 		return err
 	}
@@ -252,6 +269,25 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("%w: %v (see %s)", errAnomalies, sum.Anomalies, cfg.Out)
 	}
 	return nil
+}
+
+// awaitRecovery returns once write throughput is back after the heal at healed, by
+// the same rule the progress verdict applies, or once the limit has passed.
+func awaitRecovery(ctx context.Context, rec *history.Recorder, nem *nemesis.Nemesis, healed int64, cfg progress.Config) {
+	for ctx.Err() == nil {
+		if _, _, decided := progress.Recovered(rec.AckedWrites(), nem.Faults(), healed, cfg); decided {
+			return
+		}
+		if rec.Now() > healed+int64(cfg.Limit)+int64(2*time.Second) {
+			return
+		}
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
 }
 
 func sabotageLabel(m testhooks.Mode) string {
@@ -340,8 +376,8 @@ func writeJSON(path string, v any) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// progress prints a status line every second on a terminal, every five otherwise.
-func progress(ctx context.Context, cfg config, rec *history.Recorder, nem *nemesis.Nemesis) {
+// progressLine prints a status line every second on a terminal, every five otherwise.
+func progressLine(ctx context.Context, cfg config, rec *history.Recorder, nem *nemesis.Nemesis) {
 	tty := false
 	if f, ok := cfg.Progress.(*os.File); ok {
 		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
@@ -393,6 +429,7 @@ func printVerdict(w io.Writer, s *summary) {
 	}
 	fmt.Fprintf(w, "\nlinearizability: %s (%d keys, %d ops); convergence: %v at index %d\n",
 		s.Linear.Result, s.Linear.Keys, s.Linear.Ops, s.Convergence.Converged, s.Convergence.AppliedIndex)
+	printProgress(w, s.Progress)
 	if len(s.Anomalies) == 0 {
 		fmt.Fprintln(w, "VALID: no anomalies")
 		return
@@ -404,6 +441,44 @@ func printVerdict(w io.Writer, s *summary) {
 			break
 		}
 		fmt.Fprintf(w, "  %s %s: %s\n", d.Kind, d.Key, d.Detail)
+	}
+}
+
+// printProgress prints write availability per fault window and the recoveries.
+func printProgress(w io.Writer, p progress.Result) {
+	var faults, recovered, judged int
+	var worst float64
+	for _, win := range p.Windows {
+		if len(win.Faults) == 0 {
+			continue
+		}
+		faults++
+		if win.NotJudged == "" {
+			judged++
+		}
+		if win.RecoveredIn != nil {
+			recovered++
+			worst = max(worst, *win.RecoveredIn)
+		}
+	}
+	fmt.Fprintf(w, "progress: %d fault windows, write throughput back to %.0f%% of the baseline within %.0f s after %d of %d judged heals (slowest %.1f s)\n",
+		faults, 100*p.Threshold, p.Limit, recovered, judged, worst)
+	for _, win := range p.Windows {
+		if len(win.Faults) == 0 {
+			continue
+		}
+		avail := "n/a"
+		if win.Availability != nil {
+			avail = fmt.Sprintf("%3.0f%%", 100**win.Availability)
+		}
+		back := "-"
+		if win.RecoveredIn != nil {
+			back = fmt.Sprintf("%.1fs", *win.RecoveredIn)
+		} else if win.NotJudged != "" {
+			back = "not judged: " + win.NotJudged
+		}
+		fmt.Fprintf(w, "  %6.1fs-%6.1fs %-32s writes %5d acked %5d availability %s back in %s\n",
+			win.Start, win.End, strings.Join(win.Faults, "+"), win.Writes, win.Acked, avail, back)
 	}
 }
 

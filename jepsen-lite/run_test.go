@@ -13,6 +13,8 @@ import (
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/cluster"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/nemesis"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/progress"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/workload"
 )
 
 // These tests run the whole harness against real processes. Each breaks the nodes in
@@ -107,6 +109,10 @@ func TestSabotageIsCaught(t *testing.T) {
 		// Answers from the leader's local state disagree with what commits, and an
 		// isolated leader acknowledges writes that are then lost.
 		{testhooks.EarlyAck, []string{nemesis.FamilyPartition}, []string{"nonlinearizable", "lost-acknowledged-write", "double-effect", "lost-receipt", "receipt-mismatch"}},
+		// Every write answered 503: nothing else can find it, only the progress verdict.
+		{testhooks.FailWrites, []string{nemesis.FamilyKill}, []string{progress.AnomalyNoProgress}},
+		// One write in eight answered 500 after it went through.
+		{testhooks.InternalErrors, nil, []string{workload.AnomalyServerError}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
@@ -144,5 +150,14 @@ func TestHealthyClusterIsValid(t *testing.T) {
 	}
 	if s.Ops["register:reserve"]["ok"] == 0 || s.Ops["agent:do"]["ok"] == 0 {
 		t.Fatalf("the workloads did nothing: %v", s.Ops)
+	}
+	recovered := 0
+	for _, w := range s.Progress.Windows {
+		if w.RecoveredIn != nil {
+			recovered++
+		}
+	}
+	if len(s.FaultLog) > 0 && recovered == 0 {
+		t.Fatalf("%d faults and no recovery measured: %+v", len(s.FaultLog), s.Progress.Windows)
 	}
 }

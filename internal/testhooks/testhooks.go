@@ -28,6 +28,20 @@ const (
 	IgnoreFences
 	// EarlyAck makes a node acknowledge a write before Raft has committed it.
 	EarlyAck
+	// FailWrites makes every node answer every record write with 503 unavailable,
+	// before doing anything: a cluster that makes no progress at all.
+	FailWrites
+	// InternalErrors makes the leader answer one record write in eight with 500
+	// internal after the write went through.
+	InternalErrors
+	// EarlyRecover makes the leader store a quarter of the lease a reserve asked for
+	// and answer as if the whole lease had been granted: another attempt recovers the
+	// key while the holder still believes its lease live.
+	EarlyRecover
+	// OrphanEffects makes the leader turn one commit in five into a release of the
+	// key and answer 503 unavailable: the effect happened downstream, and its record
+	// is gone.
+	OrphanEffects
 )
 
 var modeNames = []struct {
@@ -37,6 +51,10 @@ var modeNames = []struct {
 	{StaleReads, "stale-reads"},
 	{IgnoreFences, "ignore-fences"},
 	{EarlyAck, "early-ack"},
+	{FailWrites, "fail-writes"},
+	{InternalErrors, "internal-errors"},
+	{EarlyRecover, "early-recover"},
+	{OrphanEffects, "orphan-effects"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -125,7 +143,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

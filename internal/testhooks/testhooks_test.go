@@ -15,7 +15,8 @@ func TestParseModes(t *testing.T) {
 		{[]string{"stale-reads"}, StaleReads},
 		{[]string{"ignore-fences, early-ack"}, IgnoreFences | EarlyAck},
 		{[]string{"early-ack", "stale-reads,"}, EarlyAck | StaleReads},
-		{[]string{"stale-reads,ignore-fences,early-ack"}, AllModes},
+		{[]string{"stale-reads,ignore-fences,early-ack"}, StaleReads | IgnoreFences | EarlyAck},
+		{[]string{"fail-writes,internal-errors,early-recover,orphan-effects"}, FailWrites | InternalErrors | EarlyRecover | OrphanEffects},
 	}
 	for _, c := range cases {
 		got, err := ParseModes(c.in...)

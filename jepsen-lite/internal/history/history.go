@@ -113,6 +113,17 @@ type Op struct {
 	Return int64   `json:"return"`
 }
 
+// Write reports whether op asks to change a record: anything but a read, and none of
+// the reads after the last heal.
+func (o *Op) Write() bool { return o.F != FGet && !o.In.Final }
+
+// AckedWrite reports whether op is a write the system answered with success: the
+// progress the verdict requires (an answer that is an error code, even one the model
+// expects such as fenced, is not progress).
+func (o *Op) AckedWrite() bool {
+	return o.Write() && o.Type == OK && o.Out != nil && o.Out.Err == ""
+}
+
 // Latency is how long a completed operation took.
 func (o *Op) Latency() time.Duration { return time.Duration(o.Return - o.Call) }
 
@@ -140,6 +151,9 @@ type Recorder struct {
 	werr   error
 	ops    []*Op
 	nextID int64
+	// acked counts acknowledged writes by the second of the run they completed in,
+	// for the nemesis to wait for recovery without copying the history.
+	acked []int
 }
 
 // NewRecorder starts a history at start; events go to w as JSON lines (w may be nil).
@@ -182,6 +196,13 @@ func (r *Recorder) Complete(op *Op, t Type, out *Output, msg string) {
 	if op.Return <= op.Call {
 		op.Return = op.Call + 1
 	}
+	if op.AckedWrite() {
+		sec := int(op.Return / int64(time.Second))
+		for len(r.acked) <= sec {
+			r.acked = append(r.acked, 0)
+		}
+		r.acked[sec]++
+	}
 	r.write(event{Type: t, ID: op.ID, Time: op.Return, Process: op.Process, Workload: op.Workload,
 		F: op.F, Key: op.Key, Node: op.Node, Out: out, Error: msg})
 }
@@ -222,6 +243,28 @@ func (r *Recorder) Ops() []Op {
 	out := make([]Op, len(r.ops))
 	for i, op := range r.ops {
 		out[i] = *op
+	}
+	return out
+}
+
+// AckedWrites returns the acknowledged writes per second of the run so far (the
+// same count as AckedPerSecond of Ops).
+func (r *Recorder) AckedWrites() []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]int(nil), r.acked...)
+}
+
+// AckedPerSecond counts acknowledged writes by the second they completed in, over n
+// seconds.
+func AckedPerSecond(ops []Op, n int) []int {
+	out := make([]int, n)
+	for i := range ops {
+		if ops[i].AckedWrite() {
+			if sec := int(ops[i].Return / int64(time.Second)); sec >= 0 && sec < n {
+				out[sec]++
+			}
+		}
 	}
 	return out
 }

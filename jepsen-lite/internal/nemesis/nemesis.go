@@ -81,6 +81,10 @@ type Config struct {
 	Now func() int64
 	// Seed makes the schedule reproducible.
 	Seed uint64
+	// AwaitRecovery, when set, is called after each heal with its time and returns
+	// once the workload has recovered (or its limit passed): the quiet time between
+	// faults starts from a working cluster, so each fault meets one.
+	AwaitRecovery func(ctx context.Context, healedAt int64)
 }
 
 // Nemesis injects faults into one cluster.
@@ -144,6 +148,9 @@ func (n *Nemesis) Run(ctx context.Context) {
 		}
 		family := n.cfg.Families[n.r.IntN(len(n.cfg.Families))]
 		n.inject(ctx, family)
+		if n.cfg.AwaitRecovery != nil && ctx.Err() == nil {
+			n.cfg.AwaitRecovery(ctx, n.cfg.Now())
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/nemesis"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/progress"
 )
 
 // Bucket is one second of the run.
@@ -70,8 +71,11 @@ var familyColor = map[string]string{
 }
 
 // WriteSVG draws throughput (top) and latency (bottom, log scale) per second, with
-// every fault window shaded across both and labelled.
-func WriteSVG(w io.Writer, title string, buckets []Bucket, faults []nemesis.Fault) error {
+// every fault window shaded across both and labelled, and the progress verdict on
+// top of the throughput: each fault window's write availability, a green bar from
+// each heal to the second throughput was back (red when it was not back in time), and
+// a red bar over each quiet window that acknowledged no write.
+func WriteSVG(w io.Writer, title string, buckets []Bucket, faults []nemesis.Fault, windows []progress.Window) error {
 	const (
 		width, left, right = 1200, 70, 20
 		top, panelH, gap   = 72, 220, 50
@@ -169,6 +173,8 @@ func WriteSVG(w io.Writer, title string, buckets []Bucket, faults []nemesis.Faul
 		legend(&b, left+int(plotW)-240+si*120, ltop+14, s.color, s.name)
 	}
 
+	drawProgress(&b, windows, x, top, panelH)
+
 	// Time axis.
 	step := max(1, niceCeil(n/12))
 	for s := 0; s <= n; s += step {
@@ -184,6 +190,34 @@ func WriteSVG(w io.Writer, title string, buckets []Bucket, faults []nemesis.Faul
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// drawProgress marks availability and recovery on the throughput panel.
+func drawProgress(b *strings.Builder, windows []progress.Window, x func(float64) float64, top, panelH int) {
+	for i, w := range windows {
+		x0, x1 := x(w.Start), x(w.End)
+		if len(w.Faults) == 0 {
+			if w.Acked == 0 && w.End-w.Start >= 1 {
+				fmt.Fprintf(b, `<rect x="%.1f" y="%d" width="%.1f" height="6" fill="#d62728"><title>no acknowledged write without a fault</title></rect>`+"\n",
+					x0, top+panelH-6, x1-x0)
+			}
+			continue
+		}
+		avail := "n/a"
+		if w.Availability != nil {
+			avail = fmt.Sprintf("%.0f%%", 100**w.Availability)
+		}
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" font-size="9" fill="#333"><title>%s: %d of %d writes acknowledged</title>%s</text>`+"\n",
+			x0+1, top+10+10*(i%2), html.EscapeString(strings.Join(w.Faults, "+")), w.Acked, w.Writes, avail)
+		switch {
+		case w.RecoveredIn != nil:
+			fmt.Fprintf(b, `<rect x="%.1f" y="%d" width="%.1f" height="4" fill="#2ca02c"><title>write throughput back %.1f s after the heal</title></rect>`+"\n",
+				x1, top+panelH-4, x(w.End+*w.RecoveredIn)-x1, *w.RecoveredIn)
+		case w.NotJudged == "":
+			fmt.Fprintf(b, `<rect x="%.1f" y="%d" width="%.1f" height="6" fill="#d62728"><title>write throughput not back in time</title></rect>`+"\n",
+				x1, top+panelH-6, x(w.End+5)-x1)
+		}
+	}
 }
 
 func errSuffix(f nemesis.Fault) string {

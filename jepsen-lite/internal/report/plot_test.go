@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/nemesis"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/progress"
 )
 
 func TestBuckets(t *testing.T) {
@@ -34,7 +35,10 @@ func TestBuckets(t *testing.T) {
 func TestWriteSVG(t *testing.T) {
 	var sb strings.Builder
 	faults := []nemesis.Fault{{Family: nemesis.FamilyKill, Kind: "kill-leader", Start: int64(time.Second), End: int64(3 * time.Second), Detail: "SIGKILL n1 <&>"}}
-	if err := WriteSVG(&sb, "title & more", []Bucket{{OK: 5, P50: time.Millisecond, P99: 9 * time.Millisecond}, {OK: 7}, {Info: 2}}, faults); err != nil {
+	avail, rec := 0.25, 1.0
+	windows := []progress.Window{{Faults: []string{}, Start: 0, End: 1, Acked: 0, Writes: 9},
+		{Faults: []string{"kill-leader"}, Start: 1, End: 3, Acked: 1, Writes: 4, Availability: &avail, RecoveredIn: &rec}}
+	if err := WriteSVG(&sb, "title & more", []Bucket{{OK: 5, P50: time.Millisecond, P99: 9 * time.Millisecond}, {OK: 7}, {Info: 2}}, faults, windows); err != nil {
 		t.Fatal(err)
 	}
 	svg := sb.String()
@@ -50,6 +54,9 @@ func TestWriteSVG(t *testing.T) {
 	}
 	if !strings.Contains(svg, "kill-leader") || !strings.Contains(svg, familyColor[nemesis.FamilyKill]) {
 		t.Fatal("the fault window is not drawn")
+	}
+	if !strings.Contains(svg, ">25%</text>") || !strings.Contains(svg, "back 1.0 s after the heal") || !strings.Contains(svg, "no acknowledged write") {
+		t.Fatal("availability, recovery or the window without progress is not drawn")
 	}
 	if strings.Count(svg, "<polyline") != 5 {
 		t.Fatalf("want 5 series, got %d", strings.Count(svg, "<polyline"))

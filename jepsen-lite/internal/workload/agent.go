@@ -151,7 +151,7 @@ type Agent struct {
 // NewAgent prepares the workload. Its workers run the Go client's Do; api is for
 // the final reads.
 func NewAgent(cfg AgentConfig, api *API, rec *history.Recorder, down *Downstream) (*Agent, error) {
-	cl, err := client.New(client.Config{Endpoints: api.Addrs(), Timeout: api.timeout, MaxAttempts: 3,
+	cl, err := client.New(client.Config{Endpoints: api.Addrs(), Timeout: api.timeout, MaxAttempts: 3, HTTPClient: api.HTTPClient(),
 		BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
 		Run: client.RunConfig{LeaseTTL: cfg.Lease, CommitGrace: cfg.Deadline, PollWait: cfg.Lease}})
 	if err != nil {

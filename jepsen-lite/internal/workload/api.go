@@ -24,20 +24,31 @@ import (
 // Tenant is the tenant every workload writes under.
 const Tenant = "jepsen"
 
-// API talks to the nodes over HTTP.
+// API talks to the nodes over HTTP. Every answer, to this API's requests and to the
+// agent workload's Go client alike, passes a checking transport that notes the ones
+// no correct node gives.
 type API struct {
 	http    *http.Client
 	addrs   []string
 	timeout time.Duration
+	check   *checkTransport
 }
+
+// BadAnswers lists every answer that broke the contract so far.
+func (a *API) BadAnswers() []BadAnswer { return a.check.list() }
+
+// HTTPClient is the HTTP client (with the checking transport) for other clients of
+// the nodes, such as the Go client the agent workload runs.
+func (a *API) HTTPClient() *http.Client { return a.http }
 
 // NewAPI returns a client for the nodes at addrs; every request is bounded by timeout.
 func NewAPI(addrs []string, timeout time.Duration) *API {
-	return &API{addrs: addrs, timeout: timeout, http: &http.Client{Transport: &http.Transport{
+	check := &checkTransport{base: &http.Transport{
 		Proxy:               nil,
 		MaxIdleConnsPerHost: 64,
 		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
-	}}}
+	}}
+	return &API{addrs: addrs, timeout: timeout, check: check, http: &http.Client{Transport: check}}
 }
 
 // Addrs lists the node addresses.
@@ -47,12 +58,23 @@ func (a *API) Addrs() []string { return a.addrs }
 func (a *API) Close() { a.http.CloseIdleConnections() }
 
 // result classifies an answer: its history type, the wire code of an error answer,
-// and a message.
+// a message, and the anomaly kind when the answer itself breaks the contract.
 type result struct {
 	typ  history.Type
 	code string
 	msg  string
+	// anomaly is AnomalyServerError or AnomalyUndecodable for an answer no correct
+	// node gives; typ is then Info (the write may have happened).
+	anomaly string
 }
+
+// Anomaly kinds of answers that break SPEC section 2 whatever the history.
+const (
+	// AnomalyServerError: a 500 (internal), or an error code the endpoint never answers.
+	AnomalyServerError = "server-error"
+	// AnomalyUndecodable: an answer whose body does not parse.
+	AnomalyUndecodable = "undecodable-answer"
+)
 
 // modelCodes are error answers that are part of the state machine's behaviour: the
 // model must explain them.
@@ -61,6 +83,23 @@ var modelCodes = map[string]bool{
 	idemkv.CodeFenced:              true,
 	idemkv.CodeFingerprintMismatch: true,
 	idemkv.CodeNotPending:          true,
+}
+
+// Codes that say the request certainly had no effect: refused by validation, or by a
+// cap, before anything was proposed.
+var notAppliedCodes = map[string]bool{
+	idemkv.CodeInvalidArgument:   true,
+	idemkv.CodePayloadTooLarge:   true,
+	idemkv.CodeResourceExhausted: true,
+}
+
+// Codes that leave the outcome unknown. outcome_unknown is the documented one.
+// unavailable is documented as "certainly not applied", but until the server answers
+// every indeterminate write (leadership lost while replicating, a forward cut short)
+// with outcome_unknown it still says unavailable for them, so it stays here.
+var unknownCodes = map[string]bool{
+	idemkv.CodeOutcomeUnknown: true,
+	idemkv.CodeUnavailable:    true,
 }
 
 // do sends one request to node and decodes a 200 answer into out.
@@ -92,12 +131,25 @@ func (a *API) do(ctx context.Context, node int, method, path string, body, out a
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
+		// The connection broke mid-answer: a transport failure, not a bad answer.
 		return result{typ: history.Info, msg: "reading the answer: " + err.Error()}
 	}
-	if resp.StatusCode == http.StatusOK {
+	r := classify(resp.StatusCode, resp.Status, b, out)
+	if r.anomaly == AnomalyUndecodable && resp.StatusCode == http.StatusOK && json.Valid(b) {
+		// Valid JSON of the wrong shape: the transport, which judges syntax only,
+		// did not count it.
+		a.check.note(BadAnswer{Kind: r.anomaly, Node: a.addrs[node], Method: method, Path: path, Detail: r.msg})
+	}
+	return r
+}
+
+// classify turns a complete answer into a result, decoding a 200 body into out.
+func classify(status int, statusText string, b []byte, out any) result {
+	if status == http.StatusOK {
 		if out != nil {
 			if err := json.Unmarshal(b, out); err != nil {
-				return result{typ: history.Info, msg: "decoding the answer: " + err.Error()}
+				return result{typ: history.Info, anomaly: AnomalyUndecodable,
+					msg: fmt.Sprintf("decoding the answer: %v: %.200s", err, b)}
 			}
 		}
 		return result{typ: history.OK}
@@ -106,17 +158,21 @@ func (a *API) do(ctx context.Context, node int, method, path string, body, out a
 		Error idemkv.Error `json:"error"`
 	}
 	if json.Unmarshal(b, &e) != nil || e.Error.Code == "" {
-		return result{typ: history.Info, msg: fmt.Sprintf("%s: %.200s", resp.Status, b)}
+		return result{typ: history.Info, anomaly: AnomalyUndecodable, msg: fmt.Sprintf("%s: %.200s", statusText, b)}
 	}
+	code := e.Error.Code
 	switch {
-	case modelCodes[e.Error.Code]:
-		return result{typ: history.OK, code: e.Error.Code, msg: e.Error.Message}
-	case e.Error.Code == idemkv.CodeInvalidArgument || e.Error.Code == idemkv.CodePayloadTooLarge:
-		// Rejected by validation before anything was proposed.
-		return result{typ: history.Fail, code: e.Error.Code, msg: e.Error.Message}
+	case modelCodes[code]:
+		return result{typ: history.OK, code: code, msg: e.Error.Message}
+	case notAppliedCodes[code]:
+		return result{typ: history.Fail, code: code, msg: e.Error.Message}
+	case unknownCodes[code]:
+		return result{typ: history.Info, code: code, msg: e.Error.Message}
 	default:
-		// unavailable and internal may come after the command was proposed.
-		return result{typ: history.Info, code: e.Error.Code, msg: e.Error.Message}
+		// internal, or a code this endpoint never answers: the node broke, and what it
+		// did to the record is unknown.
+		return result{typ: history.Info, code: code, anomaly: AnomalyServerError,
+			msg: fmt.Sprintf("%s: %s: %s", statusText, code, e.Error.Message)}
 	}
 }
 
