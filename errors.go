@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // The sentinel errors of idemkv. Every error the server returns wraps exactly one of
@@ -146,5 +147,12 @@ func AsError(err error) *Error {
 	if code == CodeInternal {
 		return &Error{Code: code, Message: "internal error"}
 	}
-	return &Error{Code: code, Message: err.Error()}
+	// Error() puts "idemkv: <code>: " in front of the message again; an error made
+	// as fmt.Errorf("%w: ...", sentinel) would read "idemkv: fenced: idemkv: fenced:
+	// fence 5 is older ..." on the other side of the wire.
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, SentinelOf(code).Error()+": "); ok {
+		msg = rest
+	}
+	return &Error{Code: code, Message: msg}
 }

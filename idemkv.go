@@ -93,6 +93,12 @@ type Record struct {
 	Receipt *StoredReceipt `json:"receipt,omitempty"`
 	// Error is set once the record is failed.
 	Error *ErrorInfo `json:"error,omitempty"`
+	// InDoubt marks a pending record whose attempt died with an outcome nobody can
+	// learn (a non-idempotent tool without a probe). Its lease no longer matters: every
+	// reserve answers recover without a fence, and only a resolve settles it.
+	// InDoubtSince is when it was marked (stamped time). Both are omitted otherwise.
+	InDoubt      bool      `json:"in_doubt,omitempty"`
+	InDoubtSince Timestamp `json:"in_doubt_since,omitempty"`
 }
 
 // StoredReceipt is what the downstream system said when the effect committed.
@@ -230,6 +236,48 @@ type ReleaseRequest struct {
 	Fence       uint64 `json:"fence"`
 }
 
+// DoubtRequest marks a pending record in doubt (POST /v1/doubt). Only the holder of
+// the current fence may: normally an attempt that was granted recover and has no probe.
+// The answer is the record.
+type DoubtRequest struct {
+	Tenant      string `json:"tenant"`
+	Key         string `json:"idempotency_key"`
+	Fingerprint string `json:"effect_fingerprint"`
+	Fence       uint64 `json:"fence"`
+}
+
+// ResolveOutcome is what an operator says happened to an in-doubt effect.
+type ResolveOutcome string
+
+const (
+	// ResolveCommitted: the effect happened; the request carries its receipt.
+	ResolveCommitted ResolveOutcome = "committed"
+	// ResolveNotExecuted: the effect certainly did not happen; the key is released.
+	ResolveNotExecuted ResolveOutcome = "not_executed"
+)
+
+// ResolveRequest settles an in-doubt record without a fence (POST /v1/resolve).
+// Committed stores the receipt (answer: the receipt); not_executed releases the key
+// (answer: {"released":true}). Any record that is not pending and in doubt is
+// not_pending.
+type ResolveRequest struct {
+	Tenant       string          `json:"tenant"`
+	Key          string          `json:"idempotency_key"`
+	Fingerprint  string          `json:"effect_fingerprint"`
+	Outcome      ResolveOutcome  `json:"outcome"`
+	RemoteSystem string          `json:"remote_system,omitempty"`
+	RemoteID     string          `json:"remote_id,omitempty"`
+	RemoteURL    string          `json:"remote_url,omitempty"`
+	Result       json.RawMessage `json:"result,omitempty"`
+}
+
+// ResolveResult is the answer to a resolve: the receipt when committed, Released when
+// not executed.
+type ResolveResult struct {
+	Receipt  *Receipt
+	Released bool
+}
+
 // ReleaseResult is the answer to a release.
 type ReleaseResult struct {
 	Released bool `json:"released"`
@@ -268,6 +316,8 @@ type ListRequest struct {
 	Status Status // empty: any
 	Limit  int    // 0: DefaultListLimit
 	After  string // exclusive key to start after
+	// InDoubt lists only pending records marked in doubt (?in_doubt=true).
+	InDoubt bool
 	// Consistency is linearizable (default) or stale (served from the local replica).
 	Consistency Consistency
 }

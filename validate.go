@@ -312,6 +312,36 @@ func (r *ReleaseRequest) Validate() error {
 }
 
 // Validate checks r against the limits and fills the default lease.
+// Validate checks a doubt request.
+func (r *DoubtRequest) Validate() error {
+	if err := validIdentity(r.Tenant, r.Key, r.Fingerprint); err != nil {
+		return err
+	}
+	return validFence(r.Fence)
+}
+
+// Validate checks a resolve request: a committed outcome needs its receipt, a
+// not_executed one must carry none.
+func (r *ResolveRequest) Validate(l Limits) error {
+	l = l.WithDefaults()
+	if err := validIdentity(r.Tenant, r.Key, r.Fingerprint); err != nil {
+		return err
+	}
+	switch r.Outcome {
+	case ResolveCommitted:
+		c := CommitRequest{Tenant: r.Tenant, Key: r.Key, Fingerprint: r.Fingerprint, Fence: 1,
+			RemoteSystem: r.RemoteSystem, RemoteID: r.RemoteID, RemoteURL: r.RemoteURL, Result: r.Result}
+		return c.Validate(l)
+	case ResolveNotExecuted:
+		if r.RemoteSystem != "" || r.RemoteID != "" || r.RemoteURL != "" || len(r.Result) > 0 {
+			return Invalid("outcome", "a not_executed resolve carries no receipt")
+		}
+		return nil
+	default:
+		return Invalid("outcome", "outcome must be %q or %q", ResolveCommitted, ResolveNotExecuted)
+	}
+}
+
 func (r *HeartbeatRequest) Validate(l Limits) error {
 	l = l.WithDefaults()
 	if err := ValidTenant(r.Tenant); err != nil {
@@ -364,6 +394,9 @@ func (r *ListRequest) Validate() error {
 	case "", StatusPending, StatusCommitted, StatusFailed:
 	default:
 		return Invalid("status", "status must be pending, committed or failed")
+	}
+	if r.InDoubt && r.Status.Terminal() {
+		return Invalid("in_doubt", "only pending records are in doubt")
 	}
 	if r.Limit < 0 || r.Limit > MaxListLimit {
 		return Invalid("limit", "limit must be between 1 and %d", MaxListLimit)

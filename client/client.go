@@ -42,33 +42,54 @@ const HeaderLeader = "Idemkv-Leader"
 // ScopeName is the instrumentation scope of the client's spans.
 const ScopeName = "github.com/idemkv/idemkv/client"
 
-// Config configures a Client. Zero fields take the defaults of DefaultConfig.
+// Config configures a Client. Zero fields take the defaults of DefaultConfig, stated
+// on each field.
 type Config struct {
 	// Endpoints are the API addresses of some or all nodes, as host:port or as
 	// http(s)://host:port. The client prefers the leader any node names and falls
-	// back to these.
+	// back to these. Default: 127.0.0.1:7420, one local node.
 	Endpoints []string
-	// Token, when set, is sent as "Authorization: Bearer <token>".
+	// Token, when set, is sent as "Authorization: Bearer <token>". Default: none.
 	Token string
-	// TLSConfig, when set, makes endpoints without a scheme use https.
+	// TLSConfig, when set, makes endpoints without a scheme use https. Default: none
+	// (plain http).
 	TLSConfig *tls.Config
-	// Timeout bounds one HTTP attempt (a long-poll gets its wait on top).
+	// Timeout bounds one HTTP attempt (a long-poll gets its wait on top). Default 10 s.
 	Timeout time.Duration
-	// MaxAttempts bounds the attempts of one call across endpoints. Only failures
-	// that leave the request safe to repeat are retried: transport errors and 503.
+	// MaxAttempts bounds the attempts of one low-level call across endpoints. Only
+	// failures that leave the request safe to repeat are retried: transport errors,
+	// unavailable and outcome_unknown (with the same body, so the same attempt id or
+	// fence). Default 8. Do retries calls on top of this, bounded by StoreWait.
 	MaxAttempts int
 	// BackoffMin and BackoffMax bound the jittered exponential backoff between
-	// attempts.
+	// attempts. Defaults 20 ms and 1 s.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
 	// HTTPClient replaces the client's own transport (TLSConfig is then ignored).
+	// Default: a transport with a 5 s dial timeout and HTTP/2 where offered.
 	HTTPClient *http.Client
 
-	Logger         *slog.Logger
-	TracerProvider trace.TracerProvider          // default: the global provider
-	Propagator     propagation.TextMapPropagator // default: the global propagator
+	// StoreWait bounds how long Do waits in total for a store that does not answer
+	// before it gives up (see RunConfig.StoreWait). Default DefaultStoreWait (30 s).
+	// It is copied to Run.StoreWait when that is zero.
+	StoreWait time.Duration
+	// OnStoreUnavailable is what Do does then: FailClosed (the default) returns a
+	// *StoreUnavailableError without running the tool; Unguarded runs an
+	// IdempotentMutation tool anyway, with no record. It is copied to
+	// Run.OnStoreUnavailable when that is empty.
+	OnStoreUnavailable StorePolicy
 
-	// Run configures Do; its Logger and TracerProvider default to the ones above.
+	// Logger receives the client's debug logs. Default: discard.
+	Logger *slog.Logger
+	// TracerProvider makes the client's spans. Default: the global provider.
+	TracerProvider trace.TracerProvider
+	// Propagator injects trace context (W3C traceparent). Default: the global
+	// propagator.
+	Propagator propagation.TextMapPropagator
+
+	// Run configures Do (LeaseTTL 30 s, CommitGrace 30 s, PollWait 30 s, backoff
+	// 20 ms-2 s, StoreWait 30 s, FailClosed: see RunConfig); its Logger and
+	// TracerProvider default to the ones above.
 	Run RunConfig
 }
 
@@ -114,6 +135,12 @@ func (c *Config) withDefaults() {
 	}
 	if c.Run.TracerProvider == nil {
 		c.Run.TracerProvider = c.TracerProvider
+	}
+	if c.Run.StoreWait == 0 {
+		c.Run.StoreWait = c.StoreWait
+	}
+	if c.Run.OnStoreUnavailable == "" {
+		c.Run.OnStoreUnavailable = c.OnStoreUnavailable
 	}
 }
 
@@ -304,7 +331,9 @@ func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err er
 		if ctx.Err() != nil {
 			return retried, fmt.Errorf("client: %s %s: %w", cl.method, cl.route, context.Cause(ctx))
 		}
-		if !errors.Is(err, idemkv.ErrUnavailable) {
+		// outcome_unknown is repeated too: the body is the same, so the same attempt
+		// id or fence, which makes the repeat recognisable to the server.
+		if !errors.Is(err, idemkv.ErrUnavailable) && !errors.Is(err, idemkv.ErrOutcomeUnknown) {
 			return retried, err
 		}
 		retried = true

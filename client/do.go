@@ -112,34 +112,77 @@ type Outcome struct {
 	Fence       uint64
 	// Attempts is how many attempts were granted ownership of the key.
 	Attempts uint32
+	// Unguarded: idemkv could not be reached within StoreWait and the policy
+	// Unguarded let an idempotent tool run without a record. Nothing is stored.
+	Unguarded bool
 }
 
-// RunConfig configures a Runner. Zero fields take the defaults of DefaultRunConfig.
+// StorePolicy says what Do does when idemkv cannot be reached within StoreWait.
+type StorePolicy string
+
+const (
+	// FailClosed (the default): Do returns a *StoreUnavailableError and the tool does
+	// not run.
+	FailClosed StorePolicy = "fail_closed"
+	// Unguarded: an IdempotentMutation op runs its tool anyway, with no record and no
+	// lease (Outcome.Unguarded). It is the caller's statement that running the tool
+	// twice is harmless. NonIdempotentMutation ops always fail closed; ReadOnly ops
+	// never wait for the store in the first place.
+	Unguarded StorePolicy = "unguarded"
+)
+
+// DefaultStoreWait is the default of StoreWait: longer than a leader election (about
+// 1-3 s with the default Raft timeouts) plus a node restart, short enough that an agent
+// learns of an outage while it can still tell its user.
+const DefaultStoreWait = 30 * time.Second
+
+// RunConfig configures a Runner (Do). Zero fields take the defaults of
+// DefaultRunConfig, stated on each field.
 type RunConfig struct {
-	Logger         *slog.Logger
-	TracerProvider trace.TracerProvider // default: the global provider
-	// LeaseTTL is the lease of an Op that names none.
+	// Logger receives Do's debug and warning logs. Default: discard.
+	Logger *slog.Logger
+	// TracerProvider makes Do's spans. Default: the global provider.
+	TracerProvider trace.TracerProvider
+	// LeaseTTL is the lease of an Op that names none. Default 30 s (the server's
+	// default too); Do heartbeats every third of it.
 	LeaseTTL time.Duration
 	// CommitGrace bounds how long Do keeps trying to store an outcome after the tool
 	// ran, even when the caller's context has ended: an effect that happened must be
 	// recorded if at all possible, or the next attempt has to probe for it.
+	// Default 30 s.
 	CommitGrace time.Duration
-	// PollWait bounds one long-poll while another attempt holds the key.
+	// PollWait bounds one long-poll while another attempt holds the key. Default 30 s;
+	// at most idemkv.MaxWait (5 min).
 	PollWait time.Duration
 	// BackoffMin and BackoffMax bound the jittered backoff between retries of a store
-	// call that failed with unavailable.
+	// call that failed with unavailable. Defaults 20 ms and 2 s.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
+	// StoreWait bounds the total time one Do spends waiting for a store that does
+	// not answer (unavailable, outcome_unknown, resource_exhausted, transport errors,
+	// and the backoff between them) before the tool runs, whatever the caller's
+	// context says; past it, Do applies OnStoreUnavailable. Storing the outcome
+	// after the tool ran gets a StoreWait of its own (and CommitGrace once the
+	// caller's context has ended), so a Do that reaches no store returns within
+	// StoreWait, and one that ran its tool within the tool's time plus twice
+	// StoreWait. Default DefaultStoreWait (30 s).
+	StoreWait time.Duration
+	// OnStoreUnavailable is the policy once StoreWait is spent before the tool ran.
+	// Default FailClosed. After the tool ran, a receipt that cannot be stored is
+	// always an *OutcomeUnknownError.
+	OnStoreUnavailable StorePolicy
 }
 
 // DefaultRunConfig returns the defaults of Do.
 func DefaultRunConfig() RunConfig {
 	return RunConfig{
-		LeaseTTL:    30 * time.Second,
-		CommitGrace: 30 * time.Second,
-		PollWait:    30 * time.Second,
-		BackoffMin:  20 * time.Millisecond,
-		BackoffMax:  2 * time.Second,
+		LeaseTTL:           30 * time.Second,
+		CommitGrace:        30 * time.Second,
+		PollWait:           30 * time.Second,
+		BackoffMin:         20 * time.Millisecond,
+		BackoffMax:         2 * time.Second,
+		StoreWait:          DefaultStoreWait,
+		OnStoreUnavailable: FailClosed,
 	}
 }
 
@@ -155,6 +198,10 @@ func (c *RunConfig) withDefaults() {
 	set(&c.PollWait, d.PollWait)
 	set(&c.BackoffMin, d.BackoffMin)
 	set(&c.BackoffMax, d.BackoffMax)
+	set(&c.StoreWait, d.StoreWait)
+	if c.OnStoreUnavailable == "" {
+		c.OnStoreUnavailable = d.OnStoreUnavailable
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -175,6 +222,10 @@ func (c RunConfig) Validate() error {
 		return fmt.Errorf("client: PollWait must not exceed %s", idemkv.MaxWait)
 	case c.BackoffMin < 0 || c.BackoffMax < c.BackoffMin:
 		return errors.New("client: need 0 <= BackoffMin <= BackoffMax")
+	case c.StoreWait < 0:
+		return errors.New("client: StoreWait must not be negative")
+	case c.OnStoreUnavailable != FailClosed && c.OnStoreUnavailable != Unguarded:
+		return fmt.Errorf("client: OnStoreUnavailable must be %q or %q", FailClosed, Unguarded)
 	}
 	return nil
 }
@@ -211,13 +262,16 @@ type run struct {
 	op   Op
 	fp   string
 	span trace.Span
+	// waited is the time this Do has spent waiting for a store that did not answer;
+	// StoreWait bounds it.
+	waited time.Duration
 }
 
 // Do runs fn at most once for op's key, across retries, workers and crashes (SPEC
 // section 4):
 //
 //   - replay: the tool does not run; the stored receipt comes back (Replayed), or
-//     the stored failure as a *FailedError, the same every time;
+//     the stored failure as a *StoredFailureError, the same every time;
 //   - conflict: the key names another effect; nothing runs; a *ConflictError;
 //   - in progress: another attempt holds the key; Do waits for its outcome (bounded
 //     by ctx) and reserves again, taking over if that attempt's lease runs out;
@@ -228,7 +282,13 @@ type run struct {
 //     non-idempotent one runs its Probe (found: commit that; not found: run fn);
 //     without a probe Do returns an *InDoubtError and leaves the record pending.
 //
-// A ReadOnly op runs fn directly.
+// A ReadOnly op runs fn directly; its error comes back as a *NotExecutedError (a read
+// has no effect to be unsure of).
+//
+// Every error Do returns answers errors.Is for exactly one of ErrNotExecuted,
+// ErrStoredFailure, ErrOutcomeUnknown, ErrConflict, ErrInDoubt and
+// ErrStoreUnavailable; KindOf names it. Do never waits for an unresponsive store
+// longer than StoreWait in total, even under context.Background().
 func (r *Runner) Do(ctx context.Context, op Op, fn Func) (out *Outcome, err error) {
 	if op.Class == "" {
 		op.Class = NonIdempotentMutation
@@ -259,20 +319,33 @@ func (r *Runner) Do(ctx context.Context, op Op, fn Func) (out *Outcome, err erro
 		span.End()
 	}()
 	if fn == nil {
-		return nil, idemkv.Invalid("fn", "a tool function is required")
+		return nil, notExecuted(op, "", idemkv.Invalid("fn", "a tool function is required"))
 	}
 	if err := op.validate(); err != nil {
-		return nil, err
+		return nil, notExecuted(op, "", err)
 	}
 	if op.Class == ReadOnly {
-		return r.readOnly(ctx, op, fn)
+		out, err := r.readOnly(ctx, op, fn)
+		if err != nil {
+			return nil, notExecuted(op, "", err)
+		}
+		return out, nil
 	}
 	fp, err := op.fingerprint()
 	if err != nil {
-		return nil, err
+		return nil, notExecuted(op, "", err)
 	}
 	span.SetAttributes(semconv.Fingerprint.String(fp))
 	return (&run{Runner: r, op: op, fp: fp, span: span}).loop(ctx, fn)
+}
+
+func notExecuted(op Op, d idemkv.Decision, cause error) error {
+	return &NotExecutedError{Tenant: op.Tenant, Key: op.Key, Decision: d, Cause: cause}
+}
+
+func (x *run) outcomeUnknown(g grant, cause error) error {
+	x.span.AddEvent("left_pending")
+	return &OutcomeUnknownError{Tenant: x.op.Tenant, Key: x.op.Key, Decision: g.decision, Fence: g.fence, Record: g.record, Cause: cause}
 }
 
 func (op *Op) validate() error {
@@ -384,11 +457,15 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 		TTLMs:       op.TTL.Milliseconds(),
 	}
 	for waits := 0; ; waits++ {
-		res, err := retry(ctx, x.Runner, "reserve", func(ctx context.Context) (*idemkv.ReserveResult, error) {
+		res, err := retry(ctx, x, "reserve", func(ctx context.Context) (*idemkv.ReserveResult, error) {
 			return x.store.Reserve(ctx, req)
 		})
-		if err != nil {
-			return nil, err
+		var sw *storeWaitError
+		switch {
+		case errors.As(err, &sw):
+			return x.storeUnavailable(ctx, sw, fn)
+		case err != nil:
+			return nil, notExecuted(*op, "", err)
 		}
 		// A reserve retried after its answer was lost gets the decision that was
 		// granted (the state machine answers recover again), so it is used as is.
@@ -406,16 +483,37 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 			return nil, ce
 		case idemkv.DecisionInProgress:
 			if err := x.await(ctx, res, waits); err != nil {
-				return nil, err
+				if errors.As(err, &sw) {
+					return x.storeUnavailable(ctx, sw, fn)
+				}
+				return nil, notExecuted(*op, decision, err)
 			}
 		case idemkv.DecisionExecute:
 			return x.execute(ctx, grant{decision, res.Fence, res.Record}, fn)
 		case idemkv.DecisionRecover:
 			return x.recover(ctx, grant{decision, res.Fence, res.Record}, fn)
 		default:
-			return nil, idemkv.Errorf(idemkv.ErrInternal, "unknown reserve decision %q", res.Decision)
+			return nil, notExecuted(*op, decision, idemkv.Errorf(idemkv.ErrInternal, "unknown reserve decision %q", res.Decision))
 		}
 	}
+}
+
+// storeUnavailable applies the policy once StoreWait is spent before the tool ran.
+func (x *run) storeUnavailable(ctx context.Context, sw *storeWaitError, fn Func) (*Outcome, error) {
+	x.span.AddEvent("store_unavailable")
+	if x.cfg.OnStoreUnavailable == Unguarded && x.op.Class == IdempotentMutation && ctx.Err() == nil {
+		x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv unreachable, running an idempotent tool unguarded",
+			slog.String(logKeyKey, x.op.Key), slog.String(logKeyTool, x.op.Tool), slog.Any(logKeyErr, sw))
+		out, err := x.readOnly(ctx, x.op, fn)
+		if err != nil {
+			// Nothing is recorded: from idemkv's side the call never happened.
+			return nil, notExecuted(x.op, "", err)
+		}
+		out.Unguarded = true
+		out.Fingerprint = x.fp
+		return out, nil
+	}
+	return nil, &StoreUnavailableError{Tenant: x.op.Tenant, Key: x.op.Key, Waited: sw.waited, Cause: sw}
 }
 
 func (x *run) decided(ctx context.Context, d idemkv.Decision, res *idemkv.ReserveResult) {
@@ -445,10 +543,10 @@ func (x *run) replay(res *idemkv.ReserveResult) (*Outcome, error) {
 		rec = res.Record.Outcome()
 	}
 	if rec == nil {
-		return nil, idemkv.Errorf(idemkv.ErrInternal, "replay of %q without a receipt", x.op.Key)
+		return nil, notExecuted(x.op, idemkv.DecisionReplay, idemkv.Errorf(idemkv.ErrInternal, "replay of %q without a receipt", x.op.Key))
 	}
 	if rec.Status == idemkv.StatusFailed {
-		return nil, &FailedError{Key: x.op.Key, Receipt: rec, Replayed: true}
+		return nil, &StoredFailureError{Key: x.op.Key, Receipt: rec, Replayed: true}
 	}
 	out := &Outcome{Decision: idemkv.DecisionReplay, Replayed: true, Receipt: rec, Fingerprint: x.fp}
 	if res.Record != nil {
@@ -469,19 +567,35 @@ func (x *run) await(ctx context.Context, res *idemkv.ReserveResult, waits int) e
 		}
 	}
 	wait = max(wait, 100*time.Millisecond)
+	left := x.cfg.StoreWait - x.waited
+	if left <= 0 {
+		return &storeWaitError{what: "get", waited: x.waited, last: idemkv.Errorf(idemkv.ErrUnavailable, "no answer yet")}
+	}
+	// The long-poll may take its whole wait; only the time past it is the store's.
+	gctx, cancel := context.WithTimeoutCause(ctx, wait+left, errStoreWait)
+	defer cancel()
 	start := time.Now()
-	rec, err := x.store.Get(ctx, &idemkv.GetRequest{Tenant: x.op.Tenant, Key: x.op.Key, Wait: wait})
+	rec, err := x.store.Get(gctx, &idemkv.GetRequest{Tenant: x.op.Tenant, Key: x.op.Key, Wait: wait})
 	switch {
 	case ctx.Err() != nil:
-		return fmt.Errorf("idemkv: waiting for the attempt that holds %q: %w", x.op.Key, context.Cause(ctx))
+		return fmt.Errorf("waiting for the attempt that holds %q: %w", x.op.Key, context.Cause(ctx))
 	case err == nil && rec.Status == idemkv.StatusPending && time.Since(start) < wait/2:
 		// Still held, and the wait ended early: do not spin on a server whose clock
 		// and ours disagree about the lease.
 		return sleep(ctx, backoff(waits+1, x.cfg.BackoffMin, x.cfg.BackoffMax))
 	case err == nil, errors.Is(err, idemkv.ErrNotFound):
 		return nil
-	case errors.Is(err, idemkv.ErrUnavailable):
-		return sleep(ctx, backoff(waits+1, x.cfg.BackoffMin, x.cfg.BackoffMax))
+	case retryable(err) || gctx.Err() != nil:
+		x.waited += max(time.Since(start)-wait, 0)
+		d := min(backoff(waits+1, x.cfg.BackoffMin, x.cfg.BackoffMax), max(x.cfg.StoreWait-x.waited, 0))
+		if err := sleep(ctx, d); err != nil {
+			return &storeWaitError{what: "get", waited: x.waited, last: err, ctxEnded: true}
+		}
+		x.waited += d
+		if x.waited >= x.cfg.StoreWait {
+			return &storeWaitError{what: "get", waited: x.waited, last: err}
+		}
+		return nil
 	default:
 		return err
 	}
@@ -497,11 +611,11 @@ func (x *run) recover(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 	}
 	found, err, lost := x.underLease(ctx, g.fence, Func(x.op.Probe))
 	if lost != nil {
-		return nil, errors.Join(lost, err)
+		return nil, x.outcomeUnknown(g, errors.Join(lost, err))
 	}
 	if err != nil {
 		// Still unknown: the record stays pending for the next attempt.
-		return nil, fmt.Errorf("idemkv: probe for %q: %w", x.op.Key, err)
+		return nil, x.outcomeUnknown(g, fmt.Errorf("probe: %w", err))
 	}
 	if found == nil {
 		x.span.AddEvent("probe", trace.WithAttributes(attribute.Bool("found", false)))
@@ -519,15 +633,15 @@ func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 	res, ferr, lost := x.underLease(ctx, g.fence, fn)
 	if lost != nil {
 		// A newer attempt owns the key; it decides the outcome (and probes for ours).
-		return nil, errors.Join(lost, ferr)
+		return nil, x.outcomeUnknown(g, errors.Join(lost, ferr))
 	}
 	var (
 		perm *PermanentError
-		ne   *notExecutedError
+		ne   *notExecutedMark
 	)
 	switch {
 	case ferr == nil && res == nil:
-		return nil, idemkv.Invalid("result", "the tool returned neither a result nor an error; the record stays pending")
+		return nil, x.outcomeUnknown(g, idemkv.Invalid("result", "the tool returned neither a result nor an error"))
 	case ferr == nil:
 		return x.commit(ctx, g, res)
 	case errors.As(ferr, &ne):
@@ -535,8 +649,7 @@ func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 	case errors.As(ferr, &perm):
 		return x.fail(ctx, g, perm, ferr)
 	default:
-		x.span.AddEvent("left_pending")
-		return nil, ferr
+		return nil, x.outcomeUnknown(g, ferr)
 	}
 }
 
@@ -555,6 +668,9 @@ func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result
 	res, err = f(fctx)
 	stop()
 	wg.Wait()
+	// Storing what the tool (or probe) did gets a StoreWait of its own: an effect
+	// that happened must not go unrecorded because the reserve had to wait.
+	x.waited = 0
 	return res, err, lost
 }
 
@@ -597,7 +713,7 @@ func (x *run) graceContext(ctx context.Context) (context.Context, context.Cancel
 func (x *run) commit(ctx context.Context, g grant, res *Result) (*Outcome, error) {
 	raw, err := marshalResult(res)
 	if err != nil {
-		return nil, err
+		return nil, x.outcomeUnknown(g, err)
 	}
 	req := &idemkv.CommitRequest{
 		Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence,
@@ -605,16 +721,15 @@ func (x *run) commit(ctx context.Context, g grant, res *Result) (*Outcome, error
 	}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
-	receipt, err := retry(gctx, x.Runner, "commit", func(ctx context.Context) (*idemkv.Receipt, error) {
+	receipt, err := retry(gctx, x, "commit", func(ctx context.Context) (*idemkv.Receipt, error) {
 		return x.store.Commit(ctx, req)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("idemkv: the tool ran but its receipt for %q was not stored (remote id %q): %w",
-			x.op.Key, res.RemoteID, err)
+		return nil, x.outcomeUnknown(g, fmt.Errorf("the tool ran but its receipt (remote id %q) was not stored: %w", res.RemoteID, err))
 	}
 	if receipt.Status == idemkv.StatusFailed {
 		// The first stored outcome wins, and it was a failure.
-		return nil, &FailedError{Key: x.op.Key, Receipt: receipt, Replayed: true}
+		return nil, &StoredFailureError{Key: x.op.Key, Receipt: receipt, Replayed: true}
 	}
 	return &Outcome{Decision: g.decision, Receipt: receipt, Fingerprint: x.fp, Fence: g.fence, Attempts: attempts(g)}, nil
 }
@@ -630,11 +745,11 @@ func (x *run) fail(ctx context.Context, g grant, perm *PermanentError, ferr erro
 	req := &idemkv.FailRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence, Error: perm.info()}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
-	rec, err := retry(gctx, x.Runner, "fail", func(ctx context.Context) (*idemkv.Record, error) {
+	rec, err := retry(gctx, x, "fail", func(ctx context.Context) (*idemkv.Record, error) {
 		return x.store.Fail(ctx, req)
 	})
 	if err != nil {
-		return nil, errors.Join(ferr, fmt.Errorf("idemkv: storing the failure of %q: %w", x.op.Key, err))
+		return nil, x.outcomeUnknown(g, errors.Join(ferr, fmt.Errorf("storing the failure: %w", err)))
 	}
 	receipt := rec.Outcome()
 	if receipt != nil && receipt.Status == idemkv.StatusCommitted {
@@ -643,37 +758,89 @@ func (x *run) fail(ctx context.Context, g grant, perm *PermanentError, ferr erro
 	if receipt == nil {
 		receipt = &idemkv.Receipt{Key: x.op.Key, Fingerprint: x.fp, Status: idemkv.StatusFailed, Error: &req.Error}
 	}
-	return nil, &FailedError{Key: x.op.Key, Receipt: receipt, Cause: ferr}
+	return nil, &StoredFailureError{Key: x.op.Key, Receipt: receipt, Cause: ferr}
 }
 
 func (x *run) release(ctx context.Context, g grant, ferr error) error {
 	req := &idemkv.ReleaseRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
-	_, err := retry(gctx, x.Runner, "release", func(ctx context.Context) (*idemkv.ReleaseResult, error) {
+	_, err := retry(gctx, x, "release", func(ctx context.Context) (*idemkv.ReleaseResult, error) {
 		return x.store.Release(ctx, req)
 	})
 	switch {
 	case err == nil, errors.Is(err, idemkv.ErrNotFound), errors.Is(err, idemkv.ErrFenced):
 		// Gone already, or a newer attempt owns the key: either way not ours to free.
 		x.span.AddEvent("released")
-		return ferr
+		return notExecuted(x.op, g.decision, ferr)
 	default:
-		return errors.Join(ferr, fmt.Errorf("idemkv: releasing %q: %w", x.op.Key, err))
+		// The tool did not run; the key stays held until its lease runs out.
+		return notExecuted(x.op, g.decision, errors.Join(ferr, fmt.Errorf("releasing the key: %w", err)))
 	}
 }
 
-// retry calls f until it succeeds, fails with anything but unavailable, or ctx ends.
-func retry[T any](ctx context.Context, r *Runner, what string, f func(context.Context) (T, error)) (T, error) {
+// retryable reports a store error after which the same request may simply be sent
+// again: certainly not applied (unavailable, resource_exhausted), or perhaps applied
+// (outcome_unknown), which the same attempt id or fence makes safe to repeat.
+func retryable(err error) bool {
+	return errors.Is(err, idemkv.ErrUnavailable) || errors.Is(err, idemkv.ErrOutcomeUnknown) ||
+		errors.Is(err, idemkv.ErrResourceExhausted)
+}
+
+// errStoreWait is the cause of a store call cut short by the StoreWait budget.
+var errStoreWait = errors.New("store wait spent")
+
+// storeWaitError: the StoreWait budget is spent, or the caller's context ended, while
+// the store kept failing with retryable errors. Do turns it into a
+// *StoreUnavailableError before the tool ran and an *OutcomeUnknownError after.
+type storeWaitError struct {
+	what     string
+	waited   time.Duration
+	last     error
+	ctxEnded bool
+}
+
+func (e *storeWaitError) Error() string {
+	if e.ctxEnded {
+		return fmt.Sprintf("%s: the context ended after %s without an answer: %v", e.what, e.waited.Round(time.Millisecond), e.last)
+	}
+	return fmt.Sprintf("%s: no answer within %s: %v", e.what, e.waited.Round(time.Millisecond), e.last)
+}
+
+func (e *storeWaitError) Unwrap() error { return e.last }
+
+// retry calls f with the same request until it succeeds, fails with an error that is
+// not retryable, the run's StoreWait budget is spent, or ctx ends. Each call is cut
+// short when the budget runs out, so an unresponsive store cannot hold Do past it.
+func retry[T any](ctx context.Context, x *run, what string, f func(context.Context) (T, error)) (T, error) {
+	var zero T
+	last := idemkv.Errorf(idemkv.ErrUnavailable, "StoreWait was spent before this call")
 	for n := 1; ; n++ {
-		v, err := f(ctx)
-		if err == nil || !errors.Is(err, idemkv.ErrUnavailable) {
-			return v, err
+		left := x.cfg.StoreWait - x.waited
+		if left <= 0 {
+			return zero, &storeWaitError{what: what, waited: x.waited, last: last}
 		}
-		r.log.LogAttrs(ctx, slog.LevelDebug, "idemkv unavailable, retrying", slog.String("call", what), slog.Any(logKeyErr, err))
-		if serr := sleep(ctx, backoff(n, r.cfg.BackoffMin, r.cfg.BackoffMax)); serr != nil {
-			var zero T
-			return zero, fmt.Errorf("idemkv: %s: %w (last error: %w)", what, serr, err)
+		cctx, cancel := context.WithTimeoutCause(ctx, left, errStoreWait)
+		start := time.Now()
+		v, err := f(cctx)
+		cut := cctx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err == nil {
+			return v, nil
 		}
+		if !retryable(err) && !cut {
+			if ctx.Err() != nil && x.waited > 0 {
+				return zero, &storeWaitError{what: what, waited: x.waited, last: err, ctxEnded: true}
+			}
+			return zero, err
+		}
+		x.waited += time.Since(start)
+		last = err
+		x.log.LogAttrs(ctx, slog.LevelDebug, "idemkv unavailable, retrying", slog.String("call", what), slog.Any(logKeyErr, err))
+		d := min(backoff(n, x.cfg.BackoffMin, x.cfg.BackoffMax), max(x.cfg.StoreWait-x.waited, 0))
+		if serr := sleep(ctx, d); serr != nil {
+			return zero, &storeWaitError{what: what, waited: x.waited, last: err, ctxEnded: true}
+		}
+		x.waited += d
 	}
 }
