@@ -334,7 +334,16 @@ type NodeInfo struct {
 	RaftAddr string `json:"raft_addr"`
 	APIAddr  string `json:"api_addr"`
 	Suffrage string `json:"suffrage"` // voter, nonvoter
-	State    string `json:"state"`    // leader, follower, candidate, unknown
+	// State is the member's role as the answering node knows it: leader, follower,
+	// candidate, shutdown, unreachable (the leader's heartbeats to it fail) or unknown
+	// (a follower cannot see other followers).
+	State string `json:"state"`
+	// Reachable, when known, says whether the answering node hears from the member:
+	// itself always; a leader for each follower.
+	Reachable *bool `json:"reachable,omitempty"`
+	// LastContact, when known, is when the member last answered: on a leader for an
+	// unreachable follower, on a follower for its leader.
+	LastContact string `json:"last_contact,omitempty"`
 }
 
 // LeaderInfo names the current leader.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 
@@ -145,15 +144,13 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	return &RestoreInfo{Index: index, Term: term, Records: records}, nil
 }
 
-// restoreAddress resolves the Raft address as the transport will advertise it, so the
-// configuration in the snapshot names the node the way its peers will see it.
+// restoreAddress is the Raft address as the transport will advertise it, so the
+// configuration in the snapshot names the node the way its peers will see it: as given,
+// a name staying a name.
 func restoreAddress(addr string) (raft.ServerAddress, error) {
-	a, err := net.ResolveTCPAddr("tcp", addr)
+	a, err := advertisedAddr(addr)
 	if err != nil {
-		return "", fmt.Errorf("node: restore: raft address %q: %w", addr, err)
-	}
-	if a.IP == nil || a.IP.IsUnspecified() {
-		return "", fmt.Errorf("node: restore: the raft address %q must be one peers can dial, not unspecified", addr)
+		return "", fmt.Errorf("node: restore: %w", err)
 	}
 	return raft.ServerAddress(a.String()), nil
 }

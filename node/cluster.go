@@ -96,18 +96,39 @@ func (n *Node) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 			Suffrage: suffrage(s.Suffrage),
 			State:    "unknown",
 		}
-		switch {
-		case string(s.ID) == n.cfg.ID:
-			ni.State = stateName(n.raft.State())
-		case s.ID == leaderID:
-			ni.State = "leader"
-		case leaderID != "":
-			ni.State = "follower"
-		}
+		n.describePeer(&ni, s.ID, leaderID)
 		info.Nodes = append(info.Nodes, ni)
 	}
 	sort.Slice(info.Nodes, func(i, j int) bool { return info.Nodes[i].ID < info.Nodes[j].ID })
 	return info, nil
+}
+
+// describePeer fills in what this node knows of member id's state. Only a leader hears
+// from every member; a follower knows itself and its leader, and calls the others
+// "unknown" rather than guess (a stopped node used to be listed as a follower).
+func (n *Node) describePeer(ni *idemkv.NodeInfo, id, leaderID raft.ServerID) {
+	yes, no := true, false
+	switch {
+	case string(id) == n.cfg.ID:
+		ni.State = stateName(n.raft.State())
+		ni.Reachable = &yes
+	case n.raft.State() == raft.Leader:
+		if last, failing := n.peers.unreachable(id); failing {
+			ni.State, ni.Reachable = "unreachable", &no
+			if !last.IsZero() {
+				ni.LastContact = idemkv.TimestampOf(last).String()
+			}
+		} else {
+			ni.State, ni.Reachable = "follower", &yes
+		}
+	case id == leaderID:
+		ni.State = "leader"
+		if last := n.raft.LastContact(); !last.IsZero() {
+			ni.LastContact = idemkv.TimestampOf(last).String()
+		}
+	default:
+		ni.State = "unknown"
+	}
 }
 
 func suffrage(s raft.ServerSuffrage) string {

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
@@ -198,6 +197,7 @@ type Node struct {
 	leaderWG     sync.WaitGroup
 
 	sweeper *expiry.Sweeper
+	peers   peerHealth
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -224,8 +224,9 @@ func Open(cfg Config) (*Node, error) {
 		n.closeResources()
 		return nil, err
 	}
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go n.watchLeadership()
+	go n.watchPeers()
 	return n, nil
 }
 
@@ -272,8 +273,10 @@ func (n *Node) open() error {
 	// reported against hashicorp/raft by others). Entries are still batched, so one
 	// round trip per batch is all it costs on a LAN.
 	tcfg := &raft.NetworkTransportConfig{Stream: stream, MaxPool: 5, Timeout: 10 * time.Second, Logger: hlog, MaxRPCsInFlight: 1}
+	var peers *peerAddresses
 	if len(n.cfg.PeerAddresses) > 0 {
-		tcfg.ServerAddressProvider = peerAddresses(n.cfg.PeerAddresses)
+		peers = &peerAddresses{overrides: n.cfg.PeerAddresses, self: raft.ServerID(n.cfg.ID), advertise: raft.ServerAddress(stream.Addr().String())}
+		tcfg.ServerAddressProvider = peers
 	}
 	n.transport = raft.NewNetworkTransportWithConfig(tcfg)
 
@@ -300,6 +303,9 @@ func (n *Node) open() error {
 
 	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
+	}
+	if peers != nil {
+		peers.raft.Store(n.raft)
 	}
 	if n.cfg.Bootstrap {
 		has, err := raft.HasExistingState(logs, stable, snaps)
@@ -445,26 +451,6 @@ func (n *Node) voters() int {
 		}
 	}
 	return c
-}
-
-// hclogWriter turns Raft's hclog lines into slog records.
-func newHCLogger(l *slog.Logger) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{
-		Name:   "raft",
-		Level:  hclog.Info,
-		Output: slogWriter{l: l.With("component", "raft")},
-	})
-}
-
-type slogWriter struct{ l *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	msg := string(p)
-	if len(msg) > 0 && msg[len(msg)-1] == '\n' {
-		msg = msg[:len(msg)-1]
-	}
-	w.l.Info(msg)
-	return len(p), nil
 }
 
 // RaftAdvertiseOrAddr is the Raft address peers dial.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -26,10 +28,10 @@ func newStreamLayer(bind, advertise string, tlsConf *tls.Config) (*streamLayer, 
 	}
 	var adv net.Addr = ln.Addr()
 	if advertise != "" {
-		a, err := net.ResolveTCPAddr("tcp", advertise)
+		a, err := advertisedAddr(advertise)
 		if err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("node: raft advertise address %q: %w", advertise, err)
+			return nil, err
 		}
 		adv = a
 	}
@@ -44,6 +46,31 @@ func newStreamLayer(bind, advertise string, tlsConf *tls.Config) (*streamLayer, 
 	return s, nil
 }
 
+// advertiseAddr is the Raft address exactly as the operator gave it. A name stays a
+// name: resolving it here would write today's IP into the Raft configuration, and after
+// the network changes (containers recreated on a new network) peers would dial a dead
+// address.
+type advertiseAddr string
+
+func (a advertiseAddr) Network() string { return "tcp" }
+func (a advertiseAddr) String() string  { return string(a) }
+
+// advertisedAddr checks that addr is a host and port peers can dial and returns it
+// unresolved.
+func advertisedAddr(addr string) (net.Addr, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("node: raft advertise address %q: %w", addr, err)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		return nil, fmt.Errorf("node: raft advertise address %q: port must be 1-65535", addr)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return nil, fmt.Errorf("node: the raft address peers dial (%q) must name a host, not an unspecified address; set an advertise address", addr)
+	}
+	return advertiseAddr(addr), nil
+}
+
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
@@ -56,13 +83,37 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 
 // peerAddresses makes this node dial some peers at other addresses than the ones in
 // the Raft configuration: a NAT, or a fault-injection proxy on one directed link.
-type peerAddresses map[string]string
+//
+// hashicorp/raft asks the provider for every RPC: for the peer it dials and for this
+// node's own ID (the address it puts in each RPC header). An error makes Raft log a
+// warning and use the configured address, so answering "no override" for our own ID
+// or for a peer without an override logged a line per RPC (about 400 a second on an
+// idle leader). The provider therefore answers every ID it can: an override, this
+// node's advertised address, or the address in the latest Raft configuration.
+type peerAddresses struct {
+	overrides map[string]string
+	self      raft.ServerID
+	advertise raft.ServerAddress
+	raft      atomic.Pointer[raft.Raft] // set once Raft runs; nil before
+}
 
-func (p peerAddresses) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
-	if a, ok := p[string(id)]; ok {
+func (p *peerAddresses) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if a, ok := p.overrides[string(id)]; ok {
 		return raft.ServerAddress(a), nil
 	}
-	return "", errNoOverride
+	if id == p.self {
+		return p.advertise, nil
+	}
+	if r := p.raft.Load(); r != nil {
+		// GetConfiguration reads an atomic copy of the latest configuration: no wait on
+		// Raft's main loop.
+		for _, s := range r.GetConfiguration().Configuration().Servers {
+			if s.ID == id {
+				return s.Address, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%w for server %s, and it is not in the Raft configuration", errNoOverride, id)
 }
 
 var errNoOverride = errors.New("no address override")

@@ -32,6 +32,8 @@ type Cluster struct {
 	members []*member
 	stopped bool
 	tweak   func(i int, c *node.Config)
+	// peerOverrides: see WithPeerAddresses.
+	peerOverrides bool
 }
 
 type member struct {
@@ -46,6 +48,12 @@ type member struct {
 
 // Option changes how the cluster is started.
 type Option func(*Cluster)
+
+// WithPeerAddresses gives every node an address override for each of its peers (their
+// own Raft addresses), as a cluster behind NAT or in containers would run.
+func WithPeerAddresses() Option {
+	return func(c *Cluster) { c.peerOverrides = true }
+}
 
 // WithConfig lets a test change node i's configuration before every (re)start.
 func WithConfig(f func(i int, c *node.Config)) Option {
@@ -106,6 +114,14 @@ func (c *Cluster) config(i int, bootstrap bool) node.Config {
 	cfg.ApplyTimeout = 5 * time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(tbWriter{c, m.id}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	cfg.Sweep.Interval = 100 * time.Millisecond
+	if c.peerOverrides {
+		cfg.PeerAddresses = map[string]string{}
+		for j, o := range c.members {
+			if j != i {
+				cfg.PeerAddresses[o.id] = o.raftAddr
+			}
+		}
+	}
 	if c.tweak != nil {
 		c.tweak(i, &cfg)
 	}

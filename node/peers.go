@@ -1,0 +1,68 @@
+package node
+
+import (
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// peerHealth is what this node, while it leads, knows of each follower: whose
+// heartbeats fail, and when each last answered. hashicorp/raft reports both through
+// observations from the leader's replication loops; a follower knows only its leader.
+type peerHealth struct {
+	mu      sync.Mutex
+	failing map[raft.ServerID]time.Time // a follower whose heartbeats fail → its last contact
+}
+
+// watchPeers follows the leader's heartbeat observations until the node closes. The
+// observer never blocks Raft: observations that find the channel full are dropped, and
+// the next failure or recovery (heartbeats run every few hundred milliseconds) corrects
+// the view.
+func (n *Node) watchPeers() {
+	defer n.wg.Done()
+	ch := make(chan raft.Observation, 64)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
+			return true
+		}
+		return false
+	})
+	n.raft.RegisterObserver(obs)
+	defer n.raft.DeregisterObserver(obs)
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case o := <-ch:
+			n.peers.observe(o.Data)
+		}
+	}
+}
+
+func (p *peerHealth) observe(data any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch d := data.(type) {
+	case raft.FailedHeartbeatObservation:
+		if p.failing == nil {
+			p.failing = map[raft.ServerID]time.Time{}
+		}
+		p.failing[d.PeerID] = d.LastContact
+	case raft.ResumedHeartbeatObservation:
+		delete(p.failing, d.PeerID)
+	case raft.LeaderObservation:
+		// What a former leader saw of its followers says nothing now.
+		p.failing = nil
+	}
+}
+
+// unreachable reports whether the leader's heartbeats to id fail, and when id last
+// answered (zero if never).
+func (p *peerHealth) unreachable(id raft.ServerID) (lastContact time.Time, failing bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lastContact, failing = p.failing[id]
+	return lastContact, failing
+}
