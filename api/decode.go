@@ -83,7 +83,8 @@ func checkText(body []byte) error {
 			}
 			off += size
 		}
-		return idemkv.Invalid("", "the request body is not valid UTF-8 (byte %d)", off)
+		field := memberAt(body, off)
+		return idemkv.Invalid(field, "%s is not valid UTF-8 (byte %d of the body)", orBody(field), off)
 	}
 	inString := false
 	for i := 0; i < len(body); i++ {
@@ -108,10 +109,44 @@ func checkText(body []byte) error {
 					continue
 				}
 			}
-			return idemkv.Invalid("", "the request body escapes a lone UTF-16 surrogate at byte %d, which has no UTF-8 form", i)
+			field := memberAt(body, i)
+			return idemkv.Invalid(field, "%s escapes a lone UTF-16 surrogate (byte %d of the body), which has no UTF-8 form", orBody(field), i)
 		}
 	}
 	return nil
+}
+
+// memberAt names the top-level member whose value holds byte off of body, or "".
+func memberAt(body []byte, off int) string {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return ""
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		name, _ := tok.(string)
+		if int(dec.InputOffset()) > off {
+			return name // the byte is in the name itself
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return ""
+		}
+		if int(dec.InputOffset()) > off {
+			return name
+		}
+	}
+	return ""
+}
+
+func orBody(field string) string {
+	if field == "" {
+		return "the request body"
+	}
+	return field
 }
 
 func hex4(b []byte, at int) (rune, bool) {

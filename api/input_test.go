@@ -54,14 +54,14 @@ func TestBadInputNeverReachesTheStore(t *testing.T) {
 		// Text and names that encoding/json would silently rewrite or let the last win
 		// (issue 13, defect 4).
 		{"invalid UTF-8 in a key", "POST", "/v1/reserve",
-			`{"tenant":"acme","idempotency_key":"inv` + "\xff" + `","tool":"t","effect_fingerprint":"f"}`, 400, "invalid_argument", ""},
+			`{"tenant":"acme","idempotency_key":"inv` + "\xff" + `","tool":"t","effect_fingerprint":"f"}`, 400, "invalid_argument", "idempotency_key"},
 		{"invalid UTF-8 in a result", "POST", "/v1/commit",
 			`{"tenant":"acme","idempotency_key":"k","effect_fingerprint":"f","fence":1,"remote_system":"s","remote_id":"i","result":"` + "\xfe\xff" + `"}`,
-			400, "invalid_argument", ""},
+			400, "invalid_argument", "result"},
 		{"lone surrogate escape in a key", "POST", "/v1/reserve",
-			`{"tenant":"acme","idempotency_key":"inv\udcff","tool":"t","effect_fingerprint":"f"}`, 400, "invalid_argument", ""},
+			`{"tenant":"acme","idempotency_key":"inv\udcff","tool":"t","effect_fingerprint":"f"}`, 400, "invalid_argument", "idempotency_key"},
 		{"high surrogate escape without its pair", "POST", "/v1/release",
-			`{"tenant":"acme","idempotency_key":"inv\ud800x","effect_fingerprint":"f","fence":1}`, 400, "invalid_argument", ""},
+			`{"tenant":"acme","idempotency_key":"inv\ud800x","effect_fingerprint":"f","fence":1}`, 400, "invalid_argument", "idempotency_key"},
 		{"duplicate tenant", "POST", "/v1/reserve",
 			`{"tenant":"acme","idempotency_key":"k","tool":"t","effect_fingerprint":"f","tenant":"other"}`, 400, "invalid_argument", "tenant"},
 		{"duplicate tenant in another case", "POST", "/v1/release",

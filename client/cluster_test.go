@@ -451,7 +451,7 @@ func TestProductionGrade(t *testing.T) {
 	})
 
 	t.Run("the server fingerprints effects like the test vectors", func(t *testing.T) {
-		data, err := os.ReadFile("../fingerprint/testdata/vectors.json")
+		data, err := os.ReadFile("../testdata/fingerprint/vectors.json")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,9 +2,9 @@
 // "sha256:" + hex(sha256(JCS(effect))), where JCS is the RFC 8785 JSON
 // Canonicalization Scheme.
 //
-// The server (for the effect field of a reserve) and every client use this one
-// implementation, and testdata/vectors.json pins its bytes so that clients in other
-// languages can prove they agree. It must stay standard-library only: the server and
+// The server (for the effect field of a reserve) and every Go client use this one
+// implementation, and testdata/fingerprint/vectors.json at the repository root pins
+// its bytes so that clients in other languages can prove they agree. It must stay standard-library only: the server and
 // the light client both import it.
 package fingerprint
 
@@ -22,7 +22,8 @@ const Prefix = "sha256:"
 
 // ErrInvalid is wrapped by every error about input that is not I-JSON: malformed
 // JSON, invalid UTF-8, lone surrogates, duplicate member names, numbers outside the
-// range of an IEEE 754 double, nesting deeper than MaxDepth.
+// range of an IEEE 754 double or whose value its shortest form does not keep
+// (9007199254740993), nesting deeper than MaxDepth.
 var ErrInvalid = errors.New("fingerprint: invalid JSON")
 
 // ErrBadPath is wrapped by errors about a drop path that cannot name a field.
@@ -92,8 +93,9 @@ func Of(effect []byte) (string, error) {
 }
 
 // OfValue returns the fingerprint of v as encoding/json marshals it, without the
-// volatile fields that drop names (see CanonicalizeWithout). Integers beyond 2^53
-// lose precision, as RFC 8785 prescribes: send such identifiers as strings.
+// volatile fields that drop names (see CanonicalizeWithout). A number that a double
+// does not hold exactly (an integer beyond 2^53 such as a uint64 identifier) is
+// refused with ErrInvalid: send such identifiers as strings.
 func OfValue(v any, drop ...string) (string, error) {
 	data, err := json.Marshal(v)
 	if err != nil {

@@ -24,11 +24,13 @@ type vector struct {
 	Canonical   *string  `json:"canonical"`
 	Fingerprint string   `json:"fingerprint"`
 	Invalid     bool     `json:"invalid"`
+	// InexactNumber marks an input refused for a number a double does not keep.
+	InexactNumber bool `json:"inexact_number"`
 }
 
 func loadVectors(t *testing.T) []vector {
 	t.Helper()
-	data, err := os.ReadFile("testdata/vectors.json")
+	data, err := os.ReadFile("../testdata/fingerprint/vectors.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,6 +71,9 @@ func TestVectors(t *testing.T) {
 				}
 				if _, err := Of(in); !errors.Is(err, ErrInvalid) {
 					t.Fatalf("Of: error %v does not wrap ErrInvalid", err)
+				}
+				if said := strings.Contains(err.Error(), "send it as a string"); said != v.InexactNumber {
+					t.Fatalf("inexact_number %v, but the error says %q", v.InexactNumber, err)
 				}
 				return
 			}
@@ -346,4 +351,24 @@ func FuzzCanonicalize(f *testing.F) {
 			t.Fatalf("meaning changed: %q -> %q", in, out)
 		}
 	})
+}
+
+// TestOfValueRefusesIntegersADoubleDoesNotKeep: a uint64 identifier beyond 2^53 gave
+// two different effects one fingerprint, so the Go client's Do replayed the first
+// effect's receipt for the second (issue 13, defect 5).
+func TestOfValueRefusesIntegersADoubleDoesNotKeep(t *testing.T) {
+	a, errA := OfValue(map[string]any{"amount": uint64(9007199254740993)})
+	b, errB := OfValue(map[string]any{"amount": uint64(9007199254740992)})
+	if errA == nil {
+		t.Fatalf("9007199254740993 accepted: %s (and 9007199254740992: %s, %v)", a, b, errB)
+	}
+	if !errors.Is(errA, ErrInvalid) || !strings.Contains(errA.Error(), "send it as a string") {
+		t.Errorf("error %v: want ErrInvalid saying to send it as a string", errA)
+	}
+	if errB != nil {
+		t.Errorf("2^53 itself is exact, yet refused: %v", errB)
+	}
+	if _, err := OfValue(map[string]any{"amount": "9007199254740993"}); err != nil {
+		t.Errorf("as a string: %v", err)
+	}
 }

@@ -1,6 +1,7 @@
 package fingerprint
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"unicode/utf16"
@@ -336,7 +337,14 @@ func (p *parser) number() (*value, error) {
 		// which has no JSON form. Underflow rounds to zero, as in ECMAScript.
 		return nil, &SyntaxError{Offset: start, Msg: "number out of the range of a double"}
 	}
-	return &value{kind: kindNumber, text: formatNumber(f)}, nil
+	lit := string(d[start:p.pos])
+	text := formatNumber(f)
+	if !sameDecimal(lit, text) {
+		return nil, &SyntaxError{Offset: start, Msg: fmt.Sprintf(
+			"number %s does not survive a round trip through an IEEE 754 double (it would read as %s), "+
+				"so two different effects could share a fingerprint; send it as a string", lit, text)}
+	}
+	return &value{kind: kindNumber, text: text}, nil
 }
 
 func (p *parser) digits() int {

@@ -58,3 +58,41 @@ func formatNumber(f float64) string {
 	}
 	return b.String()
 }
+
+// sameDecimal reports whether two JSON number texts denote the same decimal value.
+// RFC 8785 writes every number as the shortest form of the nearest double, so a
+// literal whose value that form does not keep (9007199254740993 reads as
+// 9007199254740992) would share its fingerprint with another effect; such literals are
+// refused. Both zeros are one value, as JCS writes them both "0".
+func sameDecimal(a, b string) bool {
+	an, ad, ae, aok := decimalOf(a)
+	bn, bd, be, bok := decimalOf(b)
+	return aok && bok && ad == bd && (ad == "" || (an == bn && ae == be))
+}
+
+// decimalOf splits a JSON number text into its sign, its significant digits (no
+// leading or trailing zeros; "" for zero) and the exponent e of 0.digits × 10^e. It
+// reports false for an exponent too long to hold, which no double survives anyway.
+func decimalOf(s string) (neg bool, digits string, exp int, ok bool) {
+	s, neg = strings.CutPrefix(s, "-")
+	mant, e, hasExp := strings.Cut(strings.ToLower(s), "e")
+	if hasExp {
+		x, err := strconv.Atoi(e)
+		if err != nil || x > 1<<30 || x < -(1<<30) {
+			return false, "", 0, false
+		}
+		exp = x
+	}
+	whole, frac, _ := strings.Cut(mant, ".")
+	digits = whole + frac
+	exp += len(whole)
+	for len(digits) > 0 && digits[0] == '0' {
+		digits = digits[1:]
+		exp--
+	}
+	digits = strings.TrimRight(digits, "0")
+	if digits == "" {
+		return false, "", 0, true
+	}
+	return neg, digits, exp, true
+}
