@@ -161,9 +161,6 @@ _shared: Optional[Node] = None
 def shared_node() -> Node:
     """One node for the tests that do not kill it; keys are unique per test."""
     global _shared
-    with _lock:
-        if _shared is None:
-            pass
     if _shared is None:
         n = Node("shared").start()
         n.wait_ready()

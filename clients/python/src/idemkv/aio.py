@@ -225,14 +225,15 @@ class AsyncClient:
                 last.__cause__ = e
             retried = True
             self._router.demote(base)
-            pause = _core.backoff(n, cfg.backoff_min, cfg.backoff_max)
-            if time.monotonic() + pause >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise StoreUnavailableError(
                     f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
                     f"({n} attempts; last: {last})",
                     cause=last,
                 )
-            await asyncio.sleep(pause)
+            # The last pause ends at the bound, and one more attempt is made there.
+            await asyncio.sleep(min(_core.backoff(n, cfg.backoff_min, cfg.backoff_max), left))
 
     async def _call(self, call: Call) -> Any:
         return (await self._send(call))[0]
@@ -283,9 +284,9 @@ class AsyncClient:
 
     async def do(self, fn: Callable[[], Awaitable[Any]], **op: Any) -> Any:
         """The tool-call loop for a coroutine function; see :meth:`Client.do`."""
-        from .loop import Op, run_async
+        from .loop import make_op, run_async
 
-        return await run_async(self, Op.make(self.config, **op), fn)
+        return await run_async(self, make_op(self.config, **op), fn)
 
     def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
         from .decorator import idempotent

@@ -96,6 +96,12 @@ class Client:
     def close(self) -> None:
         self._pool.close()
 
+    def __del__(self) -> None:
+        try:
+            self._pool.close()
+        except Exception:  # interpreter shutdown
+            pass
+
     def __enter__(self) -> "Client":
         return self
 
@@ -167,14 +173,15 @@ class Client:
                 last.__cause__ = e
             retried = True
             self._router.demote(base)
-            pause = _core.backoff(n, cfg.backoff_min, cfg.backoff_max)
-            if time.monotonic() + pause >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise StoreUnavailableError(
                     f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
                     f"({n} attempts; last: {last})",
                     cause=last,
                 )
-            time.sleep(pause)
+            # The last pause ends at the bound, and one more attempt is made there.
+            time.sleep(min(_core.backoff(n, cfg.backoff_min, cfg.backoff_max), left))
 
     def _call(self, call: Call) -> Any:
         return self._send(call)[0]
@@ -245,9 +252,9 @@ class Client:
     def do(self, fn: Callable[[], Any], **op: Any) -> Any:
         """Runs fn at most once for the key, across retries, workers and crashes;
         see :func:`idemkv.loop.run_sync` and :class:`idemkv.Op` for the options."""
-        from .loop import Op, run_sync
+        from .loop import make_op, run_sync
 
-        return run_sync(self, Op.make(self.config, **op), fn)
+        return run_sync(self, make_op(self.config, **op), fn)
 
     def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``."""

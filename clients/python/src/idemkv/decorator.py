@@ -20,7 +20,8 @@ import functools
 import inspect
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union, overload
 
-from .loop import Op, Outcome, Result, run_async, run_sync
+from .errors import NotExecutedError
+from .loop import Op, Outcome, Result, make_op, run_async, run_sync
 
 __all__ = ["idempotent", "set_default_client"]
 
@@ -85,8 +86,12 @@ def idempotent(
         name = tool or f.__name__
 
         def op_for(c: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Op:
-            k = key(*args, **kwargs) if callable(key) else key
-            e = effect(*args, **kwargs) if effect is not None else _bound_arguments(f, args, kwargs)
+            try:
+                k = key(*args, **kwargs) if callable(key) else key
+                e = effect(*args, **kwargs) if effect is not None else _bound_arguments(f, args, kwargs)
+            except Exception as err:
+                # The tool did not run: its key or effect could not be made.
+                raise NotExecutedError(f"idemkv: the key or effect of {name} failed: {err!r}", cause=err) from err
             p = None if probe is None else functools.partial(probe, *args, **kwargs)
             opts: dict[str, Any] = dict(key=k, tool=name, side_effect=side_effect, probe=p, drop=drop, actor=actor,
                                         ttl=ttl, lease_ttl=lease_ttl, remote_system=remote_system,
@@ -95,7 +100,7 @@ def idempotent(
                 opts["effect"] = e
             if tenant is not None:
                 opts["tenant"] = tenant
-            return Op.make(c.config, **{k2: v for k2, v in opts.items() if v is not None or k2 == "probe"})
+            return make_op(c.config, **{k2: v for k2, v in opts.items() if v is not None or k2 == "probe"})
 
         def client_of() -> Any:
             c = client if client is not None else _default_client
@@ -119,7 +124,7 @@ def idempotent(
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             c = client_of()
-            if not hasattr(c, "_pool") or asyncio.iscoroutinefunction(getattr(c, "_send")):
+            if asyncio.iscoroutinefunction(getattr(c, "_send", None)):
                 raise TypeError("idemkv: a sync tool needs a sync Client, not an AsyncClient")
             return result(run_sync(c, op_for(c, args, kwargs), functools.partial(f, *args, **kwargs)))
 

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .jcs import fingerprint as _fingerprint
 
-__all__ = ["Op", "Outcome", "Result", "Lease", "current_lease", "run_sync", "run_async", "CLASSES"]
+__all__ = ["make_op", "Op", "Outcome", "Result", "Lease", "current_lease", "run_sync", "run_async", "CLASSES"]
 
 READ_ONLY = "read_only"
 IDEMPOTENT = "idempotent_mutation"
@@ -313,7 +313,7 @@ class _Loop:
                 if settled is not None:
                     return settled
                 continue  # released: reserve again
-            raise OutcomeUnknownError(f"idemkv: unknown reserve decision {decision!r}", decision=decision, record=record)
+            raise NotExecutedError(f"idemkv: unknown reserve decision {decision!r}", decision=decision, record=record)
 
     def decided(self, res: dict[str, Any]) -> None:
         attrs: dict[str, Any] = {_otel.DECISION: res.get("decision", "")}
@@ -335,7 +335,7 @@ class _Loop:
         rec = res.get("record") or {}
         receipt = res.get("receipt") or _receipt_of(rec)
         if not receipt:
-            raise OutcomeUnknownError(f"idemkv: replay of {self.op.key!r} without a receipt", decision="replay", record=rec)
+            raise NotExecutedError(f"idemkv: replay of {self.op.key!r} without a receipt", decision="replay", record=rec)
         if receipt.get("status") == "failed":
             raise _stored_failure(self.op.key, receipt, True, "replay", rec)
         g = _Grant("replay", int(rec.get("fence") or 0), rec)
@@ -355,8 +355,9 @@ class _Loop:
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise OutcomeUnknownError(
-                    f"idemkv: gave up waiting for the attempt that holds {op.key!r}: it may still run the tool",
+                # This call ran nothing; the attempt that holds the key decides.
+                raise NotExecutedError(
+                    f"idemkv: gave up waiting for the attempt that holds {op.key!r} (deadline {op.deadline:g}s)",
                     decision="in_progress", record=res.get("record"))
             wait = min(wait, left)
         start = time.monotonic()
@@ -365,7 +366,7 @@ class _Loop:
         except APIError as e:
             if e.code == "not_found":
                 return
-            raise OutcomeUnknownError(f"idemkv: waiting on {op.key!r}: {e}", decision="in_progress", cause=e) from e
+            raise NotExecutedError(f"idemkv: waiting on {op.key!r}: {e}", decision="in_progress", cause=e) from e
         if rec.get("status") == "pending" and time.monotonic() - start < wait / 2:
             # Still held, and the wait ended early: do not spin on a server whose
             # clock and ours disagree about the lease.
@@ -498,18 +499,22 @@ class _Loop:
             yield _Send(_core.release_call(op.tenant, op.key, self.fp, g.fence))
         except APIError as e:
             if e.code not in ("not_found", "fenced"):
-                raise OutcomeUnknownError(f"idemkv: releasing {op.key!r}: {e}", decision=g.decision, cause=cause) from e
+                # The tool did not run; the key stays held until its lease runs out.
+                raise NotExecutedError(f"idemkv: {op.key!r} not executed; releasing the key: {e}",
+                                       decision=g.decision, cause=cause) from e
             # Gone already, or a newer attempt owns the key: not ours to free.
         except StoreUnavailableError as e:
-            raise OutcomeUnknownError(f"idemkv: releasing {op.key!r}: {e}", decision=g.decision, cause=cause) from e
+            raise NotExecutedError(f"idemkv: {op.key!r} not executed; releasing the key: {e}", decision=g.decision,
+                                   cause=cause) from e
         self.span.add_event("released")
 
     def unguarded(self, e: StoreUnavailableError) -> Gen:
         self.span.add_event("unguarded")
         ran = yield _Run("tool", None)
         if ran.error is not None:
-            raise OutcomeUnknownError(f"idemkv: unguarded tool for {self.op.key!r} failed: {ran.error!r}",
-                                      cause=ran.error) from ran.error
+            # Nothing is recorded: from idemkv's side the call never happened.
+            raise NotExecutedError(f"idemkv: unguarded tool for {self.op.key!r} failed: {ran.error!r}",
+                                   cause=ran.error) from ran.error
         res = self.as_result(ran.value)
         receipt = {"idempotency_key": self.op.key, "effect_fingerprint": self.fp, "status": "committed",
                    "remote_system": res.remote_system, "remote_id": res.remote_id}
@@ -554,6 +559,21 @@ def _printable(s: str, limit: int) -> str:
     while len(s.encode("utf-8")) > limit:
         s = s[:-1]
     return s
+
+
+def make_op(config: Config, **kw: Any) -> Op:
+    """Op.make, whose refusals (a missing tenant, a bad class) are not_executed errors."""
+    try:
+        return Op.make(config, **kw)
+    except (ValueError, TypeError) as e:
+        raise NotExecutedError(f"idemkv: invalid tool call: {e}", cause=e) from e
+
+
+def _fingerprint_of(op: Op) -> str:
+    try:
+        return op.compute_fingerprint()
+    except ValueError as e:  # FingerprintError: refused before any call
+        raise NotExecutedError(f"idemkv: the effect of {op.key!r} has no fingerprint: {e}", cause=e) from e
 
 
 def _start_span(client: Any, op: Op) -> Any:
@@ -631,10 +651,14 @@ def run_sync(client: Any, op: Op, fn: Callable[[], Any]) -> Outcome:
     out: Optional[Outcome] = None
     try:
         if op.side_effect == READ_ONLY:
-            value = fn()
+            try:
+                value = fn()
+            except Exception as e:
+                # A read has no effect to be unsure of.
+                raise NotExecutedError(f"idemkv: read-only tool for {op.key!r} failed: {e!r}", cause=e) from e
             out = Outcome(decision="execute", receipt={}, value=value)
             return out
-        fp = op.compute_fingerprint()
+        fp = _fingerprint_of(op)
         span.set_attributes({_otel.FINGERPRINT: fp})
         gen = _Loop(op, fp, span).main()
         send: Any = None
@@ -737,12 +761,15 @@ async def run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]]) -> Ou
     out: Optional[Outcome] = None
     try:
         if op.side_effect == READ_ONLY:
-            v = fn()
-            if asyncio.iscoroutine(v):
-                v = await v
+            try:
+                v = fn()
+                if asyncio.iscoroutine(v):
+                    v = await v
+            except Exception as e:
+                raise NotExecutedError(f"idemkv: read-only tool for {op.key!r} failed: {e!r}", cause=e) from e
             out = Outcome(decision="execute", receipt={}, value=v)
             return out
-        fp = op.compute_fingerprint()
+        fp = _fingerprint_of(op)
         span.set_attributes({_otel.FINGERPRINT: fp})
         gen = _Loop(op, fp, span).main()
         send: Any = None
