@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
@@ -361,5 +362,43 @@ func TestNewHTTPServerTimeouts(t *testing.T) {
 	if s.WriteTimeout != idemkv.MaxWait+30*time.Second || s.WriteTimeout <= idemkv.MaxWait+api.DefaultForwardTimeout {
 		t.Errorf("WriteTimeout %v does not leave room for a %v long-poll forwarded with %v",
 			s.WriteTimeout, idemkv.MaxWait, api.DefaultForwardTimeout)
+	}
+}
+
+// TestToolLabelsAreBounded: the tool label comes from requests; 1,000 made-up tool
+// names made 1,000 series that lived until restart (issue 13, defect 9). Past the cap
+// they count as "other".
+func TestToolLabelsAreBounded(t *testing.T) {
+	fake := &FakeStore{ReserveFunc: func(_ context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+		return &idemkv.ReserveResult{Decision: idemkv.DecisionExecute, Fence: 1, Record: pendingRecord(req.Key)}, nil
+	}}
+	const max = 10
+	n := startNode(t, fake, func(c *api.Config) { c.Metrics.Tools.SetMax(max) })
+	const sent = 1000
+	for i := range sent {
+		do(t, "POST", n.url+"/v1/reserve", with(validReserve(), "tool", fmt.Sprintf("tool-%d", i)), nil).object(t, http.StatusOK)
+	}
+	families, err := n.metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "idemkv_decisions_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "tool" {
+					tools[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	if len(tools) != max+1 {
+		t.Errorf("%d tool series, want %d and other", len(tools), max)
+	}
+	if tools["tool-0"] != 1 || tools["other"] != sent-max {
+		t.Errorf("tool-0 counted %v, other %v; want 1 and %d", tools["tool-0"], tools["other"], sent-max)
 	}
 }

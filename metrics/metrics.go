@@ -5,6 +5,7 @@
 package metrics
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,8 +17,11 @@ import (
 type Metrics struct {
 	Registry *prometheus.Registry
 
-	// Decisions counts reserve decisions by tool and decision.
+	// Decisions counts reserve decisions by tool and decision. Its tool label comes
+	// from requests: pass it through Tools.
 	Decisions *prometheus.CounterVec
+	// Tools bounds the values of the tool label (DefaultMaxToolLabels).
+	Tools *BoundedLabel
 	// Requests times API requests by endpoint and status code.
 	Requests *prometheus.HistogramVec
 	// ApplyLatency times a proposal from Raft Apply to the state machine's answer.
@@ -36,12 +40,58 @@ type Metrics struct {
 
 const namespace = "idemkv"
 
+// DefaultMaxToolLabels is how many distinct tool names get series of their own. An
+// agent fleet has tens of tools; a client sending 1,000 made-up names made 1,000
+// series that lived until restart.
+const DefaultMaxToolLabels = 200
+
+// OtherLabel is the value every label value beyond a BoundedLabel's cap folds into.
+const OtherLabel = "other"
+
+// BoundedLabel keeps the values of a label that clients choose to a fixed number:
+// the first max distinct values seen keep their name, the rest count as OtherLabel,
+// so a hostile or buggy client cannot grow the series without bound.
+type BoundedLabel struct {
+	mu   sync.Mutex
+	max  int
+	seen map[string]struct{}
+}
+
+// NewBoundedLabel returns a BoundedLabel keeping max values (0 or less: every value
+// folds into OtherLabel).
+func NewBoundedLabel(max int) *BoundedLabel {
+	return &BoundedLabel{max: max, seen: map[string]struct{}{}}
+}
+
+// SetMax changes the cap. Values already admitted keep their series.
+func (b *BoundedLabel) SetMax(max int) {
+	b.mu.Lock()
+	b.max = max
+	b.mu.Unlock()
+}
+
+// Value returns v if it has its own series or there is room for one, and otherwise
+// OtherLabel.
+func (b *BoundedLabel) Value(v string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.seen[v]; ok {
+		return v
+	}
+	if len(b.seen) >= b.max {
+		return OtherLabel
+	}
+	b.seen[v] = struct{}{}
+	return v
+}
+
 // New creates the collectors and registers them, with the Go and process collectors,
 // in a fresh registry.
 func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
 		Registry: reg,
+		Tools:    NewBoundedLabel(DefaultMaxToolLabels),
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "decisions_total",
 			Help: "Reserve decisions by tool and decision.",

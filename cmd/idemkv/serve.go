@@ -35,6 +35,7 @@ type serveOptions struct {
 	logLevel      string
 	logFormat     string
 	pprof         bool
+	maxToolLabels int
 	cacheMB       int64
 	shutdownGrace time.Duration
 	limits        idemkv.Limits
@@ -42,7 +43,8 @@ type serveOptions struct {
 }
 
 func newServeCommand() *cobra.Command {
-	o := serveOptions{node: node.DefaultConfig(), limits: idemkv.DefaultLimits(), shutdownGrace: 10 * time.Second}
+	o := serveOptions{node: node.DefaultConfig(), limits: idemkv.DefaultLimits(), shutdownGrace: 10 * time.Second,
+		maxToolLabels: metrics.DefaultMaxToolLabels}
 	o.node.Sweep = expiry.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -72,6 +74,7 @@ asks the cluster to add it and retries until it is in.
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.BoolVar(&o.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address, to admin tokens only")
+	f.IntVar(&o.maxToolLabels, "metrics-max-tools", o.maxToolLabels, "distinct tool names that get metric series of their own; the rest count as \"other\"")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
 
 	f.DurationVar(&o.node.HeartbeatTimeout, "heartbeat-timeout", o.node.HeartbeatTimeout, "Raft heartbeat timeout")
@@ -161,6 +164,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	cfg.Limits = o.limits
 	cfg.Logger = logger
 	cfg.Metrics = metrics.New()
+	cfg.Metrics.Tools.SetMax(o.maxToolLabels)
 
 	ex, err := o.extra.setup(ctx, &cfg, logger)
 	if err != nil {
