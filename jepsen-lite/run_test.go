@@ -113,6 +113,9 @@ func TestSabotageIsCaught(t *testing.T) {
 		{testhooks.FailWrites, []string{nemesis.FamilyKill}, []string{progress.AnomalyNoProgress}},
 		// One write in eight answered 500 after it went through.
 		{testhooks.InternalErrors, nil, []string{workload.AnomalyServerError}},
+		// Leases stored at a quarter of what the answer says: the short-lease
+		// workload sees a recover before the lease it was told of ran out.
+		{testhooks.EarlyRecover, nil, []string{workload.AnomalyEarlyRecover}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
@@ -148,7 +151,7 @@ func TestHealthyClusterIsValid(t *testing.T) {
 	if s.Verdict != "valid" || len(s.Anomalies) != 0 || !s.Convergence.Converged {
 		t.Fatalf("verdict %q, anomalies %v, converged %v", s.Verdict, s.Anomalies, s.Convergence.Converged)
 	}
-	if s.Ops["register:reserve"]["ok"] == 0 || s.Ops["agent:do"]["ok"] == 0 {
+	if s.Ops["register:reserve"]["ok"] == 0 || s.Ops["agent:do"]["ok"] == 0 || s.Outcomes["lease:reserve"]["recover"] == 0 {
 		t.Fatalf("the workloads did nothing: %v", s.Ops)
 	}
 	recovered := 0

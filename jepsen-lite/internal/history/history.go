@@ -69,6 +69,9 @@ type Record struct {
 	ErrorCode   string `json:"error_code,omitempty"`
 	// UpdatedAt is the record's updated_at in Unix milliseconds.
 	UpdatedAt int64 `json:"updated_at"`
+	// LeaseExpiresAt is the record's lease_expires_at in Unix milliseconds (0 when
+	// no lease is held).
+	LeaseExpiresAt int64 `json:"lease_expires_at,omitempty"`
 }
 
 // Receipt is the part of a receipt that the checkers look at.

@@ -196,7 +196,8 @@ func toRecord(r *idemkv.Record) *history.Record {
 		return nil
 	}
 	out := &history.Record{Status: string(r.Status), Fingerprint: r.Fingerprint, Tool: r.Tool,
-		AttemptID: r.AttemptID, Fence: r.Fence, Attempts: r.Attempts, UpdatedAt: int64(r.UpdatedAt)}
+		AttemptID: r.AttemptID, Fence: r.Fence, Attempts: r.Attempts, UpdatedAt: int64(r.UpdatedAt),
+		LeaseExpiresAt: int64(r.LeaseExpiresAt)}
 	if r.Receipt != nil {
 		out.RemoteID = r.Receipt.RemoteID
 	}
