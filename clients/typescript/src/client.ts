@@ -1,0 +1,377 @@
+// The low-level client: one method per endpoint of idemkv's HTTP API, leader
+// discovery through the Idemkv-Leader header, several endpoints, and retries with
+// backoff of the answers that say "nothing happened, or it is safe to ask again"
+// (unavailable, outcome_unknown, a transport failure). The tool-call loop is in
+// idempotent.ts.
+
+import { ApiError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
+import { fetchSend, httpsSend, type Send, type TlsOptions } from "./transport.js";
+import type {
+  ClusterInfo, CommitRequest, DoubtRequest, FailRequest, GetOptions, HeartbeatRequest, ListOptions, ListResult,
+  Receipt, Record as IdemkvRecord, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult, ResolveRequest,
+} from "./types.js";
+import { abortReason, backoff, linkedController, newAttemptId, sleep } from "./util.js";
+
+export interface ClientOptions {
+  /**
+   * API addresses of some or all nodes, as host:port or http(s)://host:port. The client
+   * goes to the leader any node names, and falls back to these in turn. Default
+   * ["127.0.0.1:7420"].
+   */
+  endpoints?: string[];
+  /** Sent as "Authorization: Bearer <token>". */
+  token?: string;
+  /** TLS settings; endpoints without a scheme then use https (see transport.ts). */
+  tls?: TlsOptions;
+  /** Bound on one HTTP attempt, in ms; a long-poll gets its wait on top. Default 10000. */
+  timeoutMs?: number;
+  /** Attempts of one low-level call across endpoints. Default 8. */
+  maxAttempts?: number;
+  /** Bounds of the jittered exponential backoff between attempts, in ms. Defaults 20 and 1000. */
+  backoffMinMs?: number;
+  backoffMaxMs?: number;
+
+  // The tool-call loop (idempotent, run):
+
+  /**
+   * How long the loop waits for idemkv, in ms, before it gives up with
+   * StoreUnavailableError (before the tool ran) or OutcomeUnknownError (after). Default
+   * 30000.
+   */
+  storeWait?: number;
+  /**
+   * What the loop does when idemkv cannot be reached within storeWait before the tool
+   * ran: "fail_closed" (default) throws StoreUnavailableError; "unguarded" runs
+   * read-only and idempotent tools anyway, unrecorded (never non-idempotent ones).
+   */
+  onStoreUnavailable?: "fail_closed" | "unguarded";
+  /** Lease of a call that names none, in ms (at least 1000). The loop heartbeats every third of it. Default 30000. */
+  leaseTtl?: number;
+  /** Longest single long-poll while another attempt holds the key, in ms. Default 30000. */
+  pollWait?: number;
+
+  /** Replaces the global fetch (tests, proxies). Ignored when tls is set. */
+  fetch?: typeof fetch;
+}
+
+export interface CallOptions {
+  signal?: AbortSignal;
+  /**
+   * Keep retrying retryable failures until this time (ms since the epoch) instead of
+   * stopping after maxAttempts.
+   */
+  deadline?: number;
+}
+
+const DEFAULTS = {
+  endpoints: ["127.0.0.1:7420"],
+  timeoutMs: 10_000,
+  maxAttempts: 8,
+  backoffMinMs: 20,
+  backoffMaxMs: 1000,
+  storeWait: 30_000,
+  leaseTtl: 30_000,
+  pollWait: 30_000,
+};
+
+/** The longest long-poll the server takes (5 minutes). */
+export const MAX_WAIT_MS = 300_000;
+
+function baseURL(ep: string, useTLS: boolean): string {
+  const withScheme = ep.includes("://") ? ep : `${useTLS ? "https" : "http"}://${ep}`;
+  let u: URL;
+  try {
+    u = new URL(withScheme);
+  } catch {
+    throw new TypeError(`idemkv: endpoint ${JSON.stringify(ep)} must be host:port or http(s)://host:port`);
+  }
+  if ((u.protocol !== "http:" && u.protocol !== "https:") || u.host === "" || (u.pathname !== "/" && u.pathname !== "") ||
+    u.search !== "" || u.username !== "") {
+    throw new TypeError(`idemkv: endpoint ${JSON.stringify(ep)} must be host:port or http(s)://host:port`);
+  }
+  return `${u.protocol}//${u.host}`;
+}
+
+/** A path segment, escaped; "." and ".." would be cleaned away by a server's router. */
+function segment(s: string): string {
+  const e = encodeURIComponent(s);
+  return /^\.+$/.test(e) ? "%2E".repeat(e.length) : e;
+}
+
+interface Call {
+  method: "GET" | "POST";
+  path: string;
+  query?: URLSearchParams;
+  body?: unknown;
+  /** A long-poll's wait, added to the attempt's timeout. */
+  waitMs?: number;
+}
+
+/** Resolved options, shared with the loop. */
+export interface Settings {
+  timeoutMs: number;
+  maxAttempts: number;
+  backoffMinMs: number;
+  backoffMaxMs: number;
+  storeWait: number;
+  onStoreUnavailable: "fail_closed" | "unguarded";
+  leaseTtl: number;
+  pollWait: number;
+}
+
+/** A client of an idemkv cluster. Safe to share across calls; close() when done. */
+export class Client {
+  readonly settings: Settings;
+  private readonly endpoints: string[];
+  private readonly scheme: string;
+  private readonly token: string | undefined;
+  private readonly send: Send;
+  private readonly closeTransport: () => void;
+  private leaderURL = "";
+  /** The endpoint tried first while no leader is known; moves on when it fails. */
+  private preferred = 0;
+
+  constructor(options: ClientOptions = {}) {
+    const eps = options.endpoints ?? DEFAULTS.endpoints;
+    if (eps.length === 0) throw new TypeError("idemkv: endpoints must name at least one node");
+    this.endpoints = eps.map((e) => baseURL(e, options.tls !== undefined));
+    this.scheme = this.endpoints[0].startsWith("https:") ? "https" : "http";
+    this.token = options.token;
+    const num = (v: number | undefined, def: number, name: string, min: number) => {
+      const x = v ?? def;
+      if (!Number.isFinite(x) || x < min) throw new TypeError(`idemkv: ${name} must be a number >= ${min}`);
+      return x;
+    };
+    this.settings = {
+      timeoutMs: num(options.timeoutMs, DEFAULTS.timeoutMs, "timeoutMs", 1),
+      maxAttempts: num(options.maxAttempts, DEFAULTS.maxAttempts, "maxAttempts", 1),
+      backoffMinMs: num(options.backoffMinMs, DEFAULTS.backoffMinMs, "backoffMinMs", 0),
+      backoffMaxMs: num(options.backoffMaxMs, DEFAULTS.backoffMaxMs, "backoffMaxMs", 0),
+      storeWait: num(options.storeWait, DEFAULTS.storeWait, "storeWait", 0),
+      onStoreUnavailable: options.onStoreUnavailable ?? "fail_closed",
+      leaseTtl: num(options.leaseTtl, DEFAULTS.leaseTtl, "leaseTtl", 1000),
+      pollWait: Math.min(num(options.pollWait, DEFAULTS.pollWait, "pollWait", 1), MAX_WAIT_MS),
+    };
+    if (this.settings.backoffMaxMs < this.settings.backoffMinMs) {
+      throw new TypeError("idemkv: need backoffMinMs <= backoffMaxMs");
+    }
+    if (this.settings.onStoreUnavailable !== "fail_closed" && this.settings.onStoreUnavailable !== "unguarded") {
+      throw new TypeError('idemkv: onStoreUnavailable must be "fail_closed" or "unguarded"');
+    }
+    if (options.tls !== undefined) {
+      const t = httpsSend(options.tls);
+      this.send = t.send;
+      this.closeTransport = t.close;
+    } else {
+      this.send = fetchSend(options.fetch ?? globalThis.fetch);
+      this.closeTransport = () => {};
+    }
+  }
+
+  /** Releases the connections of the TLS transport (fetch's pool needs nothing). */
+  close(): void {
+    this.closeTransport();
+  }
+
+  /** The base URL of the leader as last reported, or "". */
+  get leader(): string {
+    return this.leaderURL;
+  }
+
+  private setLeader(addr: string): void {
+    let u: string;
+    try {
+      u = baseURL(addr, this.scheme === "https");
+    } catch {
+      return;
+    }
+    // A node bound to a wildcard address advertises nothing a client can dial.
+    const host = new URL(u).hostname;
+    if (host === "" || host === "0.0.0.0" || host === "[::]") return;
+    if (!addr.includes("://")) u = `${this.scheme}://${new URL(u).host}`;
+    this.leaderURL = u;
+  }
+
+  private demote(base: string): void {
+    if (this.leaderURL === base) this.leaderURL = "";
+    if (this.endpoints[this.preferred % this.endpoints.length] === base) this.preferred++;
+  }
+
+  private target(): string {
+    return this.leaderURL !== "" ? this.leaderURL : this.endpoints[this.preferred % this.endpoints.length];
+  }
+
+  /**
+   * Sends c, retrying after failures that leave it safe to repeat, and returns the
+   * decoded answer. state.retried tells whether an earlier attempt may have reached a
+   * node.
+   */
+  private async call<T>(c: Call, opts: CallOptions = {}, state = { retried: false }): Promise<T> {
+    const body = c.body === undefined ? undefined : JSON.stringify(c.body);
+    for (let attempt = 0; ; attempt++) {
+      if (attempt > 0) {
+        let delay = backoff(attempt, this.settings.backoffMinMs, this.settings.backoffMaxMs);
+        // The last attempt goes out at the deadline, not a backoff before it.
+        if (opts.deadline !== undefined) delay = Math.min(delay, Math.max(opts.deadline - Date.now(), 0));
+        await sleep(delay, opts.signal);
+      }
+      const base = this.target();
+      try {
+        return (await this.attempt(base, c, body, opts)) as T;
+      } catch (err) {
+        if (opts.signal?.aborted) throw abortReason(opts.signal);
+        if (!isRetryable(err)) throw err;
+        state.retried = true;
+        this.demote(base);
+        const exhausted = opts.deadline === undefined ? attempt + 1 >= this.settings.maxAttempts : Date.now() >= opts.deadline;
+        if (exhausted) throw err;
+      }
+    }
+  }
+
+  private async attempt(base: string, c: Call, body: string | undefined, opts: CallOptions): Promise<unknown> {
+    let url = base + c.path;
+    const qs = c.query?.toString() ?? "";
+    if (qs !== "") url += "?" + qs;
+    let timeout = this.settings.timeoutMs + (c.waitMs ?? 0);
+    if (opts.deadline !== undefined && c.waitMs === undefined) {
+      // Inside the loop's bound, one hung attempt must not outlast it by much.
+      timeout = Math.max(Math.min(timeout, opts.deadline - Date.now()), 50);
+    }
+    const headers: { [name: string]: string } = { Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (this.token !== undefined) headers.Authorization = `Bearer ${this.token}`;
+    const link = linkedController([opts.signal], timeout, () => new DOMException(`no answer in ${timeout} ms`, "TimeoutError"));
+    let res;
+    try {
+      res = await this.send({ method: c.method, url, headers, body, signal: link.signal });
+    } catch (err) {
+      if (opts.signal?.aborted) throw abortReason(opts.signal);
+      // Nothing came back; whether the request was applied is unknown, and every
+      // idemkv request is safe to repeat (reserve by attempt_id, the rest by fence).
+      const why = link.signal.aborted ? `no answer in ${timeout} ms` : describe(err);
+      throw new ApiError("unavailable", `idemkv: ${c.method} ${base}${c.path}: ${why}`, { status: 0, cause: err });
+    } finally {
+      link.dispose();
+    }
+    if (res.leader !== null && res.leader !== "") this.setLeader(res.leader);
+    if (res.status >= 200 && res.status < 300) {
+      try {
+        return JSON.parse(res.body);
+      } catch (err) {
+        // A body cut short is a transport failure like any other.
+        throw new ApiError("unavailable", `idemkv: ${c.method} ${base}${c.path}: unreadable answer`, { status: res.status, cause: err });
+      }
+    }
+    throw decodeError(res.status, res.body);
+  }
+
+  // ---- the endpoints ----
+
+  /** Asks for the right to run an effect. A request without attempt_id gets a fresh one. */
+  async reserve(req: ReserveRequest, opts?: CallOptions): Promise<ReserveResult> {
+    const r = req.attempt_id === undefined ? { ...req, attempt_id: newAttemptId() } : req;
+    return this.call<ReserveResult>({ method: "POST", path: "/v1/reserve", body: r }, opts);
+  }
+
+  /** Stores the receipt of the attempt holding req.fence. A retried commit gets the stored outcome. */
+  async commit(req: CommitRequest, opts?: CallOptions): Promise<Receipt> {
+    return this.call<Receipt>({ method: "POST", path: "/v1/commit", body: req }, opts);
+  }
+
+  /** Stores a permanent failure for the attempt holding req.fence. */
+  async fail(req: FailRequest, opts?: CallOptions): Promise<IdemkvRecord> {
+    return this.call<IdemkvRecord>({ method: "POST", path: "/v1/fail", body: req }, opts);
+  }
+
+  /**
+   * Gives the key back. When an earlier attempt of this call may have reached a node,
+   * not_found means that attempt released it, and is reported as released.
+   */
+  async release(req: ReleaseRequest, opts?: CallOptions): Promise<ReleaseResult> {
+    const state = { retried: false };
+    try {
+      return await this.call<ReleaseResult>({ method: "POST", path: "/v1/release", body: req }, opts, state);
+    } catch (err) {
+      if (err instanceof ApiError && err.code === "not_found" && state.retried) return { released: true };
+      throw err;
+    }
+  }
+
+  /** Extends the lease of the attempt holding req.fence. */
+  async heartbeat(req: HeartbeatRequest, opts?: CallOptions): Promise<IdemkvRecord> {
+    return this.call<IdemkvRecord>({ method: "POST", path: "/v1/heartbeat", body: req }, opts);
+  }
+
+  /** Marks a pending record in doubt; only the holder of its current fence may. */
+  async doubt(req: DoubtRequest, opts?: CallOptions): Promise<IdemkvRecord> {
+    return this.call<IdemkvRecord>({ method: "POST", path: "/v1/doubt", body: req }, opts);
+  }
+
+  /**
+   * Settles an in-doubt record without a fence: outcome "committed" stores the receipt
+   * (answer: the receipt), "not_executed" releases the key (answer: {released: true}).
+   */
+  async resolve(req: ResolveRequest, opts?: CallOptions): Promise<Receipt | ReleaseResult> {
+    return this.call<Receipt | ReleaseResult>({ method: "POST", path: "/v1/resolve", body: req }, opts);
+  }
+
+  /**
+   * Reads a record; with waitMs it long-polls until the record is not pending (or the
+   * wait ends). An absent record throws ApiError with code not_found.
+   */
+  async get(tenant: string, key: string, options: GetOptions & CallOptions = {}): Promise<IdemkvRecord> {
+    const q = new URLSearchParams();
+    if (options.waitMs !== undefined && options.waitMs > 0) q.set("wait_ms", String(Math.round(options.waitMs)));
+    if (options.consistency !== undefined) q.set("consistency", options.consistency);
+    const c: Call = { method: "GET", path: `/v1/records/${segment(tenant)}/${segment(key)}`, query: q };
+    if (options.waitMs !== undefined && options.waitMs > 0) c.waitMs = options.waitMs;
+    return this.call<IdemkvRecord>(c, options);
+  }
+
+  /** One page of a tenant's records, in key order; pass .next as after for the next one. */
+  async list(tenant: string, options: ListOptions & CallOptions = {}): Promise<ListResult> {
+    const q = new URLSearchParams();
+    if (options.prefix !== undefined) q.set("prefix", options.prefix);
+    if (options.status !== undefined) q.set("status", options.status);
+    if (options.inDoubt) q.set("in_doubt", "true");
+    if (options.limit !== undefined) q.set("limit", String(options.limit));
+    if (options.after !== undefined) q.set("after", options.after);
+    if (options.consistency !== undefined) q.set("consistency", options.consistency);
+    return this.call<ListResult>({ method: "GET", path: `/v1/records/${segment(tenant)}`, query: q }, options);
+  }
+
+  /** The cluster as the answering node sees it. */
+  async cluster(opts?: CallOptions): Promise<ClusterInfo> {
+    return this.call<ClusterInfo>({ method: "GET", path: "/v1/cluster" }, opts);
+  }
+}
+
+function describe(err: unknown): string {
+  if (err instanceof Error) {
+    const cause = (err as { cause?: unknown }).cause;
+    const code = cause instanceof Error && (cause as { code?: unknown }).code;
+    return typeof code === "string" ? `${err.message} (${code})` : err.message;
+  }
+  return String(err);
+}
+
+/** Turns an error answer into the ApiError the server meant. */
+function decodeError(status: number, text: string): ApiError {
+  try {
+    const body = JSON.parse(text) as { error?: { code?: string; message?: string; field?: string } };
+    const e = body.error;
+    if (e !== undefined && typeof e.code === "string" && e.code !== "") {
+      const code = (e.code in WIRE_CODES ? e.code : "internal") as WireCode;
+      const opts: { status: number; field?: string } = { status };
+      if (e.field !== undefined && e.field !== "") opts.field = e.field;
+      return new ApiError(code, `idemkv: ${e.code}: ${e.message ?? ""}${e.field ? ` (field ${e.field})` : ""}`, opts);
+    }
+  } catch {
+    // not idemkv's answer
+  }
+  // A proxy or load balancer in between: a gateway that could not reach a node means
+  // "try another"; anything else is not ours to read.
+  const code: WireCode = status === 502 || status === 503 || status === 504 ? "unavailable" : "internal";
+  return new ApiError(code, `idemkv: HTTP ${status}: ${text.trim().slice(0, 200)}`, { status });
+}

@@ -1,0 +1,200 @@
+// Errors, in the words the Go and Python clients use.
+//
+// Two families:
+//   - ApiError: what one low-level call (reserve, commit, get, ...) got from idemkv, with
+//     the wire code of the answer (docs/protocol.md, "Errors").
+//   - IdemkvError and its six subclasses: what the tool-call loop (idempotent, run)
+//     concluded. Every error that loop throws is exactly one of them, told apart by
+//     .kind (or instanceof): not_executed, stored_failure, outcome_unknown, conflict,
+//     in_doubt, store_unavailable.
+
+import type { Conflict, Decision, Receipt, Record as IdemkvRecord } from "./types.js";
+
+/** The wire codes of idemkv's error answers, with their HTTP statuses. */
+export const WIRE_CODES = {
+  invalid_argument: 400,
+  unauthenticated: 401,
+  permission_denied: 403,
+  not_found: 404,
+  fenced: 409,
+  fingerprint_mismatch: 409,
+  not_pending: 409,
+  payload_too_large: 413,
+  resource_exhausted: 429,
+  unavailable: 503,
+  outcome_unknown: 503,
+  internal: 500,
+} as const;
+
+export type WireCode = keyof typeof WIRE_CODES;
+
+/**
+ * An error answer of idemkv to one call, or a failure to get any answer. A transport
+ * failure (refused connection, reset, timeout, a proxy's 502/503/504) has code
+ * "unavailable": nothing came back, and every idemkv request is safe to repeat.
+ */
+export class ApiError extends Error {
+  /** The wire code ("fenced", "unavailable", ...). */
+  readonly code: WireCode;
+  /** The HTTP status; 0 when no answer came back. */
+  readonly status: number;
+  /** For invalid_argument: the JSON field at fault. */
+  readonly field: string | undefined;
+  constructor(code: WireCode, message: string, options: { status?: number; field?: string; cause?: unknown } = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = "ApiError";
+    this.code = code;
+    this.status = options.status ?? WIRE_CODES[code];
+    this.field = options.field;
+  }
+}
+
+/** Whether a call that failed this way may simply be sent again (same body, same attempt_id). */
+export function isRetryable(err: unknown): boolean {
+  return err instanceof ApiError && (err.code === "unavailable" || err.code === "outcome_unknown");
+}
+
+/** The kinds of error of the tool-call loop; the same strings in Go and Python. */
+export type ErrorKind = "not_executed" | "stored_failure" | "outcome_unknown" | "conflict" | "in_doubt" | "store_unavailable";
+
+export interface IdemkvErrorDetails {
+  decision?: Decision;
+  record?: IdemkvRecord;
+  cause?: unknown;
+}
+
+/** The base class of every error the tool-call loop throws. */
+export abstract class IdemkvError extends Error {
+  abstract readonly kind: ErrorKind;
+  /** The reserve decision that led here, when one was made. */
+  readonly decision: Decision | undefined;
+  /** The record as idemkv last reported it, when known. */
+  readonly record: IdemkvRecord | undefined;
+  constructor(message: string, details: IdemkvErrorDetails = {}) {
+    super(message, details.cause === undefined ? undefined : { cause: details.cause });
+    this.decision = details.decision;
+    this.record = details.record;
+  }
+}
+
+/**
+ * The tool certainly did not run in this call: the key was released (the tool threw a
+ * notExecuted error), or the call ended before anything ran (refused arguments, the
+ * caller's signal, an answer like unauthenticated).
+ */
+export class NotExecutedError extends IdemkvError {
+  readonly kind = "not_executed" as const;
+  constructor(message: string, details?: IdemkvErrorDetails) {
+    super(message, details);
+    this.name = "NotExecutedError";
+  }
+}
+
+/**
+ * The tool ran and failed for good; the failure is stored, and every retry of the key
+ * gets it back without running anything. .receipt holds the stored error; .replayed
+ * says whether this call only read it.
+ */
+export class StoredFailureError extends IdemkvError {
+  readonly kind = "stored_failure" as const;
+  readonly receipt: Receipt;
+  readonly replayed: boolean;
+  constructor(message: string, receipt: Receipt, replayed: boolean, details?: IdemkvErrorDetails) {
+    super(message, details);
+    this.name = "StoredFailureError";
+    this.receipt = receipt;
+    this.replayed = replayed;
+  }
+}
+
+/**
+ * The tool may have run, and its outcome is not stored: it threw an ordinary error, its
+ * lease went to a newer attempt, or its receipt could not be stored in time. The record
+ * stays pending; the attempt after the lease runs out recovers it (with the probe).
+ */
+export class OutcomeUnknownError extends IdemkvError {
+  readonly kind = "outcome_unknown" as const;
+  constructor(message: string, details?: IdemkvErrorDetails) {
+    super(message, details);
+    this.name = "OutcomeUnknownError";
+  }
+}
+
+/** The key already names another effect or tool. Nothing ran. */
+export class ConflictError extends IdemkvError {
+  readonly kind = "conflict" as const;
+  readonly conflict: Conflict | undefined;
+  constructor(message: string, conflict: Conflict | undefined, details?: IdemkvErrorDetails) {
+    super(message, details);
+    this.name = "ConflictError";
+    this.conflict = conflict;
+  }
+}
+
+/**
+ * An earlier attempt died and nothing can tell whether its effect happened (a
+ * non-idempotent tool without a probe). The record is marked in doubt; retries get this
+ * error at once, until a person or a policy settles it (client.resolve, or
+ * `idemkv resolve TENANT KEY --committed ... | --not-executed`).
+ */
+export class InDoubtError extends IdemkvError {
+  readonly kind = "in_doubt" as const;
+  constructor(message: string, details?: IdemkvErrorDetails) {
+    super(message, details);
+    this.name = "InDoubtError";
+  }
+}
+
+/** idemkv could not be reached within the store-wait bound before the tool ran. Nothing ran. */
+export class StoreUnavailableError extends IdemkvError {
+  readonly kind = "store_unavailable" as const;
+  constructor(message: string, details?: IdemkvErrorDetails) {
+    super(message, details);
+    this.name = "StoreUnavailableError";
+  }
+}
+
+/** The stored code of a permanent failure that names none (as in Go). */
+export const DEFAULT_FAILURE_CODE = "tool_failed";
+
+/**
+ * Marks a tool error that will not go away on retry (the downstream API refused the
+ * request as invalid, say). The loop stores it with fail; every retry of the key gets
+ * it back as a StoredFailureError instead of running the tool.
+ */
+export class PermanentError extends Error {
+  readonly code: string;
+  readonly details: unknown;
+  constructor(cause: unknown, options: { code?: string; details?: unknown } = {}) {
+    super(`permanent: ${messageOf(cause)}`, { cause });
+    this.name = "PermanentError";
+    this.code = options.code ?? DEFAULT_FAILURE_CODE;
+    this.details = options.details;
+  }
+}
+
+/** Marks err as permanent (see PermanentError). */
+export function permanent(err: unknown, options?: { code?: string; details?: unknown }): PermanentError {
+  return new PermanentError(err, options);
+}
+
+/**
+ * Marks a tool error after which the effect certainly did not happen (the request was
+ * never sent, or the downstream API refused it before acting). The loop releases the
+ * key, so the next attempt runs afresh, and throws a NotExecutedError.
+ */
+export class NotExecutedMark extends Error {
+  constructor(cause: unknown) {
+    super(`not executed: ${messageOf(cause)}`, { cause });
+    this.name = "NotExecutedMark";
+  }
+}
+
+/** Marks err as not executed (see NotExecutedMark). */
+export function notExecuted(err: unknown): NotExecutedMark {
+  return new NotExecutedMark(err);
+}
+
+export function messageOf(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}

@@ -1,0 +1,26 @@
+// idemkv: the TypeScript client of idemkv, the idempotency store for the side-effecting
+// tool calls of AI agents. Node >= 20, no runtime dependencies.
+//
+//   - idempotent(fn, options) and run(client, op, fn): the tool-call loop.
+//   - Client: one method per endpoint of the HTTP API.
+//   - canonicalize / fingerprint: RFC 8785 effect fingerprints, byte-identical to the server's.
+
+export { Client, MAX_WAIT_MS } from "./client.js";
+export type { ClientOptions, CallOptions, Settings } from "./client.js";
+export { idempotent } from "./idempotent.js";
+export type { IdempotentOptions, ReceiptFields } from "./idempotent.js";
+export { run, toolContext } from "./run.js";
+export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, ToolContext, ToolFn, ToolResult } from "./run.js";
+export {
+  ApiError, ConflictError, DEFAULT_FAILURE_CODE, IdemkvError, InDoubtError, isRetryable, notExecuted, NotExecutedError,
+  NotExecutedMark, OutcomeUnknownError, permanent, PermanentError, StoredFailureError, StoreUnavailableError, WIRE_CODES,
+} from "./errors.js";
+export type { ErrorKind, IdemkvErrorDetails, WireCode } from "./errors.js";
+export { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, sum, FingerprintError, FINGERPRINT_PREFIX, MAX_DEPTH } from "./jcs.js";
+export type { JsonValue } from "./jcs.js";
+export type { TlsOptions } from "./transport.js";
+export type {
+  ClusterInfo, ClusterNode, CommitRequest, Conflict, Consistency, Decision, DoubtRequest, ErrorInfo, FailRequest, GetOptions,
+  HeartbeatRequest, ListOptions, ListResult, Receipt, Record, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult,
+  ResolveRequest, Status, StoredReceipt,
+} from "./types.js";

@@ -1,0 +1,586 @@
+// The tool-call loop, with the semantics of the Go client's Do (docs/protocol.md, "Tool
+// classes and the client loop"): reserve, then replay | conflict | wait while another
+// attempt holds the key | execute under a heartbeat | recover (probe, re-run, or in
+// doubt), then store the outcome. Every error it throws is one of the six kinds in
+// errors.ts.
+
+import { AsyncLocalStorage } from "node:async_hooks";
+import type { Client, CallOptions } from "./client.js";
+import {
+  ApiError, ConflictError, InDoubtError, isRetryable, messageOf, NotExecutedError, NotExecutedMark, OutcomeUnknownError,
+  PermanentError, StoredFailureError, StoreUnavailableError, type IdemkvErrorDetails,
+} from "./errors.js";
+import { fingerprint as fingerprintOf } from "./jcs.js";
+import type { Decision, ErrorInfo, Receipt, Record as IdemkvRecord, ReserveRequest, ReserveResult } from "./types.js";
+import { abortReason, backoff, linkedController, newAttemptId, sleep } from "./util.js";
+
+/**
+ * What a retry of a tool may do to the world. The short names are the ones the Python
+ * client takes; the long ones are Go's.
+ *   - read_only: no reservation; the call runs directly.
+ *   - idempotent (idempotent_mutation): may run twice with the same effect (a PUT by
+ *     id); a recovered attempt runs it again.
+ *   - non_idempotent (non_idempotent_mutation, the default): must not run twice; a
+ *     recovered attempt asks the probe, and without one the key is in doubt.
+ */
+export type SideEffect = "read_only" | "idempotent" | "non_idempotent" | "idempotent_mutation" | "non_idempotent_mutation";
+
+/** The downstream system's receipt, as a tool or a probe reports it. */
+export interface ToolResult {
+  remoteSystem: string;
+  remoteId: string;
+  remoteUrl?: string;
+  /** Stored as JSON with the receipt and replayed with it. */
+  result?: unknown;
+}
+
+/** What a running tool or probe may know about its call. */
+export interface ToolContext {
+  /** Aborts when the lease went to a newer attempt (or the caller aborted): stop soon. */
+  signal: AbortSignal;
+  tenant: string;
+  key: string;
+  tool: string;
+  decision: Decision;
+  /** The fence this attempt holds; 0 when it holds none (read-only, unguarded, in-doubt probe). */
+  fence: number;
+}
+
+export type ToolFn = (ctx: ToolContext) => Promise<ToolResult>;
+/** Looks the effect up downstream; the receipt when it happened, null when it certainly did not. */
+export type ProbeFn = (ctx: ToolContext) => Promise<ToolResult | null | undefined>;
+
+/** One tool call. */
+export interface Op {
+  tenant: string;
+  /** Names the business operation: every retry of it, by any worker, carries the same key. */
+  key: string;
+  tool: string;
+  /** Who runs this attempt; not part of the identity. */
+  actor?: string;
+  sideEffect?: SideEffect;
+  /** The fields that define the side effect; fingerprinted here (RFC 8785 + SHA-256) after drop. */
+  effect?: unknown;
+  drop?: string[];
+  /** Instead of effect: a fingerprint computed elsewhere. */
+  fingerprint?: string;
+  /** How long the record and its receipt are kept, in ms (server default 24 h). */
+  ttl?: number;
+  /** This call's lease in ms (default: the client's leaseTtl). */
+  leaseTtl?: number;
+  probe?: ProbeFn;
+}
+
+export interface RunOptions {
+  /** Ends the call: before the tool runs, with NotExecutedError; while it runs, the tool's signal aborts too. */
+  signal?: AbortSignal;
+}
+
+/** The committed outcome of a call. */
+export interface Outcome {
+  /** The reserve decision that led here: execute, recover or replay. */
+  decision: Decision;
+  /** The tool did not run; the receipt is the one stored earlier. */
+  replayed: boolean;
+  /** A recovered attempt found the effect through the probe and stored it, without running the tool. */
+  probed: boolean;
+  /** Nothing was recorded: a read-only tool, or an unguarded run while idemkv was unreachable. */
+  unrecorded: boolean;
+  receipt: Receipt;
+  fingerprint: string;
+  fence: number;
+  /** How many attempts were granted ownership of the key. */
+  attempts: number;
+}
+
+const storage = new AsyncLocalStorage<ToolContext>();
+
+/** The context of the tool call running now (inside a function that idempotent wraps), or undefined. */
+export function toolContext(): ToolContext | undefined {
+  return storage.getStore();
+}
+
+function classOf(s: SideEffect | undefined): "read_only" | "idempotent" | "non_idempotent" {
+  switch (s) {
+    case undefined:
+    case "non_idempotent":
+    case "non_idempotent_mutation":
+      return "non_idempotent";
+    case "idempotent":
+    case "idempotent_mutation":
+      return "idempotent";
+    case "read_only":
+      return "read_only";
+  }
+  throw new TypeError(`idemkv: unknown sideEffect ${JSON.stringify(s)}`);
+}
+
+/**
+ * Runs fn at most once for op.key, across retries, workers and crashes. Resolves with
+ * the committed outcome (run, replayed, or found by the probe); throws one of
+ * NotExecutedError, StoredFailureError, OutcomeUnknownError, ConflictError,
+ * InDoubtError, StoreUnavailableError.
+ */
+export async function run(client: Client, op: Op, fn: ToolFn, options: RunOptions = {}): Promise<Outcome> {
+  let cls: "read_only" | "idempotent" | "non_idempotent";
+  let fp = "";
+  try {
+    cls = classOf(op.sideEffect);
+    validate(op, cls);
+    if (cls !== "read_only") fp = op.fingerprint ?? fingerprintOf(op.effect, op.drop ?? []);
+  } catch (err) {
+    throw new NotExecutedError(`idemkv: ${JSON.stringify(op.key)} not executed: ${messageOf(err)}`, { cause: err });
+  }
+  if (options.signal?.aborted) {
+    throw new NotExecutedError(`idemkv: ${JSON.stringify(op.key)} not executed: aborted`, { cause: abortReason(options.signal) });
+  }
+  const r = new Attempt(client, op, cls, fp, options.signal);
+  if (cls === "read_only") return r.unrecorded(fn);
+  return r.loop(fn);
+}
+
+function validate(op: Op, cls: string): void {
+  for (const f of ["tenant", "key", "tool"] as const) {
+    if (typeof op[f] !== "string" || op[f] === "") throw new TypeError(`${f} is required`);
+  }
+  if (cls === "read_only") return;
+  if (op.fingerprint !== undefined && (op.effect !== undefined || op.drop !== undefined)) {
+    throw new TypeError("give an effect or a fingerprint, not both");
+  }
+  if (op.fingerprint === undefined && op.effect === undefined) {
+    throw new TypeError("a mutating tool call needs an effect or a fingerprint");
+  }
+  if (op.leaseTtl !== undefined && !(op.leaseTtl >= 1000)) throw new TypeError("leaseTtl must be at least 1000 ms");
+}
+
+/** A grant of ownership from reserve. */
+interface Grant {
+  decision: Decision;
+  fence: number;
+  record: IdemkvRecord | undefined;
+}
+
+class LeaseLost extends Error {
+  constructor(key: string, cause: unknown) {
+    super(`idemkv: lease on ${JSON.stringify(key)} lost to a newer attempt, the tool was stopped: ${messageOf(cause)}`, { cause });
+    this.name = "LeaseLost";
+  }
+}
+
+class Attempt {
+  private readonly leaseTtl: number;
+  private readonly q: string;
+
+  constructor(
+    private readonly client: Client,
+    private readonly op: Op,
+    private readonly cls: "read_only" | "idempotent" | "non_idempotent",
+    private readonly fp: string,
+    private readonly signal: AbortSignal | undefined,
+  ) {
+    this.leaseTtl = op.leaseTtl ?? client.settings.leaseTtl;
+    this.q = JSON.stringify(op.key);
+  }
+
+  /** Call options for a store call made before the tool runs: the caller's signal, the store-wait bound. */
+  private before(): CallOptions {
+    const o: CallOptions = { deadline: Date.now() + this.client.settings.storeWait };
+    if (this.signal !== undefined) o.signal = this.signal;
+    return o;
+  }
+
+  /** Call options for storing an outcome: the tool ran, so the caller's signal no longer stops us. */
+  private after(): CallOptions {
+    return { deadline: Date.now() + this.client.settings.storeWait };
+  }
+
+  /** Maps a failed store call made before the tool ran onto the loop's kinds. */
+  private beforeError(err: unknown, decision?: Decision): Error {
+    const d: IdemkvErrorDetails = { cause: err };
+    if (decision !== undefined) d.decision = decision;
+    if (this.signal?.aborted) {
+      return new NotExecutedError(`idemkv: ${this.q} not executed: aborted`, { ...d, cause: abortReason(this.signal) });
+    }
+    if (isRetryable(err)) {
+      return new StoreUnavailableError(
+        `idemkv: store unavailable for ${this.q} after waiting ${this.client.settings.storeWait} ms, the tool did not run: ${messageOf(err)}`, d);
+    }
+    return new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(err)}`, d);
+  }
+
+  async unrecorded(fn: ToolFn): Promise<Outcome> {
+    const ctx: ToolContext = { signal: this.signal ?? new AbortController().signal, tenant: this.op.tenant, key: this.op.key, tool: this.op.tool, decision: "execute", fence: 0 };
+    const res = await storage.run(ctx, () => fn(ctx));
+    return {
+      decision: "execute", replayed: false, probed: false, unrecorded: true, fingerprint: this.fp, fence: 0, attempts: 0,
+      receipt: {
+        idempotency_key: this.op.key, effect_fingerprint: this.fp, status: "committed",
+        remote_system: res.remoteSystem, remote_id: res.remoteId, remote_url: res.remoteUrl, result: res.result,
+      },
+    };
+  }
+
+  async loop(fn: ToolFn): Promise<Outcome> {
+    const op = this.op;
+    const req: ReserveRequest = {
+      tenant: op.tenant, idempotency_key: op.key, tool: op.tool, effect_fingerprint: this.fp,
+      attempt_id: newAttemptId(), lease_ttl_ms: this.leaseTtl,
+    };
+    if (op.actor !== undefined) req.actor = op.actor;
+    if (op.ttl !== undefined) req.ttl_ms = op.ttl;
+    for (let waits = 0; ; waits++) {
+      let res: ReserveResult;
+      try {
+        res = await this.client.reserve(req, this.before());
+      } catch (err) {
+        const e = this.beforeError(err);
+        if (e instanceof StoreUnavailableError && this.client.settings.onStoreUnavailable === "unguarded" && this.cls === "idempotent") {
+          // Opt-in: an idempotent tool may run unrecorded rather than not at all.
+          return this.unrecorded(fn);
+        }
+        throw e;
+      }
+      switch (res.decision) {
+        case "replay":
+          return this.replay(res);
+        case "conflict":
+          throw new ConflictError(
+            `idemkv: conflict on ${this.q}: ${res.conflict?.reason ?? "conflict"} (existing ${res.conflict?.existing_fingerprint ?? "?"}, ` +
+              `received ${res.conflict?.received_fingerprint ?? this.fp}` +
+              (res.conflict?.existing_remote_id ? `, existing remote id ${res.conflict.existing_remote_id})` : ")"),
+            res.conflict, { decision: "conflict", record: res.record });
+        case "in_progress":
+          await this.await(res, waits);
+          continue;
+        case "execute":
+          return this.execute({ decision: "execute", fence: res.fence ?? 0, record: res.record }, fn);
+        case "recover":
+          if (res.fence === undefined || res.fence === 0 || res.record?.in_doubt) {
+            const settled = await this.settleInDoubt(res);
+            if (settled !== undefined) return settled;
+            continue; // released: reserve again
+          }
+          return this.recover({ decision: "recover", fence: res.fence, record: res.record }, fn);
+        default:
+          throw new NotExecutedError(`idemkv: ${this.q} not executed: unknown reserve decision ${JSON.stringify(res.decision)}`,
+            { record: res.record });
+      }
+    }
+  }
+
+  private replay(res: ReserveResult): Outcome {
+    const rec = res.receipt ?? receiptOf(res.record);
+    if (rec === undefined) {
+      throw new NotExecutedError(`idemkv: replay of ${this.q} without a receipt`, { decision: "replay", record: res.record });
+    }
+    if (rec.status === "failed") {
+      throw new StoredFailureError(failMessage(this.q, rec.error), rec, true, { decision: "replay", record: res.record });
+    }
+    return {
+      decision: "replay", replayed: true, probed: false, unrecorded: false, receipt: rec, fingerprint: this.fp,
+      fence: res.record?.fence ?? 0, attempts: res.record?.attempts ?? 0,
+    };
+  }
+
+  /**
+   * Long-polls the record another attempt holds until it settles or that attempt's
+   * lease runs out; the caller then reserves again and learns which.
+   */
+  private async await(res: ReserveResult, waits: number): Promise<void> {
+    let wait = this.client.settings.pollWait;
+    if (res.lease_expires_at !== undefined) {
+      // The server ends the wait at lease expiry itself; the margin covers a server
+      // that only wakes on a change.
+      const until = Date.parse(res.lease_expires_at) - Date.now() + 250;
+      if (Number.isFinite(until) && until < wait) wait = until;
+    }
+    wait = Math.max(wait, 100);
+    const start = Date.now();
+    let rec: IdemkvRecord;
+    try {
+      rec = await this.client.get(this.op.tenant, this.op.key, { ...this.before(), waitMs: wait });
+    } catch (err) {
+      if (err instanceof ApiError && err.code === "not_found" && !this.signal?.aborted) return;
+      if (err instanceof ApiError && err.code === "resource_exhausted" && !this.signal?.aborted) {
+        await this.pause(waits + 1, "in_progress");
+        return;
+      }
+      throw this.beforeError(err, "in_progress");
+    }
+    if (rec.status === "pending" && Date.now() - start < wait / 2) {
+      // Still held and the wait ended early: do not spin on a server whose clock and
+      // ours disagree about the lease.
+      await this.pause(waits + 1, "in_progress");
+    }
+  }
+
+  private async pause(n: number, decision: Decision): Promise<void> {
+    try {
+      await sleep(backoff(n, this.client.settings.backoffMinMs, this.client.settings.backoffMaxMs), this.signal);
+    } catch (err) {
+      throw new NotExecutedError(`idemkv: ${this.q} not executed: aborted`, { decision, cause: err });
+    }
+  }
+
+  private async recover(g: Grant, fn: ToolFn): Promise<Outcome> {
+    if (this.cls === "idempotent") return this.execute(g, fn);
+    const probe = this.op.probe;
+    if (probe === undefined) return this.markInDoubt(g);
+    const { value, error, lost } = await this.underLease(g, probe);
+    if (lost !== undefined) {
+      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${lost.message}`,
+        { decision: g.decision, record: g.record, cause: lost });
+    }
+    if (error !== undefined) {
+      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: the probe failed: ${messageOf(error)}`,
+        { decision: g.decision, record: g.record, cause: error });
+    }
+    if (value === null || value === undefined) return this.execute(g, fn);
+    const out = await this.commit(g, value);
+    return { ...out, probed: true };
+  }
+
+  /** A recovered attempt that cannot learn the outcome marks the record in doubt for a person or policy. */
+  private async markInDoubt(g: Grant): Promise<never> {
+    let record = g.record;
+    let cause: unknown;
+    try {
+      record = await this.client.doubt(
+        { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp, fence: g.fence }, this.after());
+    } catch (err) {
+      // The record stays pending under our fence; the next attempt after the lease
+      // runs out gets recover again and marks it.
+      cause = err;
+    }
+    const d: IdemkvErrorDetails = { decision: g.decision };
+    if (record !== undefined) d.record = record;
+    if (cause !== undefined) d.cause = cause;
+    throw new InDoubtError(inDoubtMessage(this.q), d);
+  }
+
+  /**
+   * A reserve of an in-doubt record answers recover without a fence. With a probe the
+   * loop settles it (resolve committed with what the probe found, or not_executed and
+   * reserve again); without one the caller gets InDoubtError at once.
+   */
+  private async settleInDoubt(res: ReserveResult): Promise<Outcome | undefined> {
+    const probe = this.op.probe;
+    if (probe === undefined) throw new InDoubtError(inDoubtMessage(this.q), { decision: "recover", record: res.record });
+    const ctx = this.context({ decision: "recover", fence: 0, record: res.record }, this.signal ?? new AbortController().signal);
+    let found: ToolResult | null | undefined;
+    try {
+      found = await storage.run(ctx, () => probe(ctx));
+    } catch (err) {
+      throw new InDoubtError(`${inDoubtMessage(this.q)}; the probe failed: ${messageOf(err)}`, { decision: "recover", record: res.record, cause: err });
+    }
+    const base = { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp };
+    try {
+      if (found === null || found === undefined) {
+        await this.client.resolve({ ...base, outcome: "not_executed" }, this.before());
+        return undefined;
+      }
+      const req = { ...base, outcome: "committed" as const, remote_system: found.remoteSystem, remote_id: found.remoteId };
+      const answer = await this.client.resolve(
+        found.remoteUrl === undefined && found.result === undefined ? req : { ...req, remote_url: found.remoteUrl, result: found.result },
+        this.before());
+      const receipt = answer as Receipt;
+      return {
+        decision: "recover", replayed: false, probed: true, unrecorded: false, receipt, fingerprint: this.fp,
+        fence: res.record?.fence ?? 0, attempts: res.record?.attempts ?? 0,
+      };
+    } catch (err) {
+      // Someone settled it first: reserving again shows how.
+      if (err instanceof ApiError && (err.code === "not_pending" || err.code === "not_found")) return undefined;
+      if (found !== null && found !== undefined) {
+        throw new InDoubtError(`${inDoubtMessage(this.q)}; the probe found ${found.remoteId} but resolving failed: ${messageOf(err)}`,
+          { decision: "recover", record: res.record, cause: err });
+      }
+      throw this.beforeError(err, "recover");
+    }
+  }
+
+  private context(g: Grant, signal: AbortSignal): ToolContext {
+    return { signal, tenant: this.op.tenant, key: this.op.key, tool: this.op.tool, decision: g.decision, fence: g.fence };
+  }
+
+  private async execute(g: Grant, fn: ToolFn): Promise<Outcome> {
+    const { value, error, lost } = await this.underLease(g, fn);
+    const d = (cause: unknown): IdemkvErrorDetails => ({ decision: g.decision, record: g.record, cause });
+    if (lost !== undefined) {
+      // A newer attempt owns the key; it decides the outcome (and probes for ours).
+      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${lost.message}`, d(error ?? lost));
+    }
+    if (error instanceof NotExecutedMark) return this.release(g, error);
+    if (error instanceof PermanentError) return this.fail(g, error);
+    if (error !== undefined) {
+      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${messageOf(error)}`, d(error));
+    }
+    if (value === null || value === undefined || typeof value.remoteSystem !== "string" || typeof value.remoteId !== "string" ||
+      value.remoteSystem === "" || value.remoteId === "") {
+      throw new OutcomeUnknownError(
+        `idemkv: outcome of ${this.q} unknown, the record stays pending: the tool returned no receipt (remoteSystem and remoteId)`,
+        d(new TypeError("the tool returned no receipt")));
+    }
+    return this.commit(g, value);
+  }
+
+  /**
+   * Runs f while a heartbeat keeps the lease alive. lost is set when the lease went to
+   * a newer attempt; f's signal was then aborted.
+   */
+  private async underLease<T>(g: Grant, f: (ctx: ToolContext) => Promise<T>): Promise<{ value?: T; error?: unknown; lost?: LeaseLost }> {
+    const tool = linkedController([this.signal]);
+    const stop = new AbortController();
+    let lost: LeaseLost | undefined;
+    const every = this.leaseTtl / 3;
+    const beat = (async () => {
+      let next = every;
+      for (;;) {
+        try {
+          await sleep(next, stop.signal);
+        } catch {
+          return;
+        }
+        try {
+          await this.client.heartbeat(
+            { tenant: this.op.tenant, idempotency_key: this.op.key, fence: g.fence, lease_ttl_ms: this.leaseTtl },
+            { signal: stop.signal, deadline: Date.now() + every });
+          next = every;
+        } catch (err) {
+          if (stop.signal.aborted) return;
+          if (err instanceof ApiError && (err.code === "fenced" || err.code === "not_pending" || err.code === "not_found")) {
+            lost = new LeaseLost(this.op.key, err);
+            tool.controller.abort(lost);
+            return;
+          }
+          // The lease still has two thirds to run: try again soon.
+          next = Math.max(every / 6, 50);
+        }
+      }
+    })();
+    const ctx = this.context(g, tool.signal);
+    const out: { value?: T; error?: unknown; lost?: LeaseLost } = {};
+    try {
+      out.value = await storage.run(ctx, () => f(ctx));
+    } catch (err) {
+      out.error = err;
+    } finally {
+      stop.abort();
+      await beat;
+      tool.dispose();
+    }
+    if (lost !== undefined) out.lost = lost;
+    return out;
+  }
+
+  private async commit(g: Grant, res: ToolResult): Promise<Outcome> {
+    let receipt: Receipt;
+    try {
+      const req = {
+        tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp, fence: g.fence,
+        remote_system: res.remoteSystem, remote_id: res.remoteId,
+      };
+      receipt = await this.client.commit(
+        res.remoteUrl === undefined && res.result === undefined ? req : { ...req, remote_url: res.remoteUrl, result: res.result },
+        this.after());
+    } catch (err) {
+      throw new OutcomeUnknownError(
+        `idemkv: outcome of ${this.q} unknown, the record stays pending: the tool ran but its receipt (remote id ` +
+          `${JSON.stringify(res.remoteId)}) was not stored: ${messageOf(err)}`,
+        { decision: g.decision, record: g.record, cause: err });
+    }
+    if (receipt.status === "failed") {
+      // The first stored outcome wins, and it was a failure.
+      throw new StoredFailureError(failMessage(this.q, receipt.error), receipt, true, { decision: g.decision, record: g.record });
+    }
+    return {
+      decision: g.decision, replayed: false, probed: false, unrecorded: false, receipt, fingerprint: this.fp,
+      fence: g.fence, attempts: g.record?.attempts ?? 0,
+    };
+  }
+
+  private async fail(g: Grant, perm: PermanentError): Promise<Outcome> {
+    const info: ErrorInfo = { code: printable(perm.code, 128) || "tool_failed", message: printable(messageOf(perm.cause), 4096) };
+    if (perm.details !== undefined) info.details = perm.details;
+    let rec: IdemkvRecord;
+    try {
+      rec = await this.client.fail(
+        { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp, fence: g.fence, error: info }, this.after());
+    } catch (err) {
+      throw new OutcomeUnknownError(
+        `idemkv: outcome of ${this.q} unknown, the record stays pending: the tool failed for good but the failure was not stored: ${messageOf(err)}`,
+        { decision: g.decision, record: g.record, cause: perm });
+    }
+    const stored = receiptOf(rec);
+    if (stored !== undefined && stored.status === "committed") {
+      return {
+        decision: g.decision, replayed: false, probed: false, unrecorded: false, receipt: stored, fingerprint: this.fp,
+        fence: g.fence, attempts: rec.attempts,
+      };
+    }
+    const receipt = stored ?? { idempotency_key: this.op.key, effect_fingerprint: this.fp, status: "failed", error: info };
+    throw new StoredFailureError(failMessage(this.q, receipt.error), receipt, false, { decision: g.decision, record: rec, cause: perm.cause });
+  }
+
+  private async release(g: Grant, mark: NotExecutedMark): Promise<never> {
+    const d: IdemkvErrorDetails = { decision: g.decision, cause: mark.cause };
+    try {
+      await this.client.release(
+        { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp, fence: g.fence }, this.after());
+    } catch (err) {
+      // Gone already, or a newer attempt owns the key: not ours to free either way.
+      if (!(err instanceof ApiError && (err.code === "not_found" || err.code === "fenced"))) {
+        throw new NotExecutedError(
+          `idemkv: ${this.q} not executed (${messageOf(mark.cause)}), but releasing the key failed; it frees when the lease ` +
+            `runs out: ${messageOf(err)}`, { ...d, record: g.record });
+      }
+    }
+    throw new NotExecutedError(`idemkv: ${this.q} not executed, the key is released: ${messageOf(mark.cause)}`, d);
+  }
+}
+
+function receiptOf(rec: IdemkvRecord | undefined): Receipt | undefined {
+  if (rec === undefined) return undefined;
+  if (rec.status === "committed" && rec.receipt !== undefined) {
+    const r: Receipt = {
+      idempotency_key: rec.idempotency_key, effect_fingerprint: rec.effect_fingerprint, status: "committed",
+      remote_system: rec.receipt.remote_system, remote_id: rec.receipt.remote_id, committed_at: rec.receipt.committed_at,
+    };
+    if (rec.receipt.remote_url !== undefined) r.remote_url = rec.receipt.remote_url;
+    if (rec.receipt.result !== undefined) r.result = rec.receipt.result;
+    return r;
+  }
+  if (rec.status === "failed") {
+    const r: Receipt = { idempotency_key: rec.idempotency_key, effect_fingerprint: rec.effect_fingerprint, status: "failed" };
+    if (rec.error !== undefined) r.error = rec.error;
+    return r;
+  }
+  return undefined;
+}
+
+function failMessage(q: string, info: ErrorInfo | undefined): string {
+  return info === undefined ? `idemkv: ${q} failed permanently` : `idemkv: ${q} failed permanently: ${info.code}: ${info.message}`;
+}
+
+function inDoubtMessage(q: string): string {
+  return `idemkv: ${q} is in doubt: an earlier attempt died and the tool has no way to learn whether its effect happened; ` +
+    "settle it with client.resolve or `idemkv resolve`";
+}
+
+/**
+ * The server stores printable UTF-8 only (Go's unicode.IsPrint: letters, marks,
+ * numbers, punctuation, symbols and the ASCII space), at most max bytes; tool errors
+ * often span lines, and that must not make the failure unstorable.
+ */
+function printable(s: string, max: number): string {
+  const clean = s.replace(/[^\p{L}\p{M}\p{N}\p{P}\p{S} ]/gu, " ");
+  let out = "";
+  let bytes = 0;
+  for (const ch of clean) {
+    const cp = ch.codePointAt(0) as number;
+    bytes += cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    if (bytes > max) break;
+    out += ch;
+  }
+  return out;
+}

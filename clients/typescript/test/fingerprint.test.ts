@@ -1,0 +1,146 @@
+// The shared fingerprint vectors, the same file the Go tests read, and the rules for
+// JavaScript values that JSON text does not have.
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, FingerprintError } from "../src/index.js";
+import { repoRoot } from "./harness.js";
+
+interface Vector {
+  name: string;
+  input?: string;
+  input_hex?: string;
+  drop?: string[];
+  canonical?: string;
+  fingerprint?: string;
+  invalid?: boolean;
+}
+
+// The vectors moved from the fingerprint package to a neutral place; read whichever
+// this checkout has, and say which.
+function vectorFile(): string {
+  for (const p of ["testdata/fingerprint/vectors.json", "fingerprint/testdata/vectors.json"]) {
+    const full = join(repoRoot, p);
+    if (existsSync(full)) return full;
+  }
+  throw new Error(`no fingerprint vector file under ${repoRoot}`);
+}
+
+function inputOf(v: Vector): string | Uint8Array {
+  if (v.input_hex !== undefined) {
+    const hex = v.input_hex;
+    return Uint8Array.from({ length: hex.length / 2 }, (_, i) => parseInt(hex.slice(2 * i, 2 * i + 2), 16));
+  }
+  return v.input ?? "";
+}
+
+const file = vectorFile();
+const vectors: Vector[] = JSON.parse(readFileSync(file, "utf8")).vectors;
+
+test(`shared vectors (${file.slice(repoRoot.length + 1)})`, async (t) => {
+  assert.ok(vectors.length >= 40, `only ${vectors.length} vectors`);
+  let valid = 0;
+  let invalid = 0;
+  for (const v of vectors) {
+    await t.test(v.name, () => {
+      const input = inputOf(v);
+      if (v.invalid) {
+        assert.throws(() => canonicalizeJSON(input, v.drop), FingerprintError);
+        // The same text as UTF-8 bytes must be refused as well.
+        if (typeof input === "string") {
+          assert.throws(() => canonicalizeJSON(new TextEncoder().encode(input), v.drop), FingerprintError);
+        }
+        invalid++;
+        return;
+      }
+      assert.equal(canonicalizeJSON(input, v.drop), v.canonical);
+      assert.equal(fingerprintJSON(input, v.drop), v.fingerprint);
+      if (typeof input === "string") {
+        assert.equal(fingerprintJSON(new TextEncoder().encode(input), v.drop), v.fingerprint);
+      }
+      valid++;
+    });
+  }
+  t.diagnostic(`${valid} valid and ${invalid} invalid vectors agree`);
+  assert.equal(valid + invalid, vectors.length);
+});
+
+// A JavaScript value that JSON.parse made from a valid vector either gets the vector's
+// exact bytes or is refused because an integer lost its digits on the way in; it never
+// gets a different fingerprint.
+test("JavaScript values from the vectors: same bytes, or refused", () => {
+  let same = 0;
+  let refused = 0;
+  for (const v of vectors) {
+    if (v.invalid || v.input === undefined) continue;
+    let value: unknown;
+    try {
+      value = JSON.parse(v.input);
+    } catch {
+      continue;
+    }
+    try {
+      assert.equal(canonicalize(value, v.drop), v.canonical, v.name);
+      assert.equal(fingerprint(value, v.drop), v.fingerprint, v.name);
+      same++;
+    } catch (err) {
+      assert.ok(err instanceof FingerprintError, `${v.name}: ${err}`);
+      assert.match(err.message, /send it as a string/, v.name);
+      refused++;
+    }
+  }
+  assert.ok(same >= 40, `only ${same} vectors gave the same bytes`);
+  assert.ok(refused >= 1, "no vector exercised the unsafe-integer refusal");
+});
+
+test("JavaScript values that have no exact JSON form are refused", () => {
+  const refusals: Array<[string, unknown, RegExp]> = [
+    ["2^53", { amount: 2 ** 53 }, /amount.*|send it as a string/],
+    ["-(2^53)", [-(2 ** 53)], /send it as a string/],
+    // Every double from 2^53 up is an integer, and most integers there have no double.
+    ["1e21", 1e21, /send it as a string/],
+    ["1.5e300", -1.5e300, /send it as a string/],
+    ["BigInt", { id: 9007199254740993n }, /BigInt .*send it as a string/],
+    ["NaN", { x: NaN }, /NaN is not a JSON number/],
+    ["Infinity", [Infinity], /Infinity is not a JSON number/],
+    ["lone surrogate value", { s: "\ud800" }, /lone surrogate/],
+    ["lone surrogate name", { ["\udc00"]: 1 }, /lone surrogate/],
+    ["Map", { m: new Map([["a", 1]]) }, /Map is not JSON/],
+    ["Set", new Set([1]), /Set is not JSON/],
+    ["Uint8Array", new Uint8Array(2), /Uint8Array is not JSON/],
+    ["function", { f: () => 1 }, /function is not JSON/],
+    ["symbol", { s: Symbol("x") }, /symbol is not JSON/],
+    ["undefined in an array", [1, undefined], /undefined in an array/],
+    ["top-level undefined", undefined, /undefined is not JSON/],
+  ];
+  for (const [name, value, re] of refusals) {
+    assert.throws(() => canonicalize(value), (err: unknown) => err instanceof FingerprintError && re.test(err.message), name);
+  }
+  const cyclic: Record<string, unknown> = { a: 1 };
+  cyclic.self = cyclic;
+  assert.throws(() => canonicalize(cyclic), /refers to itself/);
+  let deep: unknown = 1;
+  for (let i = 0; i < 1100; i++) deep = [deep];
+  assert.throws(() => canonicalize(deep), /nested deeper than 1000/);
+  assert.throws(() => canonicalize({ a: 1 }, ["a..b"]), /empty segment/);
+});
+
+test("JavaScript values: what is accepted, and how", () => {
+  // The largest safe integers are exact; -0 is 0; undefined members are left out like
+  // JSON.stringify does; toJSON is honoured; boxed primitives are their values.
+  assert.equal(canonicalize([2 ** 53 - 1, -(2 ** 53 - 1), -0, 0.1, 1e-7, 1.5e-300, 123456.789]),
+    "[9007199254740991,-9007199254740991,0,0.1,1e-7,1.5e-300,123456.789]");
+  assert.equal(canonicalize({ b: undefined, a: new Date(Date.UTC(2026, 6, 29, 13, 0, 13)) }), '{"a":"2026-07-29T13:00:13.000Z"}');
+  assert.equal(canonicalize([new String("x"), new Number(2), new Boolean(false)]), '["x",2,false]');
+  // The same object twice (not a cycle) is fine.
+  const shared = { k: 1 };
+  assert.equal(canonicalize({ x: shared, y: shared }), '{"x":{"k":1},"y":{"k":1}}');
+  // "__proto__" from JSON text is a member like any other.
+  assert.equal(canonicalizeJSON('{"__proto__":{"a":1},"b":2}'), '{"__proto__":{"a":1},"b":2}');
+  // The article's effect: the server and Go get these bytes (the vector file says so).
+  const effect = { tenant: "tenant_42", project: "OPS", title: "Outage X: API 5xx", severity: "sev1", customer_id: "cus_9", incident_id: "inc_17" };
+  assert.equal(fingerprint(effect), "sha256:76157b1f62c6c2942d526bb835ec2d1ee237f3ad3701791256e1a8e5cf57b02f");
+  assert.equal(fingerprint({ ...effect, trace_id: "t1" }, ["trace_id"]), fingerprint(effect));
+});

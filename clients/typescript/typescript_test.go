@@ -1,0 +1,92 @@
+// Package typescript_test drives the TypeScript client's suite from go test, so that
+// the repository's one test command covers it: compile the sources with tsc, then run
+// `node --test` against idemkv processes built from this checkout.
+//
+// Without node (>= 20) or tsc the test skips on a developer's machine and fails in CI
+// (env CI set), where .ci/run installs Debian's node-typescript first.
+package typescript_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+)
+
+func TestTypeScriptClient(t *testing.T) {
+	node, tsc := tools(t)
+
+	repo, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "idemkv")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/idemkv")
+	build.Dir = repo
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/idemkv: %v\n%s", err, out)
+	}
+
+	// Build output goes to the temporary directory, never into the source tree; the
+	// package.json there makes Node read the emitted files as ES modules.
+	outDir := filepath.Join(dir, "dist")
+	if out, err := exec.Command(tsc, "-p", ".", "--outDir", outDir).CombinedOutput(); err != nil {
+		t.Fatalf("tsc: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(outDir, "package.json"), []byte(`{"type":"module"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	files, err := filepath.Glob(filepath.Join(outDir, "test", "*.test.js"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no compiled test files under %s (%v)", outDir, err)
+	}
+
+	cmd := exec.Command(node, append([]string{"--test"}, files...)...)
+	cmd.Env = append(os.Environ(), "IDEMKV_BIN="+bin, "IDEMKV_REPO="+repo)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	t.Logf("node --test (%d files):\n%s", len(files), out.String())
+	if err != nil {
+		t.Fatalf("node --test: %v", err)
+	}
+	// An exit code of 0 with nothing run would prove nothing.
+	m := regexp.MustCompile(`(?m)^# pass (\d+)$`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatal("node --test printed no pass count")
+	}
+	if n, _ := strconv.Atoi(m[1]); n < 20 {
+		t.Fatalf("only %d node tests passed", n)
+	}
+}
+
+// tools finds node (>= 20, for its global fetch and test runner) and tsc.
+func tools(t *testing.T) (node, tsc string) {
+	t.Helper()
+	missing := func(msg string) {
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		missing("node is not installed; the TypeScript client needs Node >= 20")
+	}
+	v, err := exec.Command(node, "-p", "process.versions.node.split('.')[0]").Output()
+	if err != nil {
+		t.Fatalf("node --version: %v", err)
+	}
+	if major, _ := strconv.Atoi(string(bytes.TrimSpace(v))); major < 20 {
+		missing("node " + string(bytes.TrimSpace(v)) + " is older than 20")
+	}
+	tsc, err = exec.LookPath("tsc")
+	if err != nil {
+		missing("tsc is not installed (Debian: apt-get install node-typescript)")
+	}
+	return node, tsc
+}
