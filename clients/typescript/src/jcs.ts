@@ -255,12 +255,34 @@ function decodeText(text: string | Uint8Array): string {
   }
 }
 
-// checkNumber is the server's rule for numbers in JSON text: within the range of a
-// double (1e400 is refused; 1e-400 is 0).
+// checkNumber is the rule every implementation applies to numbers in JSON text
+// (testdata/fingerprint/README.md): the literal must be within the range of a double,
+// and the shortest form JCS writes for that double must denote the literal's own decimal
+// value. 9007199254740993 (written 9007199254740992), 1e-400 (written 0) and
+// 333333333.33333329 (written 333333333.3333333) are refused; 1E30, 4.50 and 0.1 are not.
 function checkNumber(lexeme: string, n: number, at: number): void {
   if (!Number.isFinite(n)) {
     throw new FingerprintError(`number ${lexeme} at character ${at} is beyond the range of a double`);
   }
+  if (decimalValue(lexeme) !== decimalValue(String(n))) {
+    throw new FingerprintError(
+      `number ${lexeme} at character ${at} has no exact double (JCS would write ${String(n)}); ` +
+        "two different effects could share a fingerprint: send it as a string");
+  }
+}
+
+/** A number's decimal value as "sign digits e exponent", digits without leading or trailing zeros; zero is "0". */
+function decimalValue(text: string): string {
+  const m = /^(-?)(\d+)(?:\.(\d+))?(?:[eE]([-+]?\d+))?$/.exec(text);
+  if (m === null) return text; // never: both sides are valid JSON numbers
+  const frac = m[3] ?? "";
+  let digits = (m[2] + frac).replace(/^0+/, "");
+  if (digits === "") return "0";
+  let exp = BigInt(m[4] ?? "0") - BigInt(frac.length);
+  const trimmed = digits.replace(/0+$/, "");
+  exp += BigInt(digits.length - trimmed.length);
+  digits = trimmed;
+  return `${m[1]}${digits}e${exp}`;
 }
 
 // The number grammar of RFC 8259, anchored where the parser stands (sticky).
