@@ -78,6 +78,7 @@ func runMCPGateway(ctx context.Context, o mcpGatewayOptions, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	routeLibraryLogs(logger)
 	if o.listen == "" && strings.Contains(os.Getenv("OTEL_TRACES_EXPORTER"), "console") {
 		// The console exporter writes to stdout, which carries MCP on stdio.
 		return errors.New("OTEL_TRACES_EXPORTER=console would write into the MCP stream on stdout; use otlp, or --listen")
@@ -168,7 +169,7 @@ func serveMCPHTTP(ctx context.Context, gw *mcpgw.Gateway, o mcpGatewayOptions, l
 	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return gw.Server() },
 		&mcp.StreamableHTTPOptions{Logger: logger}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: httpErrorLog(logger)}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	logger.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")

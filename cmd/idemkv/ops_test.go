@@ -33,6 +33,7 @@ type opsProc struct {
 	httpAddr string
 	raftAddr string
 	args     []string
+	env      []string // added to the test's environment
 	cmd      *exec.Cmd
 	mu       sync.Mutex
 	logs     bytes.Buffer
@@ -53,6 +54,9 @@ func (p *opsProc) output() string {
 func (p *opsProc) start() {
 	p.t.Helper()
 	p.cmd = exec.Command(idemkvBinary(p.t), p.args...)
+	if p.env != nil {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = p, p
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)

@@ -134,6 +134,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if err != nil {
 		return err
 	}
+	routeLibraryLogs(logger)
 	if err := o.limits.Validate(); err != nil {
 		return err
 	}
@@ -208,6 +209,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 		Pprof:         o.pprof,
 	}).Handler()
 	srv := api.NewHTTPServer(o.httpAddr, handler)
+	srv.ErrorLog = httpErrorLog(logger)
 	srv.TLSConfig = ex.apiTLS
 	serveErr := make(chan error, 1)
 	go func() {
