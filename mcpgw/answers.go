@@ -74,7 +74,16 @@ const DefaultMaxReceiptBytes = 64 << 10
 // encodeResult turns a CallToolResult into what idemkv stores, within max bytes. A
 // result too large loses its unstructured content first (the structured content says
 // the same thing to a program), then everything but a note; truncated reports that.
-func encodeResult(res *mcp.CallToolResult, max int) (raw json.RawMessage, truncated bool, err error) {
+//
+// upstream, when not nil, is the result as the upstream sent it: it is stored as it
+// came (without any _meta key of the gateway's), so that a replay answers with the
+// same bytes, integers beyond 2^53 included.
+func encodeResult(res *mcp.CallToolResult, upstream json.RawMessage, max int) (raw json.RawMessage, truncated bool, err error) {
+	if upstream != nil {
+		if raw, err = withMeta(upstream, nil); err == nil && len(raw) <= max {
+			return raw, false, nil
+		}
+	}
 	clean := *res
 	clean.Meta = withoutOwnMeta(res.Meta)
 	if raw, err = json.Marshal(&clean); err != nil {
@@ -112,7 +121,7 @@ func decodeResult(receipt *idemkv.Receipt, declared bool) *mcp.CallToolResult {
 	if len(receipt.Result) > 0 && isObject(receipt.Result) {
 		var res mcp.CallToolResult
 		if err := json.Unmarshal(receipt.Result, &res); err == nil && res.Content != nil {
-			return &res
+			return withRaw(&res, receipt.Result)
 		}
 	}
 	desc := map[string]any{
@@ -146,9 +155,8 @@ func decodeFailure(receipt *idemkv.Receipt) *mcp.CallToolResult {
 	}
 	if info.Code == FailureCode && isObject(info.Details) {
 		var res mcp.CallToolResult
-		if err := json.Unmarshal(info.Details, &res); err == nil && res.Content != nil {
-			res.IsError = true
-			return &res
+		if err := json.Unmarshal(info.Details, &res); err == nil && res.Content != nil && res.IsError {
+			return withRaw(&res, info.Details)
 		}
 	}
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: info.Code + ": " + info.Message}},
@@ -225,7 +233,22 @@ func annotate(res *mcp.CallToolResult, kv ...string) *mcp.CallToolResult {
 
 // structured returns a result's structured content, or the JSON object its first text
 // content holds (servers written before structured content often answer that way).
-func structured(res *mcp.CallToolResult) any {
+func structured(res *mcp.CallToolResult, raw json.RawMessage) any {
+	if raw != nil {
+		if ms, err := members(raw); err == nil {
+			for _, m := range ms {
+				if m.name != "structuredContent" {
+					continue
+				}
+				var v any
+				dec := json.NewDecoder(bytes.NewReader(m.value))
+				dec.UseNumber()
+				if dec.Decode(&v) == nil && v != nil {
+					return v
+				}
+			}
+		}
+	}
 	if res.StructuredContent != nil {
 		return normalize(res.StructuredContent)
 	}
@@ -332,4 +355,44 @@ func (g *Gateway) failure(ctx context.Context, r *rule, c *call, err error, upst
 	g.log.LogAttrs(ctx, slog.LevelError, "tool call failed", slog.String(logKeyTool, r.tool.Name),
 		slog.String(logKeyKey, c.key), slog.Any(logKeyErr, err))
 	return annotate(errorResult(CodeInternal, "idemkv gateway: "+err.Error(), nil), meta...), nil
+}
+
+// metaRaw carries, inside a result's _meta on its way through the gateway, the bytes
+// the result came with (from the upstream, or stored in idemkv). sendRaw takes it out
+// before anything is sent; it never reaches an agent or idemkv.
+const metaRaw = MetaPrefix + "raw"
+
+// withRaw returns res carrying raw, the bytes it was decoded from.
+func withRaw(res *mcp.CallToolResult, raw json.RawMessage) *mcp.CallToolResult {
+	if res == nil || raw == nil {
+		return res
+	}
+	out := *res
+	out.Meta = make(mcp.Meta, len(res.Meta)+1)
+	for k, v := range res.Meta {
+		out.Meta[k] = v
+	}
+	out.Meta[metaRaw] = raw
+	return &out
+}
+
+// sendRaw takes the bytes withRaw attached off res, and arranges for the agent to
+// get them, with the gateway's _meta keys of res, instead of the go-sdk's encoding.
+func sendRaw(ctx context.Context, res *mcp.CallToolResult) *mcp.CallToolResult {
+	if res == nil {
+		return nil
+	}
+	raw, ok := res.Meta[metaRaw].(json.RawMessage)
+	if !ok {
+		return res
+	}
+	out := *res
+	out.Meta = make(mcp.Meta, len(res.Meta))
+	for k, v := range res.Meta {
+		if k != metaRaw {
+			out.Meta[k] = v
+		}
+	}
+	setRaw(ctx, &out, raw)
+	return &out
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -44,9 +45,11 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 			span.End()
 		}()
 		if r.class == client.ReadOnly {
-			return g.passThrough(ctx, req)
+			res, err = g.passThrough(ctx, req)
+		} else {
+			res, err = g.mutate(ctx, r, req)
 		}
-		return g.mutate(ctx, r, req)
+		return sendRaw(ctx, res), err
 	}
 }
 
@@ -83,8 +86,8 @@ func (g *Gateway) extract(ctx context.Context, meta mcp.Meta) context.Context {
 }
 
 // forward builds the upstream call: the same name and arguments, the agent's _meta
-// without the gateway's keys, and the trace context of ctx. progressToken is dropped:
-// the gateway does not relay progress notifications.
+// without the gateway's keys, and the trace context of ctx. The agent's progressToken
+// is replaced by one of the gateway's own (Upstream.call), which relay maps back.
 func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage, meta mcp.Meta) *mcp.CallToolParams {
 	out := withoutOwnMeta(meta)
 	delete(out, "progressToken")
@@ -103,10 +106,37 @@ func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage
 	return p
 }
 
+// relay returns where the upstream's progress notifications for this call go: to the
+// agent, under the agent's own progressToken, when it sent one; nil otherwise.
+func (g *Gateway) relay(ctx context.Context, req *mcp.CallToolRequest) func(*mcp.ProgressNotificationParams) {
+	token := req.Params.GetProgressToken()
+	if token == nil || req.Session == nil {
+		return nil
+	}
+	return func(p *mcp.ProgressNotificationParams) {
+		q := *p
+		q.ProgressToken = token
+		if err := req.Session.NotifyProgress(ctx, &q); err != nil {
+			g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay progress", slog.Any(logKeyErr, err))
+		}
+	}
+}
+
+// relayLog sends an upstream log message to every agent session whose logging level
+// admits it. The upstream has one session for all agents, so a message cannot be
+// tied to one call.
+func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
+	for ss := range g.server.Sessions() {
+		if err := ss.Log(context.WithoutCancel(ctx), p); err != nil {
+			g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
+		}
+	}
+}
+
 func (g *Gateway) passThrough(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	res, err := g.up.CallTool(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta))
+	res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.relay(ctx, req))
 	if err == nil {
-		return res, nil
+		return withRaw(res, raw), nil
 	}
 	var we *jsonrpc.Error
 	if errors.As(err, &we) {
@@ -153,7 +183,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	// idemkv then says, the agent gets what the tool did.
 	var upstream *mcp.CallToolResult
 	fn := func(ctx context.Context) (*client.Result, error) {
-		res, err := g.up.CallTool(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta))
+		res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), g.relay(ctx, req))
 		if err != nil {
 			var ce *callError
 			if errors.As(err, &ce) && !ce.sent {
@@ -161,19 +191,19 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 			}
 			return nil, err
 		}
-		upstream = res
+		upstream = withRaw(res, raw)
 		if res.IsError {
 			te := &toolError{res: res}
 			if r.policy.RetryableErrors || (r.notExec == Release && validationError(res)) {
 				return nil, client.NotExecuted(te)
 			}
-			details, _, derr := encodeResult(res, g.cfg.MaxReceiptBytes)
+			details, _, derr := encodeResult(res, raw, g.cfg.MaxReceiptBytes)
 			if derr != nil {
 				details = nil
 			}
 			return nil, &client.PermanentError{Code: FailureCode, Details: details, Err: te}
 		}
-		return g.receipt(r, c.key, res)
+		return g.receipt(r, c.key, res, raw)
 	}
 	out, err := g.runner.Do(ctx, op, fn)
 	meta := []string{MetaIdempotencyKey, c.key, MetaTenant, c.tenant}
@@ -294,14 +324,15 @@ func effectOf(r *rule, c *call) (json.RawMessage, error) {
 	return b, nil
 }
 
-// receipt is what idemkv stores for a successful result.
-func (g *Gateway) receipt(r *rule, key string, res *mcp.CallToolResult) (*client.Result, error) {
-	raw, _, err := encodeResult(res, g.cfg.MaxReceiptBytes)
+// receipt is what idemkv stores for a successful result: the upstream's own bytes
+// when they fit (raw), else as encodeResult shrinks it.
+func (g *Gateway) receipt(r *rule, key string, res *mcp.CallToolResult, raw json.RawMessage) (*client.Result, error) {
+	stored, _, err := encodeResult(res, raw, g.cfg.MaxReceiptBytes)
 	if err != nil {
 		return nil, err
 	}
-	out := &client.Result{RemoteSystem: g.remoteSystem, RemoteID: key, Result: raw}
-	sc := structured(res)
+	out := &client.Result{RemoteSystem: g.remoteSystem, RemoteID: key, Result: stored}
+	sc := structured(res, raw)
 	if p := r.policy.RemoteID; p != "" {
 		if v, ok := lookupPath(sc, p); ok {
 			if s, err := scalarString(v); err == nil && s != "" && len(s) <= idemkv.MaxRemoteLen && clip(s, idemkv.MaxRemoteLen) == s {

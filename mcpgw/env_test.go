@@ -32,6 +32,14 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(m3StdioEnv) != "" {
+		// The test binary started as the mark3labs upstream of a stdio test.
+		if err := serveM3Stdio(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	code := m.Run()
 	if serverBin != "" {
 		os.RemoveAll(filepath.Dir(serverBin))

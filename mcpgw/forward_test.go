@@ -175,9 +175,14 @@ tools:
 		t.Errorf("the agent's own _meta was not forwarded: %v", got.meta)
 	}
 	for k := range got.meta {
-		if strings.HasPrefix(k, mcpgw.MetaPrefix) || k == "progressToken" {
+		if strings.HasPrefix(k, mcpgw.MetaPrefix) {
 			t.Errorf("forwarded %s upstream: %v", k, got.meta)
 		}
+	}
+	// The agent's progress token stays with the gateway, which relays the upstream's
+	// progress under it; upstream goes a token of the gateway's own.
+	if tok, _ := got.meta["progressToken"].(string); tok == "" || tok == "p1" {
+		t.Errorf("upstream progressToken %v, want one of the gateway's own", got.meta["progressToken"])
 	}
 	tpHeader, _ := got.meta["traceparent"].(string)
 	if !strings.HasPrefix(tpHeader, "00-"+traceID+"-") || strings.Contains(tpHeader, "00f067aa0ba902b7") {

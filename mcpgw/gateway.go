@@ -157,13 +157,16 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	info := g.up.Info()
 	g.remoteSystem = remoteSystem(cfg.Policy.RemoteSystem, info)
 	opts := &mcp.ServerOptions{
-		Logger:       slog.New(atLeast{cfg.Logger.Handler(), slog.LevelWarn}),
-		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
+		Logger: slog.New(atLeast{cfg.Logger.Handler(), slog.LevelWarn}),
+		// Logging: the upstream's log messages are relayed (see relayLog).
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}, Logging: &mcp.LoggingCapabilities{}},
 	}
 	if info != nil {
 		opts.Instructions = info.Instructions
 	}
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, opts)
+	g.server.AddReceivingMiddleware(g.passRaw)
+	g.up.OnLog(g.relayLog)
 
 	offered := map[string]bool{}
 	for _, t := range tools {

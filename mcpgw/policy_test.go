@@ -209,7 +209,7 @@ func TestEncodeResultFitsTheLimit(t *testing.T) {
 		Content:           []mcp.Content{&mcp.TextContent{Text: big}},
 		StructuredContent: map[string]any{"id": "T-1"},
 	}
-	raw, truncated, err := encodeResult(res, 1<<20)
+	raw, truncated, err := encodeResult(res, nil, 1<<20)
 	if err != nil || truncated {
 		t.Fatalf("encode: %v truncated=%v", err, truncated)
 	}
@@ -218,7 +218,7 @@ func TestEncodeResultFitsTheLimit(t *testing.T) {
 		t.Fatalf("round trip lost something or kept the gateway's meta: %+v", back)
 	}
 
-	raw, truncated, err = encodeResult(res, 1000)
+	raw, truncated, err = encodeResult(res, nil, 1000)
 	if err != nil || !truncated || len(raw) > 1000 {
 		t.Fatalf("limit 1000: %d bytes truncated=%v err=%v", len(raw), truncated, err)
 	}
@@ -228,7 +228,7 @@ func TestEncodeResultFitsTheLimit(t *testing.T) {
 	}
 
 	res.StructuredContent = map[string]any{"blob": big}
-	raw, truncated, err = encodeResult(res, 1000)
+	raw, truncated, err = encodeResult(res, nil, 1000)
 	if err != nil || !truncated || len(raw) > 1000 {
 		t.Fatalf("nothing fits: %d bytes truncated=%v err=%v", len(raw), truncated, err)
 	}

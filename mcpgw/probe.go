@@ -40,14 +40,14 @@ func (g *Gateway) probe(r *rule, c *call, meta mcp.Meta) client.ProbeFunc {
 			}
 			args = b
 		}
-		res, err := g.up.CallTool(ctx, g.forward(ctx, pp.Tool, args, meta))
+		res, raw, err := g.up.call(ctx, g.forward(ctx, pp.Tool, args, meta), nil)
 		if err != nil {
 			return nil, &probeError{err}
 		}
 		if res.IsError {
 			return nil, &probeError{&toolError{res: res}}
 		}
-		sc := structured(res)
+		sc := structured(res, raw)
 		if pp.Found != "" {
 			v, _ := lookupPath(sc, pp.Found)
 			if !truthy(v) {
@@ -63,6 +63,6 @@ func (g *Gateway) probe(r *rule, c *call, meta mcp.Meta) client.ProbeFunc {
 			return nil, &probeError{fmt.Errorf("%s found the effect but its answer has no %q", pp.Tool, pp.Result)}
 		}
 		trace.SpanFromContext(ctx).AddEvent("probe_found", trace.WithAttributes(attribute.String("probe.tool", pp.Tool)))
-		return g.receipt(r, c.key, structuredResult(found, false))
+		return g.receipt(r, c.key, structuredResult(found, false), nil)
 	}
 }

@@ -2,10 +2,13 @@ package mcpgw
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -27,6 +30,13 @@ type Upstream struct {
 	// or it was restarted.
 	changed chan struct{}
 
+	tap   *tap
+	seq   atomic.Uint64
+	relay sync.Map // progress token -> func(*mcp.ProgressNotificationParams)
+
+	logMu sync.Mutex
+	onLog func(context.Context, *mcp.LoggingMessageParams)
+
 	mu        sync.Mutex
 	sess      *mcp.ClientSession
 	ended     chan struct{} // closed when sess has ended
@@ -42,12 +52,33 @@ func NewUpstream(transport func() mcp.Transport, impl *mcp.Implementation, logge
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	u := &Upstream{transport: transport, log: logger, changed: make(chan struct{}, 1)}
+	u := &Upstream{transport: transport, log: logger, changed: make(chan struct{}, 1), tap: newTap()}
 	u.client = mcp.NewClient(impl, &mcp.ClientOptions{
 		Logger:                 slog.New(atLeast{logger.Handler(), slog.LevelWarn}),
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { u.toolsChanged() },
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			token, _ := req.Params.ProgressToken.(string)
+			if f, ok := u.relay.Load(token); ok {
+				f.(func(*mcp.ProgressNotificationParams))(req.Params)
+			}
+		},
+		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
+			u.logMu.Lock()
+			f := u.onLog
+			u.logMu.Unlock()
+			if f != nil {
+				f(ctx, req.Params)
+			}
+		},
 	})
 	return u
+}
+
+// OnLog sets what becomes of the upstream's log messages (notifications/message).
+func (u *Upstream) OnLog(f func(context.Context, *mcp.LoggingMessageParams)) {
+	u.logMu.Lock()
+	u.onLog = f
+	u.logMu.Unlock()
 }
 
 func (u *Upstream) toolsChanged() {
@@ -79,9 +110,16 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 	if u.connected {
 		u.log.LogAttrs(ctx, slog.LevelWarn, "upstream session ended, reconnecting")
 	}
-	sess, err := u.client.Connect(ctx, u.transport(), nil)
+	sess, err := u.client.Connect(ctx, u.tap.wrap(u.transport()), nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connecting: %w", ErrUpstream, err)
+	}
+	if r := sess.InitializeResult(); r != nil && r.Capabilities != nil && r.Capabilities.Logging != nil {
+		// Servers send no log messages until asked (the go-sdk's do not); the
+		// gateway's own sessions filter by the level each agent set.
+		if err := sess.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+			u.log.LogAttrs(ctx, slog.LevelDebug, "the upstream refused logging/setLevel", slog.Any("err", err))
+		}
 	}
 	ended := make(chan struct{})
 	reconnect := u.connected
@@ -144,11 +182,33 @@ func rejected(err error) (*jsonrpc.Error, bool) {
 // CallTool calls a tool upstream. Its errors are *callError values that say whether
 // the call may have taken effect.
 func (u *Upstream) CallTool(ctx context.Context, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	res, _, err := u.call(ctx, params, nil)
+	return res, err
+}
+
+// call calls a tool upstream under a progress token of the gateway's own, which
+// routes the upstream's progress notifications to progress (when not nil) and lets the
+// tap find the answer: raw is the result as the upstream sent it (nil when the
+// transport could not be tapped).
+func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progress func(*mcp.ProgressNotificationParams)) (res *mcp.CallToolResult, raw json.RawMessage, err error) {
 	sess, err := u.Session(ctx)
 	if err != nil {
-		return nil, &callError{err: err}
+		return nil, nil, &callError{err: err}
 	}
-	res, err := sess.CallTool(ctx, params)
+	token := progressTokenPrefix + strconv.FormatUint(u.seq.Add(1), 10)
+	p := *params
+	p.Meta = make(mcp.Meta, len(params.Meta)+1)
+	for k, v := range params.Meta {
+		p.Meta[k] = v
+	}
+	p.Meta["progressToken"] = token
+	if progress != nil {
+		u.relay.Store(token, progress)
+		defer u.relay.Delete(token)
+	}
+	u.tap.expect(token)
+	res, err = sess.CallTool(ctx, &p)
+	raw = u.tap.take(token)
 	if err != nil {
 		we, refused := rejected(err)
 		if we == nil && ctx.Err() == nil {
@@ -156,9 +216,9 @@ func (u *Upstream) CallTool(ctx context.Context, params *mcp.CallToolParams) (*m
 			// this session still looking alive.
 			u.drop(sess)
 		}
-		return nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused}
+		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused}
 	}
-	return res, nil
+	return res, raw, nil
 }
 
 // drop forgets sess, if it is still the current session, and closes it in the
