@@ -9,9 +9,11 @@ float, bool, None) and JSON text (``bytes`` or :class:`RawJSON`), which is parse
 strictly as the server parses it: no duplicate member names, no lone surrogates, no
 invalid UTF-8, no NaN or Infinity, no number beyond the range of a double.
 
-A number that does not survive a round trip through an IEEE 754 double is refused
-(:class:`FingerprintError`): two different effects must never share a fingerprint, so
-an identifier such as 2**60 + 1 must be sent as a string.
+A number whose decimal value the nearest IEEE 754 double does not keep is refused
+(:class:`FingerprintError`), whether it is a Python int (2**53 + 1) or a literal of
+JSON text (``9007199254740993``, ``0.10000000000000000555``, ``1e-400``): two different
+effects must never share a fingerprint, so such a number must be sent as a string.
+NaN and the infinities have no JSON form and are refused too.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ __all__ = [
 
 PREFIX = "sha256:"
 
-# 2**53: every integer up to it in magnitude is exactly one double, and no other
-# integer shares that double. Beyond it neighbours collapse (2**53 + 1 reads back as
-# 2**53), which is how two effects would come to share a fingerprint.
+# 2**53: every integer up to it in magnitude is exactly one double. Beyond it some are
+# refused (2**53 + 1 reads back as 2**53) and some are not (2**53 + 2 is a double).
 MAX_SAFE_INTEGER = 2**53
 
 
@@ -105,20 +106,46 @@ def format_number(f: float) -> str:
     return sign + out
 
 
-def _int_text(i: int) -> str:
-    if abs(i) > MAX_SAFE_INTEGER:
+def _decimal(text: str) -> tuple[str, ...]:
+    """A number literal as (sign, significant digits, decimal exponent) with no leading
+    or trailing zeros, so that two texts of one decimal value compare equal; zero is
+    one value whatever its sign."""
+    sign = "-" if text.startswith("-") else ""
+    body = text.lstrip("-")
+    mant, _, exp = body.replace("E", "e").partition("e")
+    whole, _, frac = mant.partition(".")
+    digits = whole + frac
+    point = len(whole) + (int(exp) if exp else 0)
+    stripped = digits.lstrip("0")
+    point -= len(digits) - len(stripped)
+    stripped = stripped.rstrip("0")
+    if not stripped:
+        return ("0",)
+    return (sign, stripped, str(point))
+
+
+def _exact(text: str) -> str:
+    """The JCS text of a number literal, refusing one whose decimal value the nearest
+    double does not keep (testdata/fingerprint/README.md, "Numbers"): 2**53 + 1 would
+    otherwise share a fingerprint with 2**53."""
+    f = float(text)
+    if math.isinf(f):
+        raise FingerprintError(f"number {text} is out of the range of a double; send it as a string")
+    out = format_number(f)
+    if _decimal(out) != _decimal(text):
         raise FingerprintError(
-            f"integer {i} is beyond ±2^53 and does not survive a round trip through a double; "
+            f"number {text} does not survive a round trip through a double (it reads back as {out}); "
             "send it as a string"
         )
-    return format_number(float(i))
+    return out
+
+
+def _int_text(i: int) -> str:
+    return _exact(str(i))
 
 
 def _number_text(text: str) -> str:
-    f = float(text)
-    if math.isinf(f):
-        raise FingerprintError(f"number {text} is out of the range of a double")
-    return format_number(f)
+    return _exact(text)
 
 
 def _escape(s: str) -> str:
