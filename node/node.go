@@ -301,7 +301,7 @@ func (n *Node) open() error {
 	rc.NotifyCh = notify
 	n.leaderNotify = notify
 
-	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, stable, snaps, n.transport); err != nil {
+	if n.raft, err = raft.NewRaft(rc, n.raftFSM(), logs, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
 	if peers != nil {

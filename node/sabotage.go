@@ -2,6 +2,10 @@ package node
 
 import (
 	"errors"
+	"io"
+	"log/slog"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
@@ -41,4 +45,29 @@ func (n *Node) earlyAck(cmd *fsm.Command) (res *fsm.Result, handled bool, err er
 		return &fsm.Result{Released: released}, true, err
 	}
 	return nil, false, nil
+}
+
+// raftFSM is the state machine as Raft sees it: the FSM itself, or in the test build
+// the FSM behind the SkipFailedRestore sabotage.
+func (n *Node) raftFSM() raft.FSM {
+	if !testhooks.Enabled {
+		return n.fsm
+	}
+	return restoreSaboteur{FSM: n.fsm, log: n.log}
+}
+
+// restoreSaboteur answers a failed snapshot restore with success while the
+// SkipFailedRestore sabotage is on, so Raft carries on from the wiped store.
+type restoreSaboteur struct {
+	*fsm.FSM
+	log *slog.Logger
+}
+
+func (s restoreSaboteur) Restore(rc io.ReadCloser) error {
+	err := s.FSM.Restore(rc)
+	if err != nil && testhooks.Sabotaged(testhooks.SkipFailedRestore) {
+		s.log.Error("sabotage skip-failed-restore: reporting a failed restore as done", "err", err)
+		return nil
+	}
+	return err
 }

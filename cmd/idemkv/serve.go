@@ -20,6 +20,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
 	"github.com/idemkv/idemkv/expiry"
+	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/node"
 	"github.com/idemkv/idemkv/storage"
@@ -185,10 +186,12 @@ func runServe(ctx context.Context, o serveOptions) error {
 		}
 	}()
 
+	wireTestFaults(&cfg)
 	n, err := node.Open(cfg)
 	if err != nil {
 		return err
 	}
+	testhooks.SetTransfer(n.TransferLeadership)
 	if err := n.RegisterMetrics(cfg.Metrics); err != nil {
 		_ = n.Close()
 		return err

@@ -86,6 +86,7 @@ func Mount(mux *http.ServeMux, snapshot SnapshotFunc) {
 		}
 		writeJSON(w, http.StatusOK, current())
 	})
+	mountFaults(mux)
 	mux.HandleFunc("GET "+PathStateHash, func(w http.ResponseWriter, _ *http.Request) {
 		if snapshot == nil {
 			writeError(w, http.StatusNotImplemented, idemkv.CodeInternal, fmt.Errorf("testhooks: this node has no state hash"))

@@ -42,6 +42,10 @@ const (
 	// key and answer 503 unavailable: the effect happened downstream, and its record
 	// is gone.
 	OrphanEffects
+	// SkipFailedRestore makes a node tell Raft that a snapshot restore succeeded when
+	// it failed: the replica goes on from a wiped store (issue 12, defect 2, made
+	// certain). jepsen-lite's storage nemesis must catch it.
+	SkipFailedRestore
 )
 
 var modeNames = []struct {
@@ -55,6 +59,7 @@ var modeNames = []struct {
 	{InternalErrors, "internal-errors"},
 	{EarlyRecover, "early-recover"},
 	{OrphanEffects, "orphan-effects"},
+	{SkipFailedRestore, "skip-failed-restore"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -143,7 +148,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

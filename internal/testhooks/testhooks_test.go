@@ -17,6 +17,7 @@ func TestParseModes(t *testing.T) {
 		{[]string{"early-ack", "stale-reads,"}, EarlyAck | StaleReads},
 		{[]string{"stale-reads,ignore-fences,early-ack"}, StaleReads | IgnoreFences | EarlyAck},
 		{[]string{"fail-writes,internal-errors,early-recover,orphan-effects"}, FailWrites | InternalErrors | EarlyRecover | OrphanEffects},
+		{[]string{"skip-failed-restore"}, SkipFailedRestore},
 	}
 	for _, c := range cases {
 		got, err := ParseModes(c.in...)
