@@ -79,6 +79,8 @@ type summary struct {
 	Convergence *convergence              `json:"convergence"`
 	Effects     map[string]int            `json:"downstream_effects"`
 	Progress    progress.Result           `json:"progress"`
+	// Settled counts the agent deliveries made after the heal for keys left pending.
+	Settled int `json:"agent_settle_deliveries"`
 }
 
 type anomaly struct {
@@ -191,6 +193,11 @@ func run(ctx context.Context, cfg config) error {
 	if err := reg.FinalReads(ctx); err != nil {
 		return err
 	}
+	say("settling the agent keys left pending ...")
+	settled, err := agent.Settle(ctx)
+	if err != nil {
+		return err
+	}
 	finalRecs, err := agent.FinalRecords(ctx)
 	if err != nil {
 		return err
@@ -211,6 +218,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	sum := summarize(cfg, ops, nem.Faults(), rec.Now())
 	sum.Convergence = conv
+	sum.Settled = settled
 	lin := model.Check(regOps, 20*time.Second)
 	sum.Linear = lin
 	for _, k := range lin.Illegal {

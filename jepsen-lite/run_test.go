@@ -116,6 +116,8 @@ func TestSabotageIsCaught(t *testing.T) {
 		// Leases stored at a quarter of what the answer says: the short-lease
 		// workload sees a recover before the lease it was told of ran out.
 		{testhooks.EarlyRecover, nil, []string{workload.AnomalyEarlyRecover}},
+		// Commits turned into releases: effects downstream whose keys are gone.
+		{testhooks.OrphanEffects, nil, []string{workload.AnomalyOrphanEffect}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {

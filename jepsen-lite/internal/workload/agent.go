@@ -146,6 +146,8 @@ type Agent struct {
 	mu   sync.Mutex
 	keys []string
 	ops  []AgentOp
+	// inDoubt holds the keys a delivery ended in doubt.
+	inDoubt map[string]bool
 }
 
 // NewAgent prepares the workload. Its workers run the Go client's Do; api is for
@@ -157,7 +159,7 @@ func NewAgent(cfg AgentConfig, api *API, rec *history.Recorder, down *Downstream
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, api: api, client: cl, rec: rec, down: down}, nil
+	return &Agent{cfg: cfg, api: api, client: cl, rec: rec, down: down, inDoubt: map[string]bool{}}, nil
 }
 
 // Keys lists every key used.
@@ -249,8 +251,13 @@ func (a *Agent) newOp(n int, r *mrand.Rand) AgentOp {
 // deliver runs the production loop of SPEC section 4 for one delivery and records it
 // as one operation of the history.
 func (a *Agent) deliver(ctx context.Context, worker int, process *int, op AgentOp) {
+	a.deliverAs(ctx, worker, process, op, false)
+}
+
+// deliverAs is deliver; final marks the deliveries of Settle.
+func (a *Agent) deliverAs(ctx context.Context, worker int, process *int, op AgentOp, final bool) {
 	h := &history.Op{Process: *process, Client: worker, Workload: "agent", F: history.FDo, Key: op.Key,
-		In: history.Input{Class: op.Class, Args: op.Args, Fingerprint: op.FP}}
+		In: history.Input{Class: op.Class, Args: op.Args, Fingerprint: op.FP, Final: final}}
 	a.rec.Invoke(h)
 	dctx, cancel := context.WithTimeout(ctx, a.cfg.Deadline)
 	defer cancel()
@@ -298,10 +305,9 @@ func (a *Agent) run(ctx context.Context, op AgentOp) (*history.Output, string) {
 	out.Effects = int(effects.Load())
 	var (
 		conflict *client.ConflictError
-		failed   *client.FailedError
+		failed   *client.StoredFailureError
 	)
-	switch {
-	case err == nil:
+	if err == nil {
 		out.Receipt = toReceipt(res.Receipt)
 		out.Replayed = res.Replayed
 		out.Decision = OutcomeCommitted
@@ -309,21 +315,80 @@ func (a *Agent) run(ctx context.Context, op AgentOp) (*history.Output, string) {
 			out.Decision = OutcomeReplayed
 		}
 		return out, ""
-	case errors.As(err, &conflict):
+	}
+	// Every error of Do is of exactly one kind (client.KindOf).
+	switch client.KindOf(err) {
+	case client.KindConflict:
 		out.Decision = OutcomeConflict
-		out.ConflictFP = conflict.Conflict.ExistingFingerprint
-		out.ConflictRemoteID = conflict.Conflict.ExistingRemoteID
-	case errors.Is(err, client.ErrInDoubt):
+		if errors.As(err, &conflict) {
+			out.ConflictFP = conflict.Conflict.ExistingFingerprint
+			out.ConflictRemoteID = conflict.Conflict.ExistingRemoteID
+		}
+	case client.KindInDoubt:
 		out.Decision = OutcomeInDoubt
-	case errors.As(err, &failed):
+		a.mu.Lock()
+		a.inDoubt[op.Key] = true
+		a.mu.Unlock()
+	case client.KindStoredFailure:
 		out.Decision = OutcomeFailed
-		out.Receipt = toReceipt(failed.Receipt)
-	case errors.Is(err, errRefused):
+		if errors.As(err, &failed) {
+			out.Receipt = toReceipt(failed.Receipt)
+		}
+	case client.KindNotExecuted:
 		out.Decision = OutcomeReleased
 	default:
+		// outcome_unknown (the tool may have run; the record stays pending) and
+		// store_unavailable: the next delivery, or the settling after the run, finds out.
 		out.Decision = OutcomeAbandoned
 	}
 	return out, err.Error()
+}
+
+// Settle redelivers, after the last heal, the operation of every key whose record is
+// still pending and not in doubt, as a queue keeps redelivering until a worker
+// finishes: so every effect ends with a committed record or one in doubt, and the
+// checker can require exactly that. It returns how many deliveries it made.
+func (a *Agent) Settle(ctx context.Context) (int, error) {
+	made := 0
+	for round := 0; round < 3; round++ {
+		recs, err := a.FinalRecords(ctx)
+		if err != nil {
+			return made, err
+		}
+		var todo []AgentOp
+		a.mu.Lock()
+		for _, key := range a.keys {
+			rec := recs[key]
+			if rec == nil || rec.Status != idemkv.StatusPending || rec.InDoubt || a.inDoubt[key] {
+				continue
+			}
+			for _, op := range a.ops {
+				if op.Key == key && op.FP == rec.Fingerprint {
+					todo = append(todo, op)
+					break
+				}
+			}
+		}
+		a.mu.Unlock()
+		if len(todo) == 0 {
+			return made, nil
+		}
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, max(1, a.cfg.Workers))
+		for i, op := range todo {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				process := 300000 + round*len(todo) + i
+				a.deliverAs(ctx, i%max(1, a.cfg.Workers), &process, op, true)
+			}()
+		}
+		wg.Wait()
+		made += len(todo)
+	}
+	return made, nil
 }
 
 // FinalRecords reads every agent key after the last heal.
@@ -366,11 +431,18 @@ const (
 	AnomalyPhantomReceipt  = "phantom-receipt"
 	AnomalyWrongConflict   = "wrong-conflict"
 	AnomalyMissedConflict  = "missed-conflict"
+	// AnomalyMissingEffect: Do said committed, and the downstream holds no effect of
+	// those arguments (exactly one is owed).
+	AnomalyMissingEffect = "missing-effect"
+	// AnomalyOrphanEffect: an effect whose key ended neither committed with those
+	// arguments nor in doubt, after Settle.
+	AnomalyOrphanEffect = "orphan-effect"
 )
 
-// CheckAgents judges the agent workload: no non-idempotent effect twice, every
-// acknowledged receipt still stored and identical, conflicts exactly where the
-// arguments differed.
+// CheckAgents judges the agent workload: exactly one effect for every operation seen
+// committed (none missing, no non-idempotent one twice), every effect on a key that
+// ended committed with its arguments or in doubt, every acknowledged receipt still
+// stored and identical, conflicts exactly where the arguments differed.
 func CheckAgents(ops []history.Op, effects map[string][]Effect, final map[string]*idemkv.Record) []AgentAnomaly {
 	var out []AgentAnomaly
 	add := func(kind, key, format string, args ...any) {
@@ -407,6 +479,38 @@ func CheckAgents(ops []history.Op, effects map[string][]Effect, final map[string
 			add(AnomalyDoubleEffect, key, "%d effects of a non-idempotent operation: %v", nonIdem, eff)
 		}
 		rec := final[key]
+		fpOf := map[string]string{}
+		inDoubt := rec != nil && rec.InDoubt
+		for _, op := range list {
+			fpOf[op.In.Args] = op.In.Fingerprint
+			// The client said in doubt; a server that marks records in doubt says
+			// so on the record too.
+			inDoubt = inDoubt || op.Type == history.OK && op.Out != nil && op.Out.Decision == OutcomeInDoubt
+		}
+		// Exactly one effect for each operation seen committed.
+		for _, op := range list {
+			if op.Type != history.OK || op.Out == nil || op.Out.Receipt == nil || op.Out.Receipt.Status != string(idemkv.StatusCommitted) {
+				continue
+			}
+			if n := countArgs(eff, op.In.Args); n == 0 {
+				add(AnomalyMissingEffect, key, "op %d was acknowledged committed (%s) and no effect of its arguments happened",
+					op.ID, op.Out.Receipt.RemoteID)
+			}
+		}
+		// Every effect belongs to a key that ended committed with its arguments, or
+		// in doubt.
+		for _, e := range eff {
+			switch {
+			case rec != nil && rec.Status == idemkv.StatusCommitted && rec.Fingerprint == fpOf[e.Args]:
+			case rec != nil && rec.Status == idemkv.StatusPending && inDoubt:
+			default:
+				status := "absent"
+				if rec != nil {
+					status = string(rec.Status)
+				}
+				add(AnomalyOrphanEffect, key, "effect %s (%s) happened; the key ended %s", e.RemoteID, e.Args, status)
+			}
+		}
 		// Acknowledged receipts: every one the same, and the one stored at the end.
 		for _, op := range list {
 			if op.Type != history.OK || op.Out == nil || op.Out.Receipt == nil {
@@ -455,6 +559,16 @@ func remoteID(r *idemkv.Record) string {
 		return ""
 	}
 	return r.Receipt.RemoteID
+}
+
+func countArgs(eff []Effect, args string) int {
+	n := 0
+	for _, e := range eff {
+		if e.Args == args {
+			n++
+		}
+	}
+	return n
 }
 
 func hasEffect(eff []Effect, id string) bool {

@@ -11,7 +11,7 @@ const fpA, fpB = "sha256:aa", "sha256:bb"
 
 func do(id int64, key, fp, decision string, rc *history.Receipt) history.Op {
 	return history.Op{ID: id, Workload: "agent", F: history.FDo, Key: key, Type: history.OK,
-		In: history.Input{Fingerprint: fp, Class: ClassProbe}, Out: &history.Output{Decision: decision, Receipt: rc}}
+		In: history.Input{Fingerprint: fp, Args: "args:" + fp, Class: ClassProbe}, Out: &history.Output{Decision: decision, Receipt: rc}}
 }
 
 func committed(id string) *history.Receipt {
@@ -34,14 +34,15 @@ func TestCheckAgentsClean(t *testing.T) {
 	conflict := do(3, "k", fpB, OutcomeConflict, nil)
 	conflict.Out.ConflictFP = fpA
 	ops := []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1")), do(2, "k", fpA, OutcomeReplayed, committed("T-1")), conflict}
-	effects := map[string][]Effect{"k": {{Key: "k", RemoteID: "T-1", Class: ClassProbe}}}
+	effects := map[string][]Effect{"k": {{Key: "k", Args: "args:" + fpA, RemoteID: "T-1", Class: ClassProbe}}}
 	if a := CheckAgents(ops, effects, map[string]*idemkv.Record{"k": stored(fpA, "T-1")}); len(a) != 0 {
 		t.Fatalf("a clean history has anomalies: %v", a)
 	}
 }
 
 func TestCheckAgentsFindsEachAnomaly(t *testing.T) {
-	effect := func(id string, class string) Effect { return Effect{Key: "k", RemoteID: id, Class: class} }
+	effect := func(id string, class string) Effect { return Effect{Key: "k", Args: "args:" + fpA, RemoteID: id, Class: class} }
+	pending := &idemkv.Record{Fingerprint: fpA, Status: idemkv.StatusPending}
 	cases := []struct {
 		name    string
 		ops     []history.Op
@@ -61,6 +62,12 @@ func TestCheckAgentsFindsEachAnomaly(t *testing.T) {
 			nil, stored(fpA, "T-1"), AnomalyWrongConflict},
 		{"other arguments executed", []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1")), do(2, "k", fpB, OutcomeCommitted, &history.Receipt{Status: "committed", Fingerprint: fpA, RemoteID: "T-1"})},
 			[]Effect{effect("T-1", ClassProbe)}, stored(fpA, "T-1"), AnomalyMissedConflict},
+		{"committed without an effect", []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1"))},
+			nil, stored(fpA, "T-1"), AnomalyMissingEffect},
+		{"an effect and no record", []history.Op{do(1, "k", fpA, OutcomeAbandoned, nil)},
+			[]Effect{effect("T-1", ClassProbe)}, nil, AnomalyOrphanEffect},
+		{"an effect and a record left pending", []history.Op{do(1, "k", fpA, OutcomeAbandoned, nil)},
+			[]Effect{effect("T-1", ClassProbe)}, pending, AnomalyOrphanEffect},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -73,6 +80,17 @@ func TestCheckAgentsFindsEachAnomaly(t *testing.T) {
 				t.Fatalf("want %s, got %v", c.want, got)
 			}
 		})
+	}
+	// An effect whose key ended in doubt is accounted for, whether the record or
+	// only the client says so.
+	for _, rec := range []*idemkv.Record{pending, {Fingerprint: fpA, Status: idemkv.StatusPending, InDoubt: true}} {
+		ops := []history.Op{do(1, "k", fpA, OutcomeAbandoned, nil)}
+		if !rec.InDoubt {
+			ops = append(ops, do(2, "k", fpA, OutcomeInDoubt, nil))
+		}
+		if a := CheckAgents(ops, map[string][]Effect{"k": {effect("T-1", ClassProbe)}}, map[string]*idemkv.Record{"k": rec}); len(a) != 0 {
+			t.Fatalf("an effect in doubt was flagged: %v", a)
+		}
 	}
 	// Idempotent effects may repeat.
 	ops := []history.Op{do(1, "k", fpA, OutcomeCommitted, committed("T-1"))}
