@@ -41,7 +41,9 @@ func TestCheckAgentsClean(t *testing.T) {
 }
 
 func TestCheckAgentsFindsEachAnomaly(t *testing.T) {
-	effect := func(id string, class string) Effect { return Effect{Key: "k", Args: "args:" + fpA, RemoteID: id, Class: class} }
+	effect := func(id string, class string) Effect {
+		return Effect{Key: "k", Args: "args:" + fpA, RemoteID: id, Class: class}
+	}
 	pending := &idemkv.Record{Fingerprint: fpA, Status: idemkv.StatusPending}
 	cases := []struct {
 		name    string
