@@ -53,6 +53,12 @@ type Config struct {
 	// RaftTLS, when set, wraps Raft traffic in TLS in both directions; set ClientAuth
 	// and ClientCAs for mutual TLS.
 	RaftTLS *tls.Config
+	// RaftHandshakeTimeout, RaftIdleTimeout and RaftMaxPending bound the connections
+	// the Raft listener accepts (defaults DefaultRaftHandshakeTimeout,
+	// DefaultRaftIdleTimeout, DefaultRaftMaxPending).
+	RaftHandshakeTimeout time.Duration
+	RaftIdleTimeout      time.Duration
+	RaftMaxPending       int
 
 	Limits idemkv.Limits
 	// CacheBytes sizes Pebble's block cache (default storage.DefaultCacheBytes).
@@ -98,19 +104,22 @@ type RaftStores struct {
 // DefaultConfig returns the defaults of `idemkv serve`.
 func DefaultConfig() Config {
 	return Config{
-		ID:                 "n1",
-		DataDir:            "idemkv-data",
-		RaftAddr:           "127.0.0.1:7421",
-		APIAddr:            "127.0.0.1:7420",
-		HeartbeatTimeout:   1000 * time.Millisecond,
-		ElectionTimeout:    1000 * time.Millisecond,
-		LeaderLeaseTimeout: 500 * time.Millisecond,
-		CommitTimeout:      5 * time.Millisecond,
-		SnapshotThreshold:  8192,
-		SnapshotInterval:   2 * time.Minute,
-		TrailingLogs:       10240,
-		MaxAppendEntries:   512,
-		ApplyTimeout:       10 * time.Second,
+		ID:                   "n1",
+		DataDir:              "idemkv-data",
+		RaftAddr:             "127.0.0.1:7421",
+		APIAddr:              "127.0.0.1:7420",
+		HeartbeatTimeout:     1000 * time.Millisecond,
+		ElectionTimeout:      1000 * time.Millisecond,
+		LeaderLeaseTimeout:   500 * time.Millisecond,
+		CommitTimeout:        5 * time.Millisecond,
+		SnapshotThreshold:    8192,
+		SnapshotInterval:     2 * time.Minute,
+		TrailingLogs:         10240,
+		MaxAppendEntries:     512,
+		ApplyTimeout:         10 * time.Second,
+		RaftHandshakeTimeout: DefaultRaftHandshakeTimeout,
+		RaftIdleTimeout:      DefaultRaftIdleTimeout,
+		RaftMaxPending:       DefaultRaftMaxPending,
 		// testhooks.Now is time.Now outside the test build; jepsen-lite offsets it.
 		Now: testhooks.Now,
 	}
@@ -132,6 +141,11 @@ func (c *Config) withDefaults() {
 	setDur(&c.CommitTimeout, d.CommitTimeout)
 	setDur(&c.SnapshotInterval, d.SnapshotInterval)
 	setDur(&c.ApplyTimeout, d.ApplyTimeout)
+	setDur(&c.RaftHandshakeTimeout, d.RaftHandshakeTimeout)
+	setDur(&c.RaftIdleTimeout, d.RaftIdleTimeout)
+	if c.RaftMaxPending == 0 {
+		c.RaftMaxPending = d.RaftMaxPending
+	}
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = d.SnapshotThreshold
 	}
@@ -261,7 +275,8 @@ func (n *Node) open() error {
 	if err := n.restoreIfBehind(snaps); err != nil {
 		return err
 	}
-	stream, err := newStreamLayer(n.cfg.RaftAddr, n.cfg.RaftAdvertise, n.cfg.RaftTLS)
+	stream, err := newStreamLayer(n.cfg.RaftAddr, n.cfg.RaftAdvertise, n.cfg.RaftTLS,
+		listenLimits{handshake: n.cfg.RaftHandshakeTimeout, idle: n.cfg.RaftIdleTimeout, maxPending: n.cfg.RaftMaxPending})
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,13 @@ type streamLayer struct {
 	tls       *tls.Config
 }
 
-func newStreamLayer(bind, advertise string, tlsConf *tls.Config) (*streamLayer, error) {
+// listenLimits bound the connections the Raft listener accepts (guardedListener).
+type listenLimits struct {
+	handshake, idle time.Duration
+	maxPending      int
+}
+
+func newStreamLayer(bind, advertise string, tlsConf *tls.Config, lim listenLimits) (*streamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("node: listen for raft on %s: %w", bind, err)
@@ -39,10 +45,8 @@ func newStreamLayer(bind, advertise string, tlsConf *tls.Config) (*streamLayer, 
 		ln.Close()
 		return nil, errors.New("node: the raft address peers dial must not be unspecified (0.0.0.0); set an advertise address")
 	}
-	s := &streamLayer{Listener: ln, advertise: adv, tls: tlsConf}
-	if tlsConf != nil {
-		s.Listener = tls.NewListener(ln, tlsConf)
-	}
+	s := &streamLayer{advertise: adv, tls: tlsConf,
+		Listener: newGuardedListener(ln, tlsConf, lim.handshake, lim.idle, lim.maxPending)}
 	return s, nil
 }
 
