@@ -68,11 +68,12 @@ class _Span(_NoSpan):
 
     def fail(self, exc: BaseException) -> None:
         self._span.record_exception(exc)
-        self._span.set_status(Status(StatusCode.ERROR, str(exc)))
+        if ENABLED:
+            self._span.set_status(Status(StatusCode.ERROR, str(exc)))
 
     def end(self) -> None:
         self._span.end()
-        if self._token is not None:
+        if self._token is not None and ENABLED:
             try:
                 _otel_context.detach(self._token)
             except Exception:  # a span ended in another context (a task): nothing to undo
@@ -80,17 +81,23 @@ class _Span(_NoSpan):
 
 
 def tracer(provider: Any = None) -> Any:
+    """The tracer of the client's spans: from provider when one is given (anything
+    with OpenTelemetry's get_tracer), else from the global provider when the package
+    is importable, else None (no spans)."""
+    if provider is not None:
+        return provider.get_tracer(SCOPE_NAME)
     if not ENABLED:
         return None
-    if provider is None:
-        return _trace.get_tracer(SCOPE_NAME)
-    return provider.get_tracer(SCOPE_NAME)
+    return _trace.get_tracer(SCOPE_NAME)
 
 
 def start(tracer: Any, name: str, attrs: Mapping[str, Any]) -> _NoSpan:
-    """A span for one tool call, made current so that the requests it sends carry it."""
+    """A span for one tool call, made current so that the requests it sends carry it
+    (W3C traceparent)."""
     if tracer is None:
         return _NoSpan()
+    if not ENABLED:
+        return _Span(tracer.start_span(name, attributes=dict(attrs)), None)
     span = tracer.start_span(name, kind=_trace.SpanKind.INTERNAL, attributes=dict(attrs))
     token = _otel_context.attach(_trace.set_span_in_context(span))
     return _Span(span, token)
