@@ -194,7 +194,19 @@ type ReserveRequest struct {
 	LeaseTTLMs int64     `json:"lease_ttl_ms,omitempty"`
 	TTLMs      int64     `json:"ttl_ms,omitempty"`
 	ExpiresAt  Timestamp `json:"expires_at,omitempty"`
+	// SideEffect is the caller's class of the tool (one of the SideEffect constants),
+	// for telemetry only: it goes on the request's span and is neither stored nor
+	// part of the decision.
+	SideEffect string `json:"side_effect,omitempty"`
 }
+
+// The tool classes of the protocol (docs/protocol.md section 4): what a retry of a
+// tool may do to the world.
+const (
+	SideEffectReadOnly              = "read_only"
+	SideEffectIdempotentMutation    = "idempotent_mutation"
+	SideEffectNonIdempotentMutation = "non_idempotent_mutation"
+)
 
 // ReserveResult is the decision and what comes with it.
 type ReserveResult struct {

@@ -221,6 +221,11 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	if err := validText("attempt_id", r.AttemptID, MaxAttemptIDLen, false); err != nil {
 		return err
 	}
+	switch r.SideEffect {
+	case "", SideEffectReadOnly, SideEffectIdempotentMutation, SideEffectNonIdempotentMutation:
+	default:
+		return Invalid("side_effect", "side_effect must be %s, %s or %s", SideEffectReadOnly, SideEffectIdempotentMutation, SideEffectNonIdempotentMutation)
+	}
 	if err := validLease(r.LeaseTTLMs, l); err != nil {
 		return err
 	}

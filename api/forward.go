@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/telemetry"
 )
 
 // hopHeaders belong to one connection, not to the request or answer a proxy relays
@@ -61,6 +62,7 @@ func (s *Server) forwardToLeader(w http.ResponseWriter, r *http.Request, body []
 		return
 	}
 	copyHeaders(out.Header, r.Header)
+	telemetry.Inject(r.Context(), out.Header)
 	out.Header.Set(HeaderForwarded, "1")
 
 	resp, err := s.forward.Do(out)

@@ -180,6 +180,9 @@ func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 		var req Q
 		body, err := s.decode(w, r, &req)
 		if err == nil {
+			telemetry.AnnotateRequest(r.Context(), &req)
+		}
+		if err == nil {
 			err = s.allowBody(r, &req)
 		}
 		if err == nil {
@@ -234,6 +237,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	// PathValue has already unescaped the key once; unescaping again would turn a key
 	// that contains "%2F" literally into another key.
 	req := idemkv.GetRequest{Tenant: r.PathValue("tenant"), Key: r.PathValue("key")}
+	telemetry.AnnotateRequest(r.Context(), &req)
 	q, err := parseQuery(r)
 	if err == nil {
 		req.Consistency = idemkv.Consistency(q.Get("consistency"))

@@ -22,8 +22,15 @@ const ScopeName = "github.com/idemkv/idemkv/telemetry"
 //
 // It uses the global tracer provider and propagator as they are when each request
 // arrives, so it may be installed before Setup runs.
+//
+// Health probes (/healthz, /readyz) get no span: a load balancer probing every second
+// would otherwise fill the trace store with them.
 func HTTPMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" {
+			next.ServeHTTP(w, r)
+			return
+		}
 		ctx := otel.GetTextMapPropagator().Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := otel.Tracer(ScopeName).Start(ctx, r.Method,
 			trace.WithSpanKind(trace.SpanKindServer),

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 
@@ -134,6 +135,21 @@ func otlpProtocolSupported() error {
 // of a request on the server span that HTTPMiddleware started.
 func Annotate(ctx context.Context, attrs ...attribute.KeyValue) {
 	trace.SpanFromContext(ctx).SetAttributes(attrs...)
+}
+
+// AnnotateRequest puts what a request names (tenant, key, fingerprint, fence, tool) on
+// the span in ctx, before it is validated, so that refused requests are findable too.
+func AnnotateRequest(ctx context.Context, req any) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(semconv.RequestAttributes(req)...)
+	}
+}
+
+// Inject writes the trace context of ctx into h (W3C traceparent): a follower that
+// forwards a request passes its own span on, so the leader's span is its child rather
+// than a sibling under the caller's.
+func Inject(ctx context.Context, h http.Header) {
+	otel.GetTextMapPropagator().Inject(ctx, propagation.HeaderCarrier(h))
 }
 
 // AnnotateReserve puts a reserve and its decision on the span in ctx.

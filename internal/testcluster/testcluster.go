@@ -34,6 +34,7 @@ type Cluster struct {
 	tweak   func(i int, c *node.Config)
 	// peerOverrides: see WithPeerAddresses.
 	peerOverrides bool
+	middleware    func(http.Handler) http.Handler
 }
 
 type member struct {
@@ -53,6 +54,12 @@ type Option func(*Cluster)
 // own Raft addresses), as a cluster behind NAT or in containers would run.
 func WithPeerAddresses() Option {
 	return func(c *Cluster) { c.peerOverrides = true }
+}
+
+// WithAPIMiddleware wraps every node's API handler, as `idemkv serve` wraps it in
+// tracing and authentication.
+func WithAPIMiddleware(mw func(http.Handler) http.Handler) Option {
+	return func(c *Cluster) { c.middleware = mw }
 }
 
 // WithConfig lets a test change node i's configuration before every (re)start.
@@ -147,7 +154,7 @@ func (c *Cluster) startMember(i int, bootstrap bool) {
 		ln, err = net.Listen("tcp", m.apiAddr)
 		return err
 	})
-	h := api.New(api.Config{Store: n, Logger: cfg.Logger, Metrics: m.metrics, Limits: cfg.Limits}).Handler()
+	h := api.New(api.Config{Store: n, Logger: cfg.Logger, Metrics: m.metrics, Limits: cfg.Limits, Middleware: c.middleware}).Handler()
 	srv := api.NewHTTPServer(m.apiAddr, h)
 	go func() { _ = srv.Serve(ln) }()
 	c.mu.Lock()

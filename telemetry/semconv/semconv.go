@@ -47,6 +47,9 @@ func ReserveAttributes(req *idemkv.ReserveRequest, res *idemkv.ReserveResult) []
 		IdempotencyKey.String(req.Key),
 		ToolName.String(req.Tool),
 	}
+	if req.SideEffect != "" {
+		attrs = append(attrs, ToolSideEffect.String(req.SideEffect))
+	}
 	if res == nil {
 		if req.Fingerprint != "" {
 			attrs = append(attrs, Fingerprint.String(req.Fingerprint))
@@ -70,11 +73,60 @@ func ReserveAttributes(req *idemkv.ReserveRequest, res *idemkv.ReserveResult) []
 	if fp != "" {
 		attrs = append(attrs, Fingerprint.String(fp))
 	}
-	if res.Fence != 0 {
+	switch {
+	case res.Fence != 0:
 		attrs = append(attrs, FenceValue(res.Fence))
+	case res.Record != nil && res.Record.Fence != 0:
+		// replay, conflict, in_progress: no fence is granted, but the record's fence
+		// says which attempt's outcome the caller hears about.
+		attrs = append(attrs, FenceValue(res.Record.Fence))
 	}
 	if res.Receipt != nil && res.Receipt.RemoteID != "" {
 		attrs = append(attrs, ReceiptRemoteID.String(res.Receipt.RemoteID))
+	}
+	return attrs
+}
+
+// RequestAttributes describes any request of the API by what it names, before it is
+// validated or decided: a request refused with a 4xx still says which tenant, key and
+// effect it was about. Unknown types give nothing.
+func RequestAttributes(req any) []attribute.KeyValue {
+	var attrs []attribute.KeyValue
+	add := func(k attribute.Key, v string) {
+		if v != "" {
+			attrs = append(attrs, k.String(v))
+		}
+	}
+	fence := func(f uint64) {
+		if f != 0 {
+			attrs = append(attrs, FenceValue(f))
+		}
+	}
+	switch r := req.(type) {
+	case *idemkv.ReserveRequest:
+		return ReserveAttributes(r, nil)
+	case *idemkv.CommitRequest:
+		add(Tenant, r.Tenant)
+		add(IdempotencyKey, r.Key)
+		add(Fingerprint, r.Fingerprint)
+		fence(r.Fence)
+	case *idemkv.FailRequest:
+		add(Tenant, r.Tenant)
+		add(IdempotencyKey, r.Key)
+		add(Fingerprint, r.Fingerprint)
+		fence(r.Fence)
+	case *idemkv.ReleaseRequest:
+		add(Tenant, r.Tenant)
+		add(IdempotencyKey, r.Key)
+		add(Fingerprint, r.Fingerprint)
+		fence(r.Fence)
+	case *idemkv.HeartbeatRequest:
+		add(Tenant, r.Tenant)
+		add(IdempotencyKey, r.Key)
+		fence(r.Fence)
+	case *idemkv.GetRequest:
+		add(Tenant, r.Tenant)
+		add(IdempotencyKey, r.Key)
 	}
 	return attrs
 }
