@@ -284,10 +284,36 @@ type ResolveRequest struct {
 }
 
 // ResolveResult is the answer to a resolve: the receipt when committed, Released when
-// not executed.
+// not executed. On the wire it is the receipt, or {"released":true}.
 type ResolveResult struct {
 	Receipt  *Receipt
 	Released bool
+}
+
+func (r ResolveResult) MarshalJSON() ([]byte, error) {
+	if r.Receipt == nil {
+		return json.Marshal(ReleaseResult{Released: r.Released})
+	}
+	return json.Marshal(r.Receipt)
+}
+
+func (r *ResolveResult) UnmarshalJSON(b []byte) error {
+	var probe struct {
+		Released *bool `json:"released"`
+	}
+	if err := json.Unmarshal(b, &probe); err != nil {
+		return err
+	}
+	if probe.Released != nil {
+		*r = ResolveResult{Released: *probe.Released}
+		return nil
+	}
+	var rc Receipt
+	if err := json.Unmarshal(b, &rc); err != nil {
+		return err
+	}
+	*r = ResolveResult{Receipt: &rc}
+	return nil
 }
 
 // ReleaseResult is the answer to a release.

@@ -27,6 +27,8 @@ type Store interface {
 	Fail(ctx context.Context, req *idemkv.FailRequest) (*idemkv.Record, error)
 	Release(ctx context.Context, req *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
 	Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*idemkv.Record, error)
+	Doubt(ctx context.Context, req *idemkv.DoubtRequest) (*idemkv.Record, error)
+	Resolve(ctx context.Context, req *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
 	// Get handles Wait (the long-poll) itself.
 	Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error)
 	List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error)

@@ -13,7 +13,9 @@ import (
 type Operation string
 
 const (
-	// OpWrite: reserve, commit, fail, release and heartbeat on a tenant's records.
+	// OpWrite: reserve, commit, fail, release, heartbeat, doubt and resolve on a
+	// tenant's records. Resolve is a write like the others: an agent whose probe
+	// found the effect settles an in-doubt record with it.
 	OpWrite Operation = "write"
 	// OpRead: read one record of a tenant, long-poll included.
 	OpRead Operation = "read"
@@ -75,6 +77,8 @@ var access = map[string]routeAccess{
 	"POST /v1/fail":                     {OpWrite, tenantBody},
 	"POST /v1/release":                  {OpWrite, tenantBody},
 	"POST /v1/heartbeat":                {OpWrite, tenantBody},
+	"POST /v1/doubt":                    {OpWrite, tenantBody},
+	"POST /v1/resolve":                  {OpWrite, tenantBody},
 	"GET /v1/records/{tenant}/{key...}": {OpRead, tenantPath},
 	"GET /v1/records/{tenant}":          {OpList, tenantPath},
 	"GET /v1/cluster":                   {OpCluster, tenantNone},
@@ -140,6 +144,10 @@ func (s *Server) allowBody(r *http.Request, req any) error {
 	case *idemkv.ReleaseRequest:
 		tenant = q.Tenant
 	case *idemkv.HeartbeatRequest:
+		tenant = q.Tenant
+	case *idemkv.DoubtRequest:
+		tenant = q.Tenant
+	case *idemkv.ResolveRequest:
 		tenant = q.Tenant
 	case *idemkv.JoinRequest, *idemkv.RemoveRequest:
 		// Checked by route: they concern no tenant.

@@ -348,6 +348,17 @@ func limitParam(q url.Values) (int, error) {
 	return n, nil
 }
 
+// inDoubtParam reads in_doubt (true: list only the records marked in doubt).
+func inDoubtParam(q url.Values) (bool, error) {
+	switch q.Get("in_doubt") {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	}
+	return false, idemkv.Invalid("in_doubt", "in_doubt must be true or false")
+}
+
 // staleParam reads the consistency of a list, with the values and the default of a get.
 func staleParam(q url.Values) (bool, error) {
 	switch idemkv.Consistency(q.Get("consistency")) {

@@ -21,6 +21,8 @@ type FakeStore struct {
 	FailFunc      func(context.Context, *idemkv.FailRequest) (*idemkv.Record, error)
 	ReleaseFunc   func(context.Context, *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
 	HeartbeatFunc func(context.Context, *idemkv.HeartbeatRequest) (*idemkv.Record, error)
+	DoubtFunc     func(context.Context, *idemkv.DoubtRequest) (*idemkv.Record, error)
+	ResolveFunc   func(context.Context, *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
 	GetFunc       func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
 	ListFunc      func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error)
 	ClusterFunc   func(context.Context) (*idemkv.ClusterInfo, error)
@@ -75,6 +77,22 @@ func (f *FakeStore) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest)
 		return nil, notStubbed("Heartbeat")
 	}
 	return f.HeartbeatFunc(ctx, req)
+}
+
+func (f *FakeStore) Doubt(ctx context.Context, req *idemkv.DoubtRequest) (*idemkv.Record, error) {
+	f.calls.Add(1)
+	if f.DoubtFunc == nil {
+		return nil, notStubbed("Doubt")
+	}
+	return f.DoubtFunc(ctx, req)
+}
+
+func (f *FakeStore) Resolve(ctx context.Context, req *idemkv.ResolveRequest) (*idemkv.ResolveResult, error) {
+	f.calls.Add(1)
+	if f.ResolveFunc == nil {
+		return nil, notStubbed("Resolve")
+	}
+	return f.ResolveFunc(ctx, req)
 }
 
 func (f *FakeStore) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {

@@ -43,6 +43,10 @@ func (s *Server) routes() {
 	s.handle("POST /v1/heartbeat", leaderWrite(s, func(q *idemkv.HeartbeatRequest) error {
 		return q.Validate(s.limits)
 	}, s.store.Heartbeat, nil))
+	s.handle("POST /v1/doubt", leaderWrite(s, (*idemkv.DoubtRequest).Validate, s.store.Doubt, nil))
+	s.handle("POST /v1/resolve", leaderWrite(s, func(q *idemkv.ResolveRequest) error {
+		return q.Validate(s.limits)
+	}, s.store.Resolve, nil))
 	s.handle(recordPattern, http.HandlerFunc(s.get))
 	s.handle("GET /v1/records/{tenant}", http.HandlerFunc(s.list))
 	s.handle("GET /v1/cluster", http.HandlerFunc(s.cluster))
@@ -270,6 +274,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		req.After = q.Get("after")
 		req.Status = idemkv.Status(q.Get("status"))
 		req.Limit, err = limitParam(q)
+	}
+	if err == nil {
+		req.InDoubt, err = inDoubtParam(q)
 	}
 	var stale bool
 	if err == nil {

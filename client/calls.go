@@ -83,6 +83,44 @@ func (c *Client) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*
 	return &out, nil
 }
 
+// Doubt marks the pending record held by req.Fence in doubt: this attempt was granted
+// recover and cannot learn whether the earlier attempt's effect happened. The answer is
+// the record (InDoubt set). From then on every reserve of the key answers recover
+// without a fence, and only Resolve settles it.
+func (c *Client) Doubt(ctx context.Context, req *idemkv.DoubtRequest) (*idemkv.Record, error) {
+	var out idemkv.Record
+	attrs := append(keyAttrs(req.Tenant, req.Key), semconv.FenceValue(req.Fence))
+	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/doubt", path: "/v1/doubt", body: req, attrs: attrs}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Resolve settles an in-doubt record by key, without a fence: Outcome committed
+// stores the receipt in the request (answer: Receipt), not_executed releases the key
+// (answer: Released). Any record that is not pending and in doubt is refused with
+// idemkv.ErrNotPending. When an earlier attempt of this call may have reached the
+// server, an answer that is the echo of that attempt (the key already released, or
+// already committed with this remote id) is reported as success.
+func (c *Client) Resolve(ctx context.Context, req *idemkv.ResolveRequest) (*idemkv.ResolveResult, error) {
+	var out idemkv.ResolveResult
+	attrs := keyAttrs(req.Tenant, req.Key)
+	retried, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/resolve", path: "/v1/resolve", body: req, attrs: attrs}, &out)
+	switch {
+	case err == nil:
+		return &out, nil
+	case retried && req.Outcome == idemkv.ResolveNotExecuted && errors.Is(err, idemkv.ErrNotFound):
+		return &idemkv.ResolveResult{Released: true}, nil
+	case retried && req.Outcome == idemkv.ResolveCommitted && errors.Is(err, idemkv.ErrNotPending):
+		rec, gerr := c.Get(ctx, &idemkv.GetRequest{Tenant: req.Tenant, Key: req.Key})
+		if gerr == nil && rec.Status == idemkv.StatusCommitted && rec.Receipt != nil &&
+			rec.Receipt.RemoteID == req.RemoteID && rec.Fingerprint == req.Fingerprint {
+			return &idemkv.ResolveResult{Receipt: rec.Outcome()}, nil
+		}
+	}
+	return nil, err
+}
+
 // Get reads a record; with Wait it long-polls until the record is not pending.
 // An absent record is an error wrapping idemkv.ErrNotFound.
 func (c *Client) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {

@@ -183,6 +183,36 @@ func (m *memStore) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) 
 	})
 }
 
+func (m *memStore) Doubt(ctx context.Context, req *idemkv.DoubtRequest) (*idemkv.Record, error) {
+	return op(m, "doubt", func(now idemkv.Timestamp) (*idemkv.Record, error) {
+		if err := req.Validate(); err != nil {
+			return nil, err
+		}
+		next, rec, err := fsm.DecideDoubt(m.recs[rkey(req.Tenant, req.Key)], req, now)
+		m.put(rkey(req.Tenant, req.Key), next)
+		return rec, err
+	})
+}
+
+func (m *memStore) Resolve(ctx context.Context, req *idemkv.ResolveRequest) (*idemkv.ResolveResult, error) {
+	return op(m, "resolve", func(now idemkv.Timestamp) (*idemkv.ResolveResult, error) {
+		if err := req.Validate(idemkv.Limits{}); err != nil {
+			return nil, err
+		}
+		k := rkey(req.Tenant, req.Key)
+		next, receipt, release, err := fsm.DecideResolve(m.recs[k], req, now)
+		if err != nil {
+			return nil, err
+		}
+		m.put(k, next)
+		if release {
+			delete(m.recs, k)
+			m.signal()
+		}
+		return &idemkv.ResolveResult{Receipt: receipt, Released: release}, nil
+	})
+}
+
 // Get long-polls as the node does: until the record is not pending, its lease ran
 // out, or the wait has passed.
 func (m *memStore) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {

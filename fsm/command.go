@@ -22,6 +22,10 @@ const (
 	OpSetNode
 	// OpRemoveNode deletes Node.ID from the membership metadata.
 	OpRemoveNode
+	// OpDoubt marks a pending record in doubt (the holder of its fence asks).
+	OpDoubt
+	// OpResolve settles an in-doubt record without a fence: commit or release.
+	OpResolve
 )
 
 var opNames = [...]string{
@@ -33,6 +37,8 @@ var opNames = [...]string{
 	OpSweep:      "sweep",
 	OpSetNode:    "set_node",
 	OpRemoveNode: "remove_node",
+	OpDoubt:      "doubt",
+	OpResolve:    "resolve",
 }
 
 func (o Op) String() string {
@@ -54,6 +60,8 @@ type Command struct {
 	Fail      *idemkv.FailRequest
 	Release   *idemkv.ReleaseRequest
 	Heartbeat *idemkv.HeartbeatRequest
+	Doubt     *idemkv.DoubtRequest
+	Resolve   *idemkv.ResolveRequest
 	Sweep     *SweepArgs
 	// Node carries ID, RaftAddr and APIAddr only: suffrage and state are Raft's live
 	// view of the member, not replicated metadata, so they are not encoded.
@@ -142,6 +150,28 @@ func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 		dst = wire.AppendString(dst, r.Key)
 		dst = wire.AppendUvarint(dst, r.Fence)
 		dst = wire.AppendVarint(dst, r.LeaseTTLMs)
+	case OpDoubt:
+		r := c.Doubt
+		if r == nil {
+			return nil, errMissing(c.Op)
+		}
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendString(dst, r.Fingerprint)
+		dst = wire.AppendUvarint(dst, r.Fence)
+	case OpResolve:
+		r := c.Resolve
+		if r == nil {
+			return nil, errMissing(c.Op)
+		}
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendString(dst, r.Fingerprint)
+		dst = wire.AppendString(dst, string(r.Outcome))
+		dst = wire.AppendString(dst, r.RemoteSystem)
+		dst = wire.AppendString(dst, r.RemoteID)
+		dst = wire.AppendString(dst, r.RemoteURL)
+		dst = wire.AppendBytes(dst, r.Result)
 	case OpSweep:
 		if c.Sweep == nil {
 			return nil, errMissing(c.Op)
@@ -226,6 +256,24 @@ func DecodeCommand(b []byte) (*Command, error) {
 		r.Fence = d.Uvarint()
 		r.LeaseTTLMs = d.Varint()
 		c.Heartbeat = r
+	case OpDoubt:
+		r := &idemkv.DoubtRequest{}
+		r.Tenant = d.Text()
+		r.Key = d.Text()
+		r.Fingerprint = d.Text()
+		r.Fence = d.Uvarint()
+		c.Doubt = r
+	case OpResolve:
+		r := &idemkv.ResolveRequest{}
+		r.Tenant = d.Text()
+		r.Key = d.Text()
+		r.Fingerprint = d.Text()
+		r.Outcome = idemkv.ResolveOutcome(d.Text())
+		r.RemoteSystem = d.Text()
+		r.RemoteID = d.Text()
+		r.RemoteURL = d.Text()
+		r.Result = d.Bytes()
+		c.Resolve = r
 	case OpSweep:
 		limit := d.Varint()
 		if d.Err() == nil && (limit < 0 || limit > 1<<31-1) {

@@ -27,6 +27,10 @@ func sampleCommands() []*Command {
 		{Op: OpSweep, Now: now, Sweep: &SweepArgs{Limit: 500}},
 		{Op: OpSetNode, Now: now, Node: &idemkv.NodeInfo{ID: "n1", RaftAddr: "127.0.0.1:7421", APIAddr: "127.0.0.1:7420"}},
 		{Op: OpRemoveNode, Now: now, Node: &idemkv.NodeInfo{ID: "n2"}},
+		{Op: OpDoubt, Now: now, Doubt: &idemkv.DoubtRequest{Tenant: tenant, Key: key, Fingerprint: fpA, Fence: 6}},
+		{Op: OpResolve, Now: now, Resolve: &idemkv.ResolveRequest{Tenant: tenant, Key: key, Fingerprint: fpA,
+			Outcome: idemkv.ResolveCommitted, RemoteSystem: "linear", RemoteID: "LIN-9", RemoteURL: "https://l/9",
+			Result: json.RawMessage(`{"id":"LIN-9"}`)}},
 	}
 }
 
@@ -64,7 +68,7 @@ func TestCommandRoundTrip(t *testing.T) {
 			seen[c.Op] = true
 		})
 	}
-	for op := OpReserve; op <= OpRemoveNode; op++ {
+	for op := OpReserve; op <= OpResolve; op++ {
 		if !seen[op] {
 			t.Errorf("no round trip for %s", op)
 		}
@@ -72,7 +76,7 @@ func TestCommandRoundTrip(t *testing.T) {
 }
 
 func TestCommandEncodeRejectsMissingPayload(t *testing.T) {
-	for op := OpReserve; op <= OpRemoveNode; op++ {
+	for op := OpReserve; op <= OpResolve; op++ {
 		if _, err := (&Command{Op: op}).AppendBinary(nil); !errors.Is(err, idemkv.ErrInternal) {
 			t.Errorf("%s without payload: err = %v, want internal", op, err)
 		}
@@ -91,7 +95,7 @@ func TestDecodeCommandRejects(t *testing.T) {
 		"empty":           nil,
 		"unknown version": append([]byte{9}, valid[1:]...),
 		"unknown op":      {commandVersion, 0, 0},
-		"op past the end": {commandVersion, byte(OpRemoveNode + 1), 0},
+		"op past the end": {commandVersion, byte(OpResolve + 1), 0},
 		"trailing bytes":  append(append([]byte(nil), valid...), 0),
 		"huge length":     {commandVersion, byte(OpRelease), 0, 0xff, 0xff, 0xff, 0xff, 0x0f},
 		"negative limit":  {commandVersion, byte(OpSweep), 0, 1},

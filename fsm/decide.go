@@ -58,6 +58,14 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 	if cur.Status.Terminal() {
 		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionReplay, Receipt: cur.Outcome(), Record: cur}
 	}
+	if cur.InDoubt {
+		// Nobody can learn the outcome by taking the key over, so nobody gets it: no
+		// fence, no lease, no change. A caller with a probe looks the effect up and
+		// resolves; one without returns in doubt at once. Before this row every retry
+		// took a new fence and lease, blocked the next caller for a lease, and made
+		// the fence an operator had noted stale.
+		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionRecover, Record: cur}
+	}
 	switch {
 	case req.AttemptID != "" && req.AttemptID == cur.AttemptID:
 		// The same attempt asking again (its answer was lost): it keeps its fence,
@@ -244,4 +252,67 @@ func capExpiry(rec *idemkv.Record, now idemkv.Timestamp) {
 	ceiling := now + idemkv.Timestamp(idemkv.CeilingTTL.Milliseconds())
 	rec.LeaseExpiresAt = min(rec.LeaseExpiresAt, ceiling)
 	rec.ExpiresAt = min(rec.ExpiresAt, ceiling)
+}
+
+// DecideDoubt marks the pending record held by req.Fence in doubt: its holder cannot
+// learn whether the effect happened (a recover without a probe). From then on its lease
+// does not matter; only a resolve settles it. next is nil when nothing changes: the
+// record is already in doubt (a retried doubt keeps the first in_doubt_since).
+func DecideDoubt(cur *idemkv.Record, req *idemkv.DoubtRequest, now idemkv.Timestamp) (next, rec *idemkv.Record, err error) {
+	if err := checkOwner(cur, req.Fingerprint, req.Fence, now); err != nil {
+		return nil, nil, err
+	}
+	if cur.Status.Terminal() {
+		return nil, nil, fmt.Errorf("%w: the record is %s", idemkv.ErrNotPending, cur.Status)
+	}
+	if cur.InDoubt {
+		return nil, cur, nil
+	}
+	next = cur.Clone()
+	next.InDoubt = true
+	next.InDoubtSince = now
+	next.UpdatedAt = now
+	next.LeaseExpiresAt = 0
+	return next, next, nil
+}
+
+// DecideResolve settles an in-doubt record without a fence: an operator (or a caller
+// whose probe answered) says the effect happened, with its receipt, or did not.
+// Committed: next is the committed record and receipt its outcome. Not executed:
+// release is true and the record is deleted. Anything but a pending, in-doubt record
+// with this fingerprint is refused: not_found, fingerprint_mismatch or not_pending.
+func DecideResolve(cur *idemkv.Record, req *idemkv.ResolveRequest, now idemkv.Timestamp) (next *idemkv.Record, receipt *idemkv.Receipt, release bool, err error) {
+	if Expired(cur, now) {
+		return nil, nil, false, fmt.Errorf("%w: no live record for this key", idemkv.ErrNotFound)
+	}
+	if req.Fingerprint != cur.Fingerprint {
+		return nil, nil, false, fmt.Errorf("%w: the record holds %s", idemkv.ErrFingerprintMismatch, cur.Fingerprint)
+	}
+	if cur.Status.Terminal() || !cur.InDoubt {
+		state := string(cur.Status)
+		if !cur.Status.Terminal() {
+			state = "pending and not in doubt (its attempt may still be running)"
+		}
+		return nil, nil, false, fmt.Errorf("%w: only an in-doubt record can be resolved; this one is %s", idemkv.ErrNotPending, state)
+	}
+	switch req.Outcome {
+	case idemkv.ResolveNotExecuted:
+		return nil, nil, true, nil
+	case idemkv.ResolveCommitted:
+		next = cur.Clone()
+		next.Status = idemkv.StatusCommitted
+		next.InDoubt, next.InDoubtSince = false, 0
+		next.UpdatedAt = now
+		next.LeaseExpiresAt = 0
+		next.Receipt = &idemkv.StoredReceipt{
+			RemoteSystem: req.RemoteSystem,
+			RemoteID:     req.RemoteID,
+			RemoteURL:    req.RemoteURL,
+			Result:       req.Result,
+			CommittedAt:  now,
+		}
+		return next, next.Outcome(), false, nil
+	default:
+		return nil, nil, false, idemkv.Invalid("outcome", "outcome must be %q or %q", idemkv.ResolveCommitted, idemkv.ResolveNotExecuted)
+	}
 }

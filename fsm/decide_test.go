@@ -221,6 +221,35 @@ func TestDecide(t *testing.T) {
 			conflict: &idemkv.Conflict{Status: "conflict", Reason: idemkv.ReasonDifferentTool,
 				ExistingFingerprint: fpA, ReceivedFingerprint: fpA, ExistingTool: "create_ticket", ReceivedTool: "send_email"},
 		},
+		{
+			name: "in doubt, same tool and fingerprint, lease live: recover with no fence and no change",
+			cur:  inDoubtRec(), req: reserveReq(), now: t0 + 10,
+			decision: idemkv.DecisionRecover,
+		},
+		{
+			name: "in doubt, lease long expired: still recover with no fence, never a new lease",
+			cur:  inDoubtRec(), req: reserveReq(), now: t0 + 10*lease,
+			decision: idemkv.DecisionRecover,
+		},
+		{
+			name: "in doubt, the attempt that marked it asks again: recover with no fence",
+			cur:  inDoubtRec(), req: reserveReq(func(r *idemkv.ReserveRequest) { r.AttemptID = "att-1" }), now: t0 + 10,
+			decision: idemkv.DecisionRecover,
+		},
+		{
+			name: "in doubt, different fingerprint: conflict as always", cur: inDoubtRec(),
+			req: reserveReq(func(r *idemkv.ReserveRequest) { r.Fingerprint = fpB }), now: t0 + 10,
+			decision: idemkv.DecisionConflict,
+			conflict: &idemkv.Conflict{Status: "conflict", Reason: idemkv.ReasonDifferentEffect,
+				ExistingFingerprint: fpA, ReceivedFingerprint: fpB},
+		},
+		{
+			name: "in doubt, past expires_at: absent, execute afresh", cur: inDoubtRec(), req: reserveReq(), now: t0 + ttl,
+			decision: idemkv.DecisionExecute, fence: index,
+			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpA, Tool: "create_ticket", Actor: "worker-2",
+				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0 + ttl,
+				UpdatedAt: t0 + ttl, LeaseExpiresAt: t0 + ttl + lease, ExpiresAt: t0 + 2*ttl},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -256,6 +285,14 @@ func TestDecide(t *testing.T) {
 			}
 			switch tc.decision {
 			case idemkv.DecisionExecute, idemkv.DecisionRecover:
+				if tc.next == nil {
+					// An in-doubt record: recover grants nothing.
+					if res.Fence != 0 || res.AttemptID != "" || res.LeaseExpiresAt != 0 || !res.Record.InDoubt {
+						t.Errorf("in-doubt recover carries fence %d attempt %q lease %s, record %+v",
+							res.Fence, res.AttemptID, res.LeaseExpiresAt, res.Record)
+					}
+					return
+				}
 				if res.AttemptID != tc.next.AttemptID || res.LeaseExpiresAt != tc.next.LeaseExpiresAt {
 					t.Errorf("grant carries attempt %q lease %s, record has %q %s",
 						res.AttemptID, res.LeaseExpiresAt, tc.next.AttemptID, tc.next.LeaseExpiresAt)

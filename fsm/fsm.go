@@ -25,9 +25,9 @@ import (
 // Result is what Apply returns for each command entry (raft ApplyFuture.Response()).
 type Result struct {
 	Reserve  *idemkv.ReserveResult // OpReserve
-	Record   *idemkv.Record        // OpFail, OpHeartbeat: the record after the transition
-	Receipt  *idemkv.Receipt       // OpCommit: the stored outcome (committed, or the stored failure if fail won)
-	Released bool                  // OpRelease
+	Record   *idemkv.Record        // OpFail, OpHeartbeat, OpDoubt: the record after the transition
+	Receipt  *idemkv.Receipt       // OpCommit, OpResolve committed: the stored outcome (committed, or the stored failure if fail won)
+	Released bool                  // OpRelease, OpResolve not_executed
 	Swept    int                   // OpSweep: records deleted
 	More     bool                  // OpSweep: expired records remain (<= Now) after this entry
 	Err      error                 // wraps ErrFenced, ErrFingerprintMismatch, ErrNotPending, ErrNotFound, ErrInvalidArgument or ErrInternal
@@ -253,6 +253,43 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 			return internal(err), nil
 		}
 		res.Record = next
+	case OpDoubt:
+		r := cmd.Doubt
+		cur, err := b.Record(r.Tenant, r.Key)
+		if err != nil {
+			return internal(err), nil
+		}
+		next, rec, err := DecideDoubt(cur, r, now)
+		if err != nil {
+			return &Result{Err: err}, nil
+		}
+		if next != nil {
+			if err := b.PutRecord(next); err != nil {
+				return internal(err), nil
+			}
+		}
+		res.Record = rec
+	case OpResolve:
+		r := cmd.Resolve
+		cur, err := b.Record(r.Tenant, r.Key)
+		if err != nil {
+			return internal(err), nil
+		}
+		next, receipt, release, err := DecideResolve(cur, r, now)
+		if err != nil {
+			return &Result{Err: err}, nil
+		}
+		if next != nil {
+			if err := b.PutRecord(next); err != nil {
+				return internal(err), nil
+			}
+		}
+		if release {
+			if _, err := b.DeleteRecord(r.Tenant, r.Key); err != nil {
+				return internal(err), nil
+			}
+		}
+		res.Receipt, res.Released = receipt, release
 	case OpSweep:
 		swept, more, err := sweep(b, now, cmd.Sweep.Limit)
 		if err != nil {
@@ -406,7 +443,11 @@ func (f *FSM) List(req *idemkv.ListRequest, now idemkv.Timestamp) (*idemkv.ListR
 	}
 	res := &idemkv.ListResult{Records: []*idemkv.Record{}}
 	scanned, lastKey := 0, ""
-	err := f.st.ScanRecords(req.Tenant, req.Prefix, req.After, func(rec *idemkv.Record) (bool, error) {
+	scan := f.st.ScanRecords
+	if req.InDoubt {
+		scan = f.st.ScanInDoubt
+	}
+	err := scan(req.Tenant, req.Prefix, req.After, func(rec *idemkv.Record) (bool, error) {
 		if len(res.Records) == limit || scanned == listScanBudget {
 			// Something is left: resume after the last key looked at.
 			res.Next = lastKey
@@ -442,6 +483,16 @@ func (f *FSM) Backlog(now idemkv.Timestamp) (count int, oldest idemkv.Timestamp)
 	count, oldest, err := f.st.Overdue(max(now, f.Clock()), backlogCap)
 	if err != nil {
 		f.logger.Error("reading the expiry backlog", logKeyErr, err)
+	}
+	return count, oldest
+}
+
+// InDoubt reports how many records are in doubt and the earliest in_doubt_since among
+// them (0 if none). It reads the in-doubt index only.
+func (f *FSM) InDoubt() (count int, oldest idemkv.Timestamp) {
+	count, oldest, err := f.st.InDoubtStats()
+	if err != nil {
+		f.logger.Error("reading the in-doubt index", logKeyErr, err)
 	}
 	return count, oldest
 }

@@ -152,6 +152,10 @@ type NodeStats struct {
 	LastContact time.Duration
 	// Records counts the stored records, expired but unswept ones included.
 	Records int
+	// InDoubt counts the pending records marked in doubt, waiting for a resolve;
+	// InDoubtOldestAge is how long the oldest of them has waited (0 if none).
+	InDoubt          int
+	InDoubtOldestAge time.Duration
 }
 
 // RaftStates are the values of the state label of idemkv_raft_state.
@@ -172,6 +176,10 @@ var (
 		"Time since this node last heard from the leader (0 on the leader; absent if never).", nil, nil)
 	descRecords = prometheus.NewDesc(namespace+"_records_stored",
 		"Records stored, expired but not yet swept ones included.", nil, nil)
+	descInDoubt = prometheus.NewDesc(namespace+"_records_in_doubt",
+		"Pending records marked in doubt: an attempt died and nobody can tell whether its effect happened. Each waits for idemkv resolve.", nil, nil)
+	descInDoubtAge = prometheus.NewDesc(namespace+"_in_doubt_oldest_age_seconds",
+		"How long the oldest in-doubt record has waited for a resolve (0 when there is none).", nil, nil)
 )
 
 // RegisterNode adds the figures of a running node to the registry, read from stats on
@@ -184,7 +192,7 @@ type nodeCollector func() NodeStats
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommitIndex, descAppliedIndex,
-		descLastLogIndex, descLastContact, descRecords} {
+		descLastLogIndex, descLastContact, descRecords, descInDoubt, descInDoubtAge} {
 		ch <- d
 	}
 }
@@ -206,4 +214,6 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descLastContact, prometheus.GaugeValue, s.LastContact.Seconds())
 	}
 	ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(s.Records))
+	ch <- prometheus.MustNewConstMetric(descInDoubt, prometheus.GaugeValue, float64(s.InDoubt))
+	ch <- prometheus.MustNewConstMetric(descInDoubtAge, prometheus.GaugeValue, s.InDoubtOldestAge.Seconds())
 }

@@ -27,6 +27,10 @@ func (n *Node) RegisterMetrics(m *metrics.Metrics) error {
 			LastContact:  -1,
 			Records:      int(n.store.RecordCount()),
 		}
+		if count, oldest := n.fsm.InDoubt(); count > 0 {
+			s.InDoubt = count
+			s.InDoubtOldestAge = max(n.now().Time().Sub(oldest.Time()), 0)
+		}
 		if state == raft.Leader {
 			s.LastContact = 0
 		} else if lc := n.raft.LastContact(); !lc.IsZero() {

@@ -135,6 +135,35 @@ func (n *Node) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*id
 	return res.Record, nil
 }
 
+// Doubt marks the pending record held by req.Fence in doubt: its holder cannot learn
+// whether the effect happened. Every reserve then answers recover without a fence
+// until Resolve settles it.
+func (n *Node) Doubt(ctx context.Context, req *idemkv.DoubtRequest) (*idemkv.Record, error) {
+	r := *req
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpDoubt, Doubt: &r})
+	if err != nil {
+		return nil, err
+	}
+	return res.Record, nil
+}
+
+// Resolve settles an in-doubt record without a fence: committed stores the receipt,
+// not_executed releases the key.
+func (n *Node) Resolve(ctx context.Context, req *idemkv.ResolveRequest) (*idemkv.ResolveResult, error) {
+	r := *req
+	if err := r.Validate(n.cfg.Limits); err != nil {
+		return nil, err
+	}
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpResolve, Resolve: &r})
+	if err != nil {
+		return nil, err
+	}
+	return &idemkv.ResolveResult{Receipt: res.Receipt, Released: res.Released}, nil
+}
+
 // Get reads a record. With Wait it long-polls until the record is no longer pending
 // (or absent), its lease has run out, or Wait has passed, and returns it as it is then.
 func (n *Node) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {

@@ -14,6 +14,7 @@ import (
 //
 //	r/<tenant>\x00<key>                          record
 //	x/<8-byte big-endian expires_at><tenant>\x00<key>  expiry index (empty value)
+//	d/<tenant>\x00<key>                           in-doubt index: pending records marked in doubt (value: in_doubt_since, 8 bytes)
 //	m/applied                                    applied index + term (16 bytes)
 //	m/clock                                      state machine clock (8 bytes)
 //	m/swept                                      expiry key of the last entry swept
@@ -23,6 +24,7 @@ const (
 	prefixRecord = "r/"
 	prefixExpiry = "x/"
 	prefixNode   = "n/"
+	prefixDoubt  = "d/"
 )
 
 var (
@@ -82,6 +84,14 @@ func parseExpiryKey(k []byte) (ExpiryEntry, error) {
 	return ExpiryEntry{}, fmt.Errorf("%w: expiry key without separator", ErrCorrupt)
 }
 
+func doubtKey(tenant, key string) []byte {
+	b := make([]byte, 0, len(prefixDoubt)+len(tenant)+1+len(key))
+	b = append(b, prefixDoubt...)
+	b = append(b, tenant...)
+	b = append(b, 0)
+	return append(b, key...)
+}
+
 func nodeKey(id string) []byte { return append([]byte(prefixNode), id...) }
 
 // prefixEnd returns the smallest key greater than every key starting with p.
@@ -103,6 +113,9 @@ const recordVersion = 1
 const (
 	flagReceipt = 1 << iota
 	flagError
+	// flagInDoubt: in_doubt_since follows the error. Records written before it
+	// existed lack the flag and decode as not in doubt.
+	flagInDoubt
 )
 
 var statusCodes = map[idemkv.Status]byte{idemkv.StatusPending: 1, idemkv.StatusCommitted: 2, idemkv.StatusFailed: 3}
@@ -134,6 +147,9 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	if r.Error != nil {
 		flags |= flagError
 	}
+	if r.InDoubt {
+		flags |= flagInDoubt
+	}
 	dst = append(dst, flags)
 	if rc := r.Receipt; rc != nil {
 		dst = wire.AppendString(dst, rc.RemoteSystem)
@@ -146,6 +162,9 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 		dst = wire.AppendString(dst, e.Code)
 		dst = wire.AppendString(dst, e.Message)
 		dst = wire.AppendBytes(dst, e.Details)
+	}
+	if r.InDoubt {
+		dst = wire.AppendVarint(dst, int64(r.InDoubtSince))
 	}
 	return dst, nil
 }
@@ -190,7 +209,7 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 	r.Actor = d.Text()
 	r.AttemptID = d.Text()
 	flags := d.Byte()
-	if unknown := flags &^ (flagReceipt | flagError); unknown != 0 {
+	if unknown := flags &^ (flagReceipt | flagError | flagInDoubt); unknown != 0 {
 		d.Fail("unknown flags %#x", unknown)
 	}
 	if flags&flagReceipt != 0 {
@@ -208,6 +227,10 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 		e.Message = d.Text()
 		e.Details = d.Bytes()
 		r.Error = e
+	}
+	if flags&flagInDoubt != 0 {
+		r.InDoubt = true
+		r.InDoubtSince = idemkv.Timestamp(d.Varint())
 	}
 	if err := d.Finish(); err != nil {
 		return nil, fmt.Errorf("%w: record %q/%q", err, tenant, key)

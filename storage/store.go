@@ -298,7 +298,8 @@ func (s *Store) Hash() ([32]byte, error) {
 }
 
 // CheckExpiryIndex verifies that the expiry index holds exactly one entry per record,
-// at the record's expires_at. Tests of every layer use it to prove the index is kept
+// at the record's expires_at, and that the in-doubt index names exactly the pending
+// records marked in doubt. Tests of every layer use it to prove the index is kept
 // in step with the records through batches, sweeps, snapshots and restores.
 func (s *Store) CheckExpiryIndex() error {
 	snap := s.db.NewSnapshot()
@@ -363,6 +364,9 @@ func (s *Store) CheckExpiryIndex() error {
 	}
 	if records != entries {
 		return fmt.Errorf("%w: %d records but %d expiry entries", ErrCorrupt, records, entries)
+	}
+	if err := checkDoubtIndex(snap); err != nil {
+		return err
 	}
 	// Scans start after the swept mark: an entry at or before it would never be swept.
 	bound, err := sweptBound(snap)
@@ -461,6 +465,9 @@ func (b *Batch) storedExpiry(k []byte) (knownExpiry, error) {
 // PutRecord stores rec and moves its expiry index entry along with it.
 func (b *Batch) PutRecord(rec *idemkv.Record) error {
 	k := recordKey(rec.Tenant, rec.Key)
+	if err := b.keepDoubtIndex(k, rec.Tenant, rec.Key, rec); err != nil {
+		return err
+	}
 	old, err := b.storedExpiry(k)
 	if err != nil {
 		return err
@@ -494,6 +501,9 @@ func (b *Batch) PutRecord(rec *idemkv.Record) error {
 // reports whether there was a record.
 func (b *Batch) DeleteRecord(tenant, key string) (bool, error) {
 	k := recordKey(tenant, key)
+	if err := b.keepDoubtIndex(k, tenant, key, nil); err != nil {
+		return false, err
+	}
 	old, err := b.storedExpiry(k)
 	if err != nil || !old.present {
 		return false, err
