@@ -8,12 +8,19 @@ package typescript_test
 
 import (
 	"bytes"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/idemkv/idemkv/internal/freeport"
+	"github.com/idemkv/idemkv/internal/testcluster"
 )
 
 func TestTypeScriptClient(t *testing.T) {
@@ -62,6 +69,67 @@ func TestTypeScriptClient(t *testing.T) {
 	if n, _ := strconv.Atoi(m[1]); n < 20 {
 		t.Fatalf("only %d node tests passed", n)
 	}
+
+	t.Run("example", func(t *testing.T) { runExample(t, node, tsc, repo, bin) })
+}
+
+// runExample compiles examples/typescript and runs it against a node of its own: the
+// README points people at it, so it must keep compiling and keep its promise of one
+// ticket per approval.
+func runExample(t *testing.T, node, tsc, repo, bin string) {
+	dir := t.TempDir()
+	outDir := filepath.Join(dir, "dist")
+	if out, err := exec.Command(tsc, "-p", filepath.Join(repo, "examples", "typescript"), "--outDir", outDir).CombinedOutput(); err != nil {
+		t.Fatalf("tsc examples/typescript: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(outDir, "package.json"), []byte(`{"type":"module"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr, raftAddr := addr(t), addr(t)
+	srv := exec.Command(bin, "serve", "--id", "ex", "--data-dir", filepath.Join(dir, "data"), "--http-addr", httpAddr,
+		"--raft-addr", raftAddr, "--heartbeat-timeout", "500ms", "--election-timeout", "500ms", "--leader-lease-timeout", "250ms")
+	var logs bytes.Buffer
+	srv.Stdout, srv.Stderr = &logs, &logs
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = srv.Process.Kill()
+		_ = srv.Wait()
+	})
+	if err := testcluster.Eventually(30*time.Second, func() error {
+		resp, err := http.Get("http://" + httpAddr + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("readyz %d", resp.StatusCode)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("node not ready: %v\n%s", err, logs.String())
+	}
+	out, err := exec.Command(node, filepath.Join(outDir, "examples", "typescript", "agent.js"), "--endpoint", httpAddr).CombinedOutput()
+	t.Logf("examples/typescript:\n%s", out)
+	if err != nil {
+		t.Fatalf("examples/typescript: %v", err)
+	}
+	for _, want := range []string{"(found by the probe, stored)", "(replayed, the API was not called)", "conflict: idempotency_key_reused_with_different_effect",
+		"tickets created by the API: 2 for 2 approvals"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the example's output lacks %q", want)
+		}
+	}
+}
+
+func addr(t *testing.T) string {
+	t.Helper()
+	a, err := freeport.Addr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
 
 // tools finds node (>= 20, for its global fetch and test runner) and tsc.

@@ -57,10 +57,18 @@ export interface ClientOptions {
 export interface CallOptions {
   signal?: AbortSignal;
   /**
-   * Keep retrying retryable failures until this time (ms since the epoch) instead of
-   * stopping after maxAttempts.
+   * Instead of stopping after maxAttempts, keep retrying retryable failures until the
+   * budget is spent. Time counts while the store does not answer (failed attempts and
+   * the backoff between them, not a long-poll's own wait); several calls may share
+   * one budget, as the calls of one tool call do.
    */
-  deadline?: number;
+  budget?: StoreBudget;
+}
+
+/** Time, in ms, that calls may spend waiting for a store that does not answer. */
+export interface StoreBudget {
+  limitMs: number;
+  spentMs: number;
 }
 
 const DEFAULTS = {
@@ -208,14 +216,17 @@ export class Client {
    */
   private async call<T>(c: Call, opts: CallOptions = {}, state = { retried: false }): Promise<T> {
     const body = c.body === undefined ? undefined : JSON.stringify(c.body);
+    const budget = opts.budget;
     for (let attempt = 0; ; attempt++) {
       if (attempt > 0) {
         let delay = backoff(attempt, this.settings.backoffMinMs, this.settings.backoffMaxMs);
-        // The last attempt goes out at the deadline, not a backoff before it.
-        if (opts.deadline !== undefined) delay = Math.min(delay, Math.max(opts.deadline - Date.now(), 0));
+        // The last attempt goes out when the budget ends, not a backoff before it.
+        if (budget !== undefined) delay = Math.min(delay, Math.max(budget.limitMs - budget.spentMs, 0));
         await sleep(delay, opts.signal);
+        if (budget !== undefined) budget.spentMs += delay;
       }
       const base = this.target();
+      const start = Date.now();
       try {
         return (await this.attempt(base, c, body, opts)) as T;
       } catch (err) {
@@ -223,7 +234,14 @@ export class Client {
         if (!isRetryable(err)) throw err;
         state.retried = true;
         this.demote(base);
-        const exhausted = opts.deadline === undefined ? attempt + 1 >= this.settings.maxAttempts : Date.now() >= opts.deadline;
+        let exhausted: boolean;
+        if (budget !== undefined) {
+          // A long-poll may take its whole wait; only the time past it is the store's.
+          budget.spentMs += Math.max(Date.now() - start - (c.waitMs ?? 0), 0);
+          exhausted = budget.spentMs >= budget.limitMs;
+        } else {
+          exhausted = attempt + 1 >= this.settings.maxAttempts;
+        }
         if (exhausted) throw err;
       }
     }
@@ -233,11 +251,12 @@ export class Client {
     let url = base + c.path;
     const qs = c.query?.toString() ?? "";
     if (qs !== "") url += "?" + qs;
-    let timeout = this.settings.timeoutMs + (c.waitMs ?? 0);
-    if (opts.deadline !== undefined && c.waitMs === undefined) {
-      // Inside the loop's bound, one hung attempt must not outlast it by much.
-      timeout = Math.max(Math.min(timeout, opts.deadline - Date.now()), 50);
+    let timeout = this.settings.timeoutMs;
+    if (opts.budget !== undefined) {
+      // Within a budget, one hung attempt must not outlast it by much.
+      timeout = Math.min(timeout, Math.max(opts.budget.limitMs - opts.budget.spentMs, 50));
     }
+    timeout += c.waitMs ?? 0;
     const headers: { [name: string]: string } = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (this.token !== undefined) headers.Authorization = `Bearer ${this.token}`;

@@ -49,9 +49,13 @@ export class ApiError extends Error {
   }
 }
 
-/** Whether a call that failed this way may simply be sent again (same body, same attempt_id). */
+/**
+ * Whether a call that failed this way may simply be sent again, same body, same
+ * attempt_id or fence: certainly not applied (unavailable, resource_exhausted), or
+ * perhaps applied (outcome_unknown), which the attempt id or fence makes safe to repeat.
+ */
 export function isRetryable(err: unknown): boolean {
-  return err instanceof ApiError && (err.code === "unavailable" || err.code === "outcome_unknown");
+  return err instanceof ApiError && (err.code === "unavailable" || err.code === "outcome_unknown" || err.code === "resource_exhausted");
 }
 
 /** The kinds of error of the tool-call loop; the same strings in Go and Python. */

@@ -6,7 +6,7 @@
 //   - canonicalize / fingerprint: RFC 8785 effect fingerprints, byte-identical to the server's.
 
 export { Client, MAX_WAIT_MS } from "./client.js";
-export type { ClientOptions, CallOptions, Settings } from "./client.js";
+export type { ClientOptions, CallOptions, Settings, StoreBudget } from "./client.js";
 export { idempotent } from "./idempotent.js";
 export type { IdempotentOptions, ReceiptFields } from "./idempotent.js";
 export { run, toolContext } from "./run.js";

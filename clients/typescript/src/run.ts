@@ -5,7 +5,7 @@
 // errors.ts.
 
 import { AsyncLocalStorage } from "node:async_hooks";
-import type { Client, CallOptions } from "./client.js";
+import type { Client, CallOptions, StoreBudget } from "./client.js";
 import {
   ApiError, ConflictError, InDoubtError, isRetryable, messageOf, NotExecutedError, NotExecutedMark, OutcomeUnknownError,
   PermanentError, StoredFailureError, StoreUnavailableError, type IdemkvErrorDetails,
@@ -170,6 +170,9 @@ class LeaseLost extends Error {
 class Attempt {
   private readonly leaseTtl: number;
   private readonly q: string;
+  /** What this call may spend waiting for the store before the tool runs (Go's StoreWait), and after. */
+  private readonly beforeBudget: StoreBudget;
+  private readonly afterBudget: StoreBudget;
 
   constructor(
     private readonly client: Client,
@@ -180,18 +183,23 @@ class Attempt {
   ) {
     this.leaseTtl = op.leaseTtl ?? client.settings.leaseTtl;
     this.q = JSON.stringify(op.key);
+    this.beforeBudget = { limitMs: client.settings.storeWait, spentMs: 0 };
+    this.afterBudget = { limitMs: client.settings.storeWait, spentMs: 0 };
   }
 
-  /** Call options for a store call made before the tool runs: the caller's signal, the store-wait bound. */
+  /** Call options for a store call made before the tool runs: the caller's signal, the store-wait budget. */
   private before(): CallOptions {
-    const o: CallOptions = { deadline: Date.now() + this.client.settings.storeWait };
+    const o: CallOptions = { budget: this.beforeBudget };
     if (this.signal !== undefined) o.signal = this.signal;
     return o;
   }
 
-  /** Call options for storing an outcome: the tool ran, so the caller's signal no longer stops us. */
+  /**
+   * Call options for storing an outcome: a store-wait budget of its own, and no signal:
+   * the tool ran, so the caller giving up must not keep its outcome from being stored.
+   */
   private after(): CallOptions {
-    return { deadline: Date.now() + this.client.settings.storeWait };
+    return { budget: this.afterBudget };
   }
 
   /** Maps a failed store call made before the tool ran onto the loop's kinds. */
@@ -203,14 +211,23 @@ class Attempt {
     }
     if (isRetryable(err)) {
       return new StoreUnavailableError(
-        `idemkv: store unavailable for ${this.q} after waiting ${this.client.settings.storeWait} ms, the tool did not run: ${messageOf(err)}`, d);
+        `idemkv: store unavailable for ${this.q} after waiting ${Math.round(this.beforeBudget.spentMs)} ms, the tool did not run: ${messageOf(err)}`, d);
     }
     return new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(err)}`, d);
   }
 
+  /**
+   * Runs a read-only tool, or an idempotent one unguarded: nothing is recorded, so from
+   * idemkv's side the call never happened, and its error is a NotExecutedError.
+   */
   async unrecorded(fn: ToolFn): Promise<Outcome> {
     const ctx: ToolContext = { signal: this.signal ?? new AbortController().signal, tenant: this.op.tenant, key: this.op.key, tool: this.op.tool, decision: "execute", fence: 0 };
-    const res = await storage.run(ctx, () => fn(ctx));
+    let res: ToolResult;
+    try {
+      res = await storage.run(ctx, () => fn(ctx));
+    } catch (err) {
+      throw new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(err)}`, { cause: err });
+    }
     return {
       decision: "execute", replayed: false, probed: false, unrecorded: true, fingerprint: this.fp, fence: 0, attempts: 0,
       receipt: {
@@ -301,10 +318,6 @@ class Attempt {
       rec = await this.client.get(this.op.tenant, this.op.key, { ...this.before(), waitMs: wait });
     } catch (err) {
       if (err instanceof ApiError && err.code === "not_found" && !this.signal?.aborted) return;
-      if (err instanceof ApiError && err.code === "resource_exhausted" && !this.signal?.aborted) {
-        await this.pause(waits + 1, "in_progress");
-        return;
-      }
       throw this.beforeError(err, "in_progress");
     }
     if (rec.status === "pending" && Date.now() - start < wait / 2) {
@@ -444,7 +457,7 @@ class Attempt {
         try {
           await this.client.heartbeat(
             { tenant: this.op.tenant, idempotency_key: this.op.key, fence: g.fence, lease_ttl_ms: this.leaseTtl },
-            { signal: stop.signal, deadline: Date.now() + every });
+            { signal: stop.signal, budget: { limitMs: every, spentMs: 0 } });
           next = every;
         } catch (err) {
           if (stop.signal.aborted) return;

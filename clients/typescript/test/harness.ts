@@ -110,7 +110,8 @@ export class IdemkvNode {
   }
 }
 
-const started: IdemkvNode[] = [];
+/** Every node the tests started, for killAll. */
+export const started: IdemkvNode[] = [];
 
 /** Kills every node the tests started (the `after` hook of each test file). */
 export async function killAll(): Promise<void> {

@@ -104,6 +104,7 @@ declare var process: {
   argv: string[];
   pid: number;
   exit(code?: number): never;
+  exitCode: number | undefined;
   execPath: string;
   stdout: { write(s: string): boolean };
   on(event: string, listener: (...args: unknown[]) => void): void;
