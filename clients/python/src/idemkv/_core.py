@@ -143,7 +143,7 @@ def escape_segment(s: str) -> str:
 
 def backoff(n: int, lo: float, hi: float) -> float:
     """A full-jitter exponential delay for the n-th retry (n >= 1)."""
-    ceil = min(hi, lo * (2 ** min(n - 1, 30)))
+    ceil = min(hi, lo * float(1 << min(n - 1, 30)))
     if ceil <= lo:
         return lo
     return lo + random.random() * (ceil - lo)

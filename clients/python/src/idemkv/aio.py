@@ -291,4 +291,5 @@ class AsyncClient:
     def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
         from .decorator import idempotent
 
-        return idempotent(client=self, **options)
+        wrap: Callable[[Callable[..., T]], Callable[..., T]] = idempotent(client=self, **options)
+        return wrap

@@ -260,4 +260,5 @@ class Client:
         """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``."""
         from .decorator import idempotent
 
-        return idempotent(client=self, **options)
+        wrap: Callable[[Callable[..., T]], Callable[..., T]] = idempotent(client=self, **options)
+        return wrap

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union, overload
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 from .errors import NotExecutedError
 from .loop import Op, Outcome, Result, make_op, run_async, run_sync
@@ -43,12 +43,6 @@ def _bound_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     out.pop("self", None)
     out.pop("cls", None)
     return out
-
-
-@overload
-def idempotent(fn: F, **options: Any) -> F: ...
-@overload
-def idempotent(fn: None = None, **options: Any) -> Callable[[F], F]: ...
 
 
 def idempotent(

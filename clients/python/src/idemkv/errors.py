@@ -128,16 +128,14 @@ class StoreUnavailableError(IdemkvError):
     kind = "store_unavailable"
 
 
-KINDS = tuple(
-    c.kind
-    for c in (
-        NotExecutedError,
-        StoredFailureError,
-        OutcomeUnknownError,
-        ConflictError,
-        InDoubtError,
-        StoreUnavailableError,
-    )
+# The six kinds, in the order of the Go client's KindOf.
+KINDS: tuple[str, ...] = (
+    NotExecutedError.kind,
+    StoredFailureError.kind,
+    OutcomeUnknownError.kind,
+    ConflictError.kind,
+    InDoubtError.kind,
+    StoreUnavailableError.kind,
 )
 
 

@@ -711,8 +711,9 @@ async def _heartbeat_task(client: Any, op: Op, lease: Lease, tool: "asyncio.Task
 
 
 async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]], eff: _Run) -> _Ran:
-    f = fn if eff.which == "tool" else op.probe
-    assert f is not None
+    maybe = fn if eff.which == "tool" else op.probe
+    assert maybe is not None
+    f: Callable[[], Any] = maybe
 
     async def call() -> Any:
         v = f()
@@ -728,8 +729,12 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]], eff:
     lease = Lease(eff.fence)
     ctx = contextvars.copy_context()
     ctx.run(_lease.set, lease)
-    tool = asyncio.get_running_loop().create_task(call(), context=ctx) if _HAS_TASK_CONTEXT else \
-        ctx.run(asyncio.ensure_future, call())
+    # The tool's task runs in a context that holds its lease (current_lease()).
+    tool: "asyncio.Task[Any]"
+    if _HAS_TASK_CONTEXT:
+        tool = asyncio.get_running_loop().create_task(call(), context=ctx)
+    else:  # 3.10: a task copies the context it is created in
+        tool = ctx.run(lambda: asyncio.ensure_future(call()))
     hb = asyncio.ensure_future(_heartbeat_task(client, op, lease, tool))
     try:
         try:
