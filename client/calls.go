@@ -155,6 +155,9 @@ func (c *Client) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.Lis
 	if req.Status != "" {
 		q.Set("status", string(req.Status))
 	}
+	if req.InDoubt {
+		q.Set("in_doubt", "true")
+	}
 	if req.Limit != 0 {
 		q.Set("limit", strconv.Itoa(req.Limit))
 	}

@@ -102,13 +102,21 @@ func TestInDoubtEndToEnd(t *testing.T) {
 		}
 	}
 
-	// Listed, counted and aged.
+	// A pending record that is not in doubt (its attempt is alive).
+	other := createTicket("conv_31:approval_5:create_ticket", "Outage E")
+	fp := fingerprintOf(t, other)
+	if _, err := e.client.Reserve(ctx, &idemkv.ReserveRequest{Tenant: other.Tenant, Key: other.Key, Tool: other.Tool,
+		Fingerprint: fp, LeaseTTLMs: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Listed (alone), counted and aged.
 	page, err := e.client.List(ctx, &idemkv.ListRequest{Tenant: op.Tenant, InDoubt: true})
 	if err != nil || len(page.Records) != 1 || page.Records[0].Key != key || !page.Records[0].InDoubt {
 		t.Fatalf("list in_doubt: %+v, %v", page, err)
 	}
-	all, err := e.client.List(ctx, &idemkv.ListRequest{Tenant: op.Tenant})
-	if err != nil || len(all.Records) != 1 {
+	all, err := e.client.List(ctx, &idemkv.ListRequest{Tenant: op.Tenant, Status: idemkv.StatusPending})
+	if err != nil || len(all.Records) != 2 {
 		t.Fatalf("list: %+v, %v", all, err)
 	}
 	if err := testcluster.Eventually(10*time.Second, func() error {
@@ -124,12 +132,6 @@ func TestInDoubtEndToEnd(t *testing.T) {
 
 	// A resolve of a pending record that is not in doubt is refused: its attempt may
 	// still be running.
-	other := createTicket("conv_31:approval_5:create_ticket", "Outage E")
-	fp := fingerprintOf(t, other)
-	if _, err := e.client.Reserve(ctx, &idemkv.ReserveRequest{Tenant: other.Tenant, Key: other.Key, Tool: other.Tool,
-		Fingerprint: fp, LeaseTTLMs: 60_000}); err != nil {
-		t.Fatal(err)
-	}
 	_, err = e.client.Resolve(ctx, &idemkv.ResolveRequest{Tenant: other.Tenant, Key: other.Key, Fingerprint: fp,
 		Outcome: idemkv.ResolveNotExecuted})
 	if !errors.Is(err, idemkv.ErrNotPending) {

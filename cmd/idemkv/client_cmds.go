@@ -124,7 +124,7 @@ func addClientCommands(root *cobra.Command) {
 	var cf clientFlags
 	group := []*cobra.Command{
 		newReserveCommand(&cf), newCommitCommand(&cf), newFailCommand(&cf), newReleaseCommand(&cf),
-		newHeartbeatCommand(&cf), newGetCommand(&cf), newListCommand(&cf),
+		newHeartbeatCommand(&cf), newGetCommand(&cf), newListCommand(&cf), newResolveCommand(&cf),
 	}
 	for _, c := range group {
 		cf.register(c)
@@ -311,7 +311,8 @@ func newListCommand(cf *clientFlags) *cobra.Command {
 		Use:   "ls",
 		Short: "List a tenant's records in key order",
 		Example: `  idemkv ls --tenant acme --status pending
-  idemkv ls --tenant acme --prefix conversation_9: --all`,
+  idemkv ls --tenant acme --prefix conversation_9: --all
+  idemkv ls --tenant acme --in-doubt --all     # effects nobody can tell happened; settle with idemkv resolve`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Status = idemkv.Status(status)
@@ -342,6 +343,7 @@ func newListCommand(cf *clientFlags) *cobra.Command {
 	f.IntVar(&req.Limit, "limit", 0, "records per page (default 100, max 1000)")
 	f.StringVar(&req.After, "after", "", "start after this key (the next of a previous page)")
 	f.BoolVar(&all, "all", false, "follow next until the last page")
+	f.BoolVar(&req.InDoubt, "in-doubt", false, "only pending records marked in doubt (settle them with idemkv resolve)")
 	f.BoolVar(&stale, "stale", false, "read the node's local replica")
 	_ = cmd.MarkFlagRequired("tenant")
 	return cmd
