@@ -56,7 +56,8 @@ Sabotage modes (--sabotage, to prove the checkers can fail):
   stale-reads, ignore-fences, early-ack, fail-writes, internal-errors,
   early-recover, orphan-effects
 
-Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed.`,
+Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed (a fault that
+did not apply or showed no effect counts as a harness failure).`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,

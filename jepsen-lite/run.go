@@ -29,6 +29,10 @@ import (
 // errAnomalies marks a run that completed and found anomalies (exit status 1).
 var errAnomalies = errors.New("anomalies found")
 
+// errFaults marks a run in which a fault did not apply (exit status 2): the run did
+// not test what it claims to.
+var errFaults = errors.New("faults did not apply")
+
 type config struct {
 	Nodes       int
 	Time        time.Duration
@@ -71,14 +75,18 @@ type summary struct {
 	Seed        uint64                    `json:"seed"`
 	Ops         map[string]map[string]int `json:"ops"`
 	Outcomes    map[string]map[string]int `json:"outcomes"`
-	Faults      map[string]int            `json:"faults"`
-	FaultLog    []nemesis.Fault           `json:"fault_log"`
-	Anomalies   map[string]int            `json:"anomalies"`
-	Details     []anomaly                 `json:"anomaly_details"`
-	Linear      model.Result              `json:"linearizability"`
-	Convergence *convergence              `json:"convergence"`
-	Effects     map[string]int            `json:"downstream_effects"`
-	Progress    progress.Result           `json:"progress"`
+	// Faults counts the faults that applied and showed their effect.
+	Faults   map[string]int  `json:"faults"`
+	FaultLog []nemesis.Fault `json:"fault_log"`
+	// FaultErrors are the faults that did not apply or showed no effect: each is a
+	// harness error, and none is counted in Faults.
+	FaultErrors []nemesis.Fault `json:"fault_errors"`
+	Anomalies   map[string]int  `json:"anomalies"`
+	Details     []anomaly       `json:"anomaly_details"`
+	Linear      model.Result    `json:"linearizability"`
+	Convergence *convergence    `json:"convergence"`
+	Effects     map[string]int  `json:"downstream_effects"`
+	Progress    progress.Result `json:"progress"`
 	// Settled counts the agent deliveries made after the heal for keys left pending.
 	Settled int `json:"agent_settle_deliveries"`
 }
@@ -255,10 +263,13 @@ func run(ctx context.Context, cfg config) error {
 	if !conv.Converged {
 		sum.add("divergence", "", fmt.Sprintf("nodes did not converge: %v", conv.Nodes))
 	}
-	if len(sum.Anomalies) == 0 {
-		sum.Verdict = "valid"
-	} else {
+	switch {
+	case len(sum.Anomalies) > 0:
 		sum.Verdict = "invalid"
+	case len(sum.FaultErrors) > 0:
+		sum.Verdict = "harness-error"
+	default:
+		sum.Verdict = "valid"
 	}
 
 	if err := porcupine.VisualizePath(model.Porcupine(), lin.Info, filepath.Join(cfg.Out, "linearizability.html")); err != nil {
@@ -281,8 +292,11 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	printVerdict(cfg.Progress, sum)
-	if sum.Verdict != "valid" {
+	switch sum.Verdict {
+	case "invalid":
 		return fmt.Errorf("%w: %v (see %s)", errAnomalies, sum.Anomalies, cfg.Out)
+	case "harness-error":
+		return fmt.Errorf("%w: %d of %d (see fault_errors in %s/summary.json)", errFaults, len(sum.FaultErrors), len(sum.FaultLog), cfg.Out)
 	}
 	return nil
 }
@@ -350,7 +364,12 @@ func summarize(cfg config, ops []history.Op, faults []nemesis.Fault, now int64) 
 			}
 		}
 	}
+	s.FaultErrors = []nemesis.Fault{}
 	for _, f := range faults {
+		if f.Err != "" {
+			s.FaultErrors = append(s.FaultErrors, f)
+			continue
+		}
 		s.Faults[f.Kind]++
 	}
 	return s
@@ -446,7 +465,14 @@ func printVerdict(w io.Writer, s *summary) {
 	fmt.Fprintf(w, "\nlinearizability: %s (%d keys, %d ops); convergence: %v at index %d\n",
 		s.Linear.Result, s.Linear.Keys, s.Linear.Ops, s.Convergence.Converged, s.Convergence.AppliedIndex)
 	printProgress(w, s.Progress)
+	for _, f := range s.FaultErrors {
+		fmt.Fprintf(w, "fault did not apply (harness error): %s at %.1fs: %s: %s\n", f.Kind, float64(f.Start)/1e9, f.Detail, f.Err)
+	}
 	if len(s.Anomalies) == 0 {
+		if len(s.FaultErrors) > 0 {
+			fmt.Fprintf(w, "HARNESS ERROR: no anomalies, but %d faults did not apply\n", len(s.FaultErrors))
+			return
+		}
 		fmt.Fprintln(w, "VALID: no anomalies")
 		return
 	}

@@ -29,10 +29,12 @@ const (
 	FamilyMembership = "membership"
 	FamilySnapshot   = "snapshot"
 	FamilyClock      = "clock"
+	// FamilyCombined holds two faults of different families at once.
+	FamilyCombined = "combined"
 )
 
 // Families lists every family in a stable order.
-var Families = []string{FamilyPartition, FamilyKill, FamilyPause, FamilyMembership, FamilySnapshot, FamilyClock}
+var Families = []string{FamilyPartition, FamilyKill, FamilyPause, FamilyMembership, FamilySnapshot, FamilyClock, FamilyCombined}
 
 // ParseFamilies parses --nemesis: "all", "none", or a comma-separated list.
 func ParseFamilies(s string) ([]string, error) {
@@ -162,10 +164,11 @@ var kinds = map[string][]string{
 	FamilyMembership: {"membership"},
 	FamilySnapshot:   {"snapshot-isolate"},
 	FamilyClock:      {"clock-skew"},
+	FamilyCombined:   {"partition+kill", "pause+membership", "partition+clock"},
 }
 
 func (n *Nemesis) inject(ctx context.Context, family string) {
-	list := kinds[family]
+	list := kindsFor(family, n.c.Size())
 	kind := list[n.r.IntN(len(list))]
 	f := Fault{Family: family, Kind: kind, Start: n.cfg.Now()}
 	n.mu.Lock()
@@ -238,31 +241,32 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		majority := perm[len(minority):]
 		sort.Ints(minority)
 		sort.Ints(majority)
-		n.c.Partition([][]int{minority, majority})
-		sleep(ctx, hold)
-		n.c.HealNetwork()
-		return fmt.Sprintf("%s | %s", n.ids(minority), n.ids(majority)), nil
+		err := n.holdCut(ctx, hold, between(minority, majority), func() { n.c.Partition([][]int{minority, majority}) })
+		return fmt.Sprintf("%s | %s", n.ids(minority), n.ids(majority)), err
 
 	case "partition-leader":
 		l, err := n.leader(ctx)
 		if err != nil {
 			return "", err
 		}
-		n.c.Partition([][]int{{l}, n.others(l)})
-		sleep(ctx, hold)
-		n.c.HealNetwork()
-		return "isolated leader " + n.id(l), nil
+		err = n.holdCut(ctx, hold, between([]int{l}, n.others(l)), func() { n.c.Partition([][]int{{l}, n.others(l)}) })
+		return "isolated leader " + n.id(l), err
 
 	case "partition-bridge":
-		// One node sees both sides; the sides do not see each other.
-		perm := n.r.Perm(size)
-		bridge := perm[0]
-		rest := perm[1:]
+		// One node sees both sides; the sides do not see each other. The bridge is
+		// a follower and the leader is on one side: with the leader as the bridge,
+		// only followers that never talk to each other would be cut.
+		l, err := n.leader(ctx)
+		if err != nil {
+			return "", err
+		}
+		rest := n.others(l)
+		n.r.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
+		bridge := rest[0]
+		rest = append(rest[1:], l)
 		a, b := rest[:len(rest)/2], rest[len(rest)/2:]
-		n.c.SetLinks(a, b, proxy.Setting{Mode: proxy.Cut})
-		sleep(ctx, hold)
-		n.c.HealNetwork()
-		return fmt.Sprintf("bridge %s between %s and %s", n.id(bridge), n.ids(a), n.ids(b)), nil
+		err = n.holdCut(ctx, hold, between(a, b), func() { n.c.SetLinks(a, b, proxy.Setting{Mode: proxy.Cut}) })
+		return fmt.Sprintf("bridge %s between %s and %s", n.id(bridge), n.ids(a), n.ids(b)), err
 
 	case "partition-ring":
 		// Every node sees its ring neighbours only: each sees a majority (for 3 and
@@ -272,38 +276,43 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		for p, i := range perm {
 			pos[i] = p
 		}
+		var cut []pair
 		for i := range size {
 			for j := range size {
-				if i == j {
-					continue
-				}
-				d := (pos[i] - pos[j] + size) % size
-				if d == 1 || d == size-1 {
-					n.c.Link(i, j).Set(proxy.Setting{Mode: proxy.Pass})
-				} else {
-					n.c.Link(i, j).Set(proxy.Setting{Mode: proxy.Cut})
+				if d := (pos[i] - pos[j] + size) % size; i != j && d != 1 && d != size-1 {
+					cut = append(cut, pair{i, j})
 				}
 			}
 		}
-		sleep(ctx, hold)
-		n.c.HealNetwork()
-		return "ring " + n.ids(perm), nil
+		err := n.holdCut(ctx, hold, cut, func() {
+			for _, l := range cut {
+				n.c.Link(l.from, l.to).Set(proxy.Setting{Mode: proxy.Cut})
+			}
+		})
+		return "ring " + n.ids(perm), err
 
 	case "link-slow":
 		lat := time.Duration(20+n.r.IntN(180)) * time.Millisecond
 		all := n.others()
-		n.c.SetLinks(all, all, proxy.Setting{Mode: proxy.Delay, Latency: lat})
-		sleep(ctx, hold)
-		n.c.HealNetwork()
-		return fmt.Sprintf("every link +%s", lat), nil
+		err := n.holdLinks(ctx, hold, proxy.Setting{Mode: proxy.Delay, Latency: lat}, func(d proxy.Stats) error {
+			if d.Delayed == 0 {
+				return fmt.Errorf("nemesis: no chunk was delayed on %d links", len(all)*(len(all)-1))
+			}
+			return nil
+		})
+		return fmt.Sprintf("every link +%s", lat), err
 
 	case "link-flaky":
 		rate := 0.01 + n.r.Float64()*0.09
 		all := n.others()
-		n.c.SetLinks(all, all, proxy.Setting{Mode: proxy.Flaky, DropRate: rate})
-		sleep(ctx, hold)
-		n.c.HealNetwork()
-		return fmt.Sprintf("every link resets with p=%.2f per chunk", rate), nil
+		var resets uint64
+		err := n.holdLinks(ctx, hold, proxy.Setting{Mode: proxy.Flaky, DropRate: rate}, func(d proxy.Stats) error {
+			if resets = d.Resets; resets == 0 {
+				return fmt.Errorf("nemesis: no connection was reset on %d links", len(all)*(len(all)-1))
+			}
+			return nil
+		})
+		return fmt.Sprintf("every link resets with p=%.2f per chunk (%d resets)", rate, resets), err
 
 	case "kill-one", "kill-leader", "kill-all":
 		var victims []int
@@ -321,7 +330,13 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		}
 		var errs []error
 		for _, v := range victims {
+			if !n.c.Running(v) {
+				errs = append(errs, fmt.Errorf("nemesis: %s was not running before the kill", n.id(v)))
+			}
 			errs = append(errs, n.c.Kill(v))
+			if n.c.Running(v) {
+				errs = append(errs, fmt.Errorf("nemesis: %s still runs after SIGKILL", n.id(v)))
+			}
 		}
 		sleep(ctx, hold/2)
 		for _, v := range victims {
@@ -337,11 +352,16 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		if err := n.c.Pause(l); err != nil {
 			return "", err
 		}
-		sleep(ctx, hold)
-		return "SIGSTOP " + n.id(l), n.c.Resume(l)
+		sleep(ctx, min(hold, 100*time.Millisecond))
+		stopped := n.assertStopped(l)
+		sleep(ctx, hold-min(hold, 100*time.Millisecond))
+		return "SIGSTOP " + n.id(l), errors.Join(stopped, n.c.Resume(l))
 
 	case "membership":
-		return n.membership(ctx, heal)
+		return n.membership(ctx, heal, -1)
+
+	case "partition+kill", "pause+membership", "partition+clock":
+		return n.combined(ctx, heal, kind, hold)
 
 	case "snapshot-isolate":
 		return n.snapshotIsolate(ctx, heal, hold)
@@ -359,8 +379,12 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 			offset = time.Duration(2+n.r.IntN(13)) * time.Second
 		}
 		ms := offset.Milliseconds()
-		if _, err := n.c.SetHooks(ctx, l, testhooks.StateUpdate{ClockOffsetMs: &ms}); err != nil {
+		st, err := n.c.SetHooks(ctx, l, testhooks.StateUpdate{ClockOffsetMs: &ms})
+		if err != nil {
 			return "", err
+		}
+		if st.ClockOffsetMs != ms {
+			return "", errors.Join(fmt.Errorf("nemesis: %s reports clock offset %d ms, set %d", n.id(l), st.ClockOffsetMs, ms), n.resetClocks(heal))
 		}
 		sleep(ctx, hold)
 		return fmt.Sprintf("%s clock %+v", n.id(l), offset), n.resetClocks(heal)
@@ -385,15 +409,20 @@ func (n *Nemesis) resetClocks(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// membership removes a node, wipes it, and adds it back as a new member.
-func (n *Nemesis) membership(ctx, heal context.Context) (string, error) {
+// membership removes a node, wipes it, and adds it back as a new member. It never
+// picks node spare (-1: any node may go).
+func (n *Nemesis) membership(ctx, heal context.Context, spare int) (string, error) {
 	l, err := n.leader(ctx)
 	if err != nil {
 		return "", err
 	}
 	// Mostly a follower; sometimes the leader itself, which must hand over.
-	victim := n.others(l)[n.r.IntN(n.c.Size()-1)]
-	if n.r.IntN(4) == 0 {
+	candidates := n.others(l, spare)
+	if len(candidates) == 0 {
+		return "", errors.New("nemesis: no node to remove")
+	}
+	victim := candidates[n.r.IntN(len(candidates))]
+	if n.r.IntN(4) == 0 && l != spare {
 		victim = l
 	}
 	id := n.id(victim)

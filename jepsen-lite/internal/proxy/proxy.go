@@ -65,6 +65,7 @@ type Link struct {
 	setting Setting
 	conns   map[*conn]struct{}
 	closed  bool
+	stats   Stats
 
 	wg sync.WaitGroup
 }
@@ -103,6 +104,34 @@ func (l *Link) Addr() string { return l.ln.Addr().String() }
 
 // Target is the address the link forwards to.
 func (l *Link) Target() string { return l.target }
+
+// Stats counts what a link did to the traffic it carried, so that a fault can show
+// it had an effect: a cut that dropped nothing partitioned nothing.
+type Stats struct {
+	// Passed and Dropped are bytes forwarded and bytes thrown away (cut or tainted).
+	Passed, Dropped uint64
+	// Delayed counts chunks held back in Delay mode, Resets the connections closed
+	// in Flaky mode.
+	Delayed, Resets uint64
+}
+
+// Add returns the sum of s and o.
+func (s Stats) Add(o Stats) Stats {
+	return Stats{Passed: s.Passed + o.Passed, Dropped: s.Dropped + o.Dropped, Delayed: s.Delayed + o.Delayed, Resets: s.Resets + o.Resets}
+}
+
+// Stats returns the link's counters since it started.
+func (l *Link) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stats
+}
+
+func (l *Link) count(f func(*Stats)) {
+	l.mu.Lock()
+	f(&l.stats)
+	l.mu.Unlock()
+}
 
 // Setting returns the link's current setting.
 func (l *Link) Setting() Setting {
@@ -186,8 +215,16 @@ func (l *Link) serve(c *conn) {
 	defer l.forget(c)
 	if l.isTainted(c) {
 		// Accepted during a cut: a black hole until the link heals and closes it.
-		_, _ = io.Copy(io.Discard, c.client)
-		return
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.client.Read(buf)
+			if n > 0 {
+				l.count(func(st *Stats) { st.Dropped += uint64(n) })
+			}
+			if err != nil {
+				return
+			}
+		}
 	}
 	server, err := net.DialTimeout("tcp", l.target, 5*time.Second)
 	if err != nil {
@@ -250,14 +287,22 @@ func (l *Link) pump(c *conn, src, dst net.Conn) {
 			switch {
 			case tainted || s.Mode == Cut:
 				l.taint(c)
+				l.count(func(st *Stats) { st.Dropped += uint64(n) })
 				continue
 			case s.Mode == Flaky && rand.Float64() < s.DropRate:
+				l.count(func(st *Stats) { st.Resets++ })
 				return
 			}
 			due := time.Now()
 			if s.Mode == Delay {
 				due = due.Add(s.Latency)
 			}
+			l.count(func(st *Stats) {
+				st.Passed += uint64(n)
+				if s.Mode == Delay {
+					st.Delayed++
+				}
+			})
 			data := make([]byte, n)
 			copy(data, buf[:n])
 			queue <- chunk{data: data, due: due}

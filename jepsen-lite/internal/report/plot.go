@@ -68,6 +68,7 @@ var familyColor = map[string]string{
 	nemesis.FamilyMembership: "#31a354",
 	nemesis.FamilySnapshot:   "#3182bd",
 	nemesis.FamilyClock:      "#b8860b",
+	nemesis.FamilyCombined:   "#e377c2",
 }
 
 // WriteSVG draws throughput (top) and latency (bottom, log scale) per second, with
