@@ -49,6 +49,11 @@ type FSM struct {
 	clock   idemkv.Timestamp
 	nodes   []idemkv.NodeInfo // sorted by ID
 	changed chan struct{}
+
+	// halted is why the state machine stopped applying (nil while it applies); see
+	// halt. haltedCh is closed when it is set.
+	halted   error
+	haltedCh chan struct{}
 }
 
 var _ raft.BatchingFSM = (*FSM)(nil)
@@ -69,7 +74,7 @@ func New(st *storage.Store, m *metrics.Metrics, logger *slog.Logger) (*FSM, erro
 	if m == nil {
 		m = metrics.New()
 	}
-	f := &FSM{st: st, m: m, logger: logger.With("component", "fsm"), changed: make(chan struct{})}
+	f := &FSM{st: st, m: m, logger: logger.With("component", "fsm"), changed: make(chan struct{}), haltedCh: make(chan struct{})}
 	if err := f.load(); err != nil {
 		return nil, err
 	}
@@ -102,12 +107,22 @@ func (f *FSM) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 // ApplyBatch applies logs in ONE Pebble batch, with the applied index and clock, so a
 // crash leaves either all of them or none. Entries at or below the applied index were
 // applied before a restart (Raft replays from its last snapshot) and are skipped.
+//
+// Only deterministic outcomes become per-entry results: a decision error, an entry
+// that does not decode. A storage error (a failed read, a failed commit) is this
+// replica's alone; answering it per entry while the others apply the command would
+// make the replicas diverge. It halts the state machine instead: nothing of the batch
+// is stored, and Raft's log replays it after a restart (issue 12, defect 3).
 func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
 	f.mu.RLock()
 	applied, term, clock := f.applied, f.term, f.clock
 	nodes := f.nodes
+	halted := f.halted
 	f.mu.RUnlock()
+	if halted != nil {
+		return haltedResults(out, halted)
+	}
 	startClock := clock
 	nodesChanged := false
 
@@ -130,13 +145,13 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 			continue
 		}
 		clock = max(clock, cmd.Now)
-		res, nodeUpdate := f.applyCommand(b, cmd, clock, l.Index)
+		res, nodeUpdate, err := f.applyCommand(b, cmd, clock, l.Index)
+		if err != nil {
+			return haltedResults(out, f.halt(fmt.Errorf("applying %s at %d: %w", cmd.Op, l.Index, err)))
+		}
 		if nodeUpdate != nil {
 			nodes = nodeUpdate(nodes)
 			nodesChanged = true
-		}
-		if res.Err != nil && errors.Is(res.Err, idemkv.ErrInternal) {
-			f.logger.Error("applying entry", logKeyIndex, l.Index, logKeyOp, cmd.Op, logKeyErr, res.Err)
 		}
 		out[i] = res
 	}
@@ -151,11 +166,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 		err = b.Commit()
 	}
 	if err != nil {
-		// The entries are committed in Raft; a replica that cannot store them would
-		// silently diverge from the others, and skipping them would break every
-		// later decision. Stopping is the only safe answer.
-		f.logger.Error("storing applied entries", logKeyIndex, applied, logKeyErr, err)
-		panic(fmt.Sprintf("fsm: cannot store entries up to %d: %v", applied, err))
+		return haltedResults(out, f.halt(fmt.Errorf("storing entries up to %d: %w", applied, err)))
 	}
 	f.m.ApplyBatch.Observe(float64(n))
 
@@ -170,24 +181,67 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	return out
 }
 
-// applyCommand stages cmd's effect in b. A nodeUpdate, when returned, is applied to
-// the in-memory membership once the batch commits.
-func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp, index uint64) (res *Result, nodeUpdate func([]idemkv.NodeInfo) []idemkv.NodeInfo) {
-	res = &Result{}
-	internal := func(err error) *Result {
-		return &Result{Err: fmt.Errorf("%w: %s at %d: %v", idemkv.ErrInternal, cmd.Op, index, err)}
+// halt stops the state machine for good: it applies, snapshots and reads nothing more
+// until a restore succeeds (or the process restarts). The replica's state is then
+// either behind (a batch that was not stored) or gone (a failed restore wiped it), and
+// either way Raft must not count it as applied: no snapshot may label it, so the log
+// that replays it after a restart stays. The node watches Halted and stops Raft.
+func (f *FSM) halt(err error) error {
+	err = idemkv.Errorf(idemkv.ErrOutcomeUnknown, "state machine halted: %v; the node must restart", err)
+	f.mu.Lock()
+	if f.halted == nil {
+		f.halted = err
+		close(f.haltedCh)
+		close(f.changed)
+		f.changed = make(chan struct{})
+	} else {
+		err = f.halted
 	}
+	f.mu.Unlock()
+	f.logger.Error("state machine halted", logKeyErr, err)
+	return err
+}
+
+// haltedResults answers every entry of a batch that was not stored: the entries are
+// committed in Raft and the other replicas apply them, so for the proposer the
+// outcome is unknown.
+func haltedResults(out []any, err error) []any {
+	for i := range out {
+		out[i] = &Result{Err: err}
+	}
+	return out
+}
+
+// Halted is closed once the state machine halts.
+func (f *FSM) Halted() <-chan struct{} {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.haltedCh
+}
+
+// Err is why the state machine halted, nil while it applies.
+func (f *FSM) Err() error {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.halted
+}
+
+// applyCommand stages cmd's effect in b. A nodeUpdate, when returned, is applied to
+// the in-memory membership once the batch commits. storeErr is a storage error,
+// which must halt the state machine; every other outcome is in res.
+func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp, index uint64) (res *Result, nodeUpdate func([]idemkv.NodeInfo) []idemkv.NodeInfo, storeErr error) {
+	res = &Result{}
 	switch cmd.Op {
 	case OpReserve:
 		r := cmd.Reserve
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		next, rr := Decide(cur, r, now, index)
 		if next != nil {
 			if err := b.PutRecord(next); err != nil {
-				return internal(err), nil
+				return nil, nil, err
 			}
 		}
 		res.Reserve = rr
@@ -195,15 +249,15 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		r := cmd.Commit
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		next, receipt, err := DecideCommit(cur, r, now)
 		if err != nil {
-			return &Result{Err: err}, nil
+			return &Result{Err: err}, nil, nil
 		}
 		if next != nil {
 			if err := b.PutRecord(next); err != nil {
-				return internal(err), nil
+				return nil, nil, err
 			}
 		}
 		res.Receipt = receipt
@@ -211,15 +265,15 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		r := cmd.Fail
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		next, rec, err := DecideFail(cur, r, now)
 		if err != nil {
-			return &Result{Err: err}, nil
+			return &Result{Err: err}, nil, nil
 		}
 		if next != nil {
 			if err := b.PutRecord(next); err != nil {
-				return internal(err), nil
+				return nil, nil, err
 			}
 		}
 		res.Record = rec
@@ -227,15 +281,15 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		r := cmd.Release
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		release, err := DecideRelease(cur, r, now)
 		if err != nil {
-			return &Result{Err: err}, nil
+			return &Result{Err: err}, nil, nil
 		}
 		if release {
 			if _, err := b.DeleteRecord(r.Tenant, r.Key); err != nil {
-				return internal(err), nil
+				return nil, nil, err
 			}
 		}
 		res.Released = release
@@ -243,29 +297,29 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		r := cmd.Heartbeat
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		next, err := DecideHeartbeat(cur, r, now)
 		if err != nil {
-			return &Result{Err: err}, nil
+			return &Result{Err: err}, nil, nil
 		}
 		if err := b.PutRecord(next); err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		res.Record = next
 	case OpDoubt:
 		r := cmd.Doubt
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		next, rec, err := DecideDoubt(cur, r, now)
 		if err != nil {
-			return &Result{Err: err}, nil
+			return &Result{Err: err}, nil, nil
 		}
 		if next != nil {
 			if err := b.PutRecord(next); err != nil {
-				return internal(err), nil
+				return nil, nil, err
 			}
 		}
 		res.Record = rec
@@ -273,53 +327,53 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		r := cmd.Resolve
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		next, receipt, release, err := DecideResolve(cur, r, now)
 		if err != nil {
-			return &Result{Err: err}, nil
+			return &Result{Err: err}, nil, nil
 		}
 		if next != nil {
 			if err := b.PutRecord(next); err != nil {
-				return internal(err), nil
+				return nil, nil, err
 			}
 		}
 		if release {
 			if _, err := b.DeleteRecord(r.Tenant, r.Key); err != nil {
-				return internal(err), nil
+				return nil, nil, err
 			}
 		}
 		res.Receipt, res.Released = receipt, release
 	case OpSweep:
 		swept, more, err := sweep(b, now, cmd.Sweep.Limit)
 		if err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		res.Swept, res.More = swept, more
 	case OpSetNode:
 		n := idemkv.NodeInfo{ID: cmd.Node.ID, RaftAddr: cmd.Node.RaftAddr, APIAddr: cmd.Node.APIAddr}
 		if n.ID == "" {
-			return &Result{Err: idemkv.Invalid("id", "node id is required")}, nil
+			return &Result{Err: idemkv.Invalid("id", "node id is required")}, nil, nil
 		}
 		if err := b.PutNode(n); err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		return res, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
 			nodes = slices.DeleteFunc(slices.Clone(nodes), func(o idemkv.NodeInfo) bool { return o.ID == n.ID })
 			nodes = append(nodes, n)
 			slices.SortFunc(nodes, func(a, b idemkv.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
 			return nodes
-		}
+		}, nil
 	case OpRemoveNode:
 		id := cmd.Node.ID
 		if err := b.DeleteNode(id); err != nil {
-			return internal(err), nil
+			return nil, nil, err
 		}
 		return res, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
 			return slices.DeleteFunc(slices.Clone(nodes), func(o idemkv.NodeInfo) bool { return o.ID == id })
-		}
+		}, nil
 	}
-	return res, nil
+	return res, nil, nil
 }
 
 // sweep deletes up to limit records expired at now. It reads limit+1 index entries so
@@ -369,8 +423,11 @@ func sweep(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more b
 // The caller must know that no entry up to index changes the state.
 func (f *FSM) SkipTo(index, term uint64) error {
 	f.mu.RLock()
-	applied := f.applied
+	applied, halted := f.applied, f.halted
 	f.mu.RUnlock()
+	if halted != nil {
+		return fmt.Errorf("fsm: skip to %d: %w", index, halted)
+	}
 	if index <= applied {
 		return nil
 	}
@@ -413,10 +470,22 @@ func (f *FSM) Changed() <-chan struct{} {
 	return f.changed
 }
 
+// readable refuses reads of a halted state machine: its store may be empty (a failed
+// restore wiped it), and "not found" from there could hand out a second execute.
+func (f *FSM) readable() error {
+	if err := f.Err(); err != nil {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "%v", err)
+	}
+	return nil
+}
+
 // Get returns the record of (tenant, key), or ErrNotFound if there is none or it is
 // past expires_at at max(now, Clock()): expired records vanish before the sweeper
 // deletes them.
 func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, error) {
+	if err := f.readable(); err != nil {
+		return nil, err
+	}
 	now = max(now, f.Clock())
 	rec, err := f.st.Record(tenant, key)
 	if err != nil {
@@ -436,6 +505,9 @@ const listScanBudget = 10 * idemkv.MaxListLimit
 // List returns one page of the tenant's live records in key order. req is already
 // validated (Limit filled).
 func (f *FSM) List(req *idemkv.ListRequest, now idemkv.Timestamp) (*idemkv.ListResult, error) {
+	if err := f.readable(); err != nil {
+		return nil, err
+	}
 	now = max(now, f.Clock())
 	limit := req.Limit
 	if limit <= 0 {
@@ -509,23 +581,39 @@ func (f *FSM) Close() error { return nil }
 
 // Snapshot captures a Pebble snapshot; Persist does the I/O, off Raft's FSM goroutine.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	// A snapshot of a halted state machine would let Raft compact away the entries it
+	// did not store.
+	if err := f.Err(); err != nil {
+		return nil, fmt.Errorf("fsm: no snapshot: %w", err)
+	}
 	return &fsmSnapshot{st: f.st, snap: f.st.NewSnapshot(), logger: f.logger, index: f.AppliedIndex()}, nil
 }
 
-// Restore replaces the state with a snapshot stream written by Persist.
+// Restore replaces the state with a snapshot stream written by Persist. A restore that
+// fails leaves the store wiped, and applying log entries on top of an empty store would
+// lose every older record on this replica (and, once it leads, answer execute for keys
+// that were committed): it halts the state machine until a restore succeeds (issue 12,
+// defect 2).
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	restoreErr := f.st.Restore(rc)
 	// Reload and wake waiters even on failure: the store was wiped, and the
 	// bookkeeping and anyone watching must see that.
 	err := errors.Join(restoreErr, f.load())
+	if err != nil {
+		err = fmt.Errorf("fsm: restore: %w", err)
+		f.halt(err)
+		return err
+	}
 	f.mu.Lock()
+	if f.halted != nil {
+		f.logger.Info("restore succeeded; the state machine applies again", logKeyErr, f.halted)
+		f.halted = nil
+		f.haltedCh = make(chan struct{})
+	}
 	close(f.changed)
 	f.changed = make(chan struct{})
 	f.mu.Unlock()
-	if err != nil {
-		return fmt.Errorf("fsm: restore: %w", err)
-	}
 	f.logger.Info("restored snapshot", logKeyIndex, f.AppliedIndex())
 	return nil
 }

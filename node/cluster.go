@@ -57,6 +57,9 @@ func (n *Node) Leader() (apiAddr string, isLeader bool) {
 // Ready reports nil when a leader is known and this node has applied everything it
 // knows to be committed (a leader: once its first barrier applied).
 func (n *Node) Ready() error {
+	if err := n.fsm.Err(); err != nil {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "%v", err)
+	}
 	_, id := n.raft.LeaderWithID()
 	if id == "" {
 		return idemkv.Errorf(idemkv.ErrUnavailable, "no leader known")

@@ -362,8 +362,10 @@ func TestRestartAfterSnapshotOfLeaderChangeEntries(t *testing.T) {
 	if err := n.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
-	if got := n.AppliedIndex(); got != commands {
-		t.Fatalf("applied index %d after the leader change, want %d: the scenario is wrong", got, commands)
+	// The new leader's first entry is a command (issue 12, defect 1), so the state
+	// machine's applied index follows the leader change instead of staying behind.
+	if got := n.AppliedIndex(); got <= commands {
+		t.Fatalf("applied index %d after the leader change, want past %d", got, commands)
 	}
 	c.Stop(0)
 	c.Restart(0)

@@ -282,6 +282,9 @@ func (n *Node) raftError(err error) error {
 // confirms with a quorum that this node is still the leader of the same term, and
 // waits until the state machine has applied up to that index.
 func (n *Node) readIndex(ctx context.Context) error {
+	if err := n.fsm.Err(); err != nil {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "%v", err)
+	}
 	if n.raft.State() != raft.Leader {
 		return idemkv.ErrNotLeader
 	}
@@ -321,15 +324,19 @@ func (n *Node) waitReady(ctx context.Context, term uint64) error {
 	return nil
 }
 
+// waitApplied waits until the state machine reflects every entry up to index.
 func (n *Node) waitApplied(ctx context.Context, index uint64) error {
 	for {
 		changed := n.fsm.Changed()
 		if n.caughtUp(index) {
 			return nil
 		}
-		// A tail of barrier or no-op entries never reaches the state machine, so no
-		// change signal comes for it: poll as well.
-		timer := time.NewTimer(2 * time.Millisecond)
+		if err := n.fsm.Err(); err != nil {
+			return idemkv.Errorf(idemkv.ErrUnavailable, "%v", err)
+		}
+		// Every entry the wait depends on reaches the state machine, which signals
+		// changed; the timer only retries a Raft log read that failed.
+		timer := time.NewTimer(50 * time.Millisecond)
 		select {
 		case <-changed:
 		case <-timer.C:
@@ -345,22 +352,42 @@ func (n *Node) waitApplied(ctx context.Context, index uint64) error {
 }
 
 // caughtUp reports whether the state machine reflects every entry up to index.
-// Raft hands the state machine only commands and configurations; barriers and no-ops
-// (every new leader appends both) leave its applied index behind the commit index
-// without changing any state. So the state is current when Raft has dispatched
-// everything up to index and the entries the state machine has not seen are only
-// such entries.
+//
+// Raft hands the state machine commands and configurations only; its no-op (one per
+// election) and barriers never reach it, so the applied index can stay behind the
+// commit index with nothing left to apply. The state is current exactly when no entry
+// in (applied, index] reaches the state machine. Entries compacted out of the log are
+// never among those: a compacted entry is covered by a snapshot, which the state
+// machine either took after applying every entry it covers or restored, so every
+// command it covers is at or below the applied index. Only the entries still in the
+// log need looking at, and since every leader's first entry is a command
+// (establish), the ones past the applied index that are not commands are the few
+// no-ops of leaders that never established: the scan is short.
 func (n *Node) caughtUp(index uint64) bool {
+	if n.fsm.Err() != nil {
+		return false // a halted state machine reflects nothing
+	}
 	applied := n.fsm.AppliedIndex()
 	if applied >= index {
 		return true
 	}
-	const maxGap = 64
-	if n.raft.AppliedIndex() < index || index-applied > maxGap {
+	first, err := n.logs.FirstIndex()
+	if err != nil {
 		return false
 	}
-	stateAt, complete := n.stateEntryIn(applied, index)
-	return complete && stateAt == 0
+	if first == 0 {
+		return true // an empty log: everything up to index is compacted
+	}
+	var l raft.Log
+	for i := max(applied+1, first); i <= index; i++ {
+		if err := n.logs.GetLog(i, &l); err != nil {
+			return false
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return false
+		}
+	}
+	return true
 }
 
 func newAttemptID() string {

@@ -220,6 +220,44 @@ func (s *Store) restore(r io.Reader) error {
 	return s.loadRecordCount()
 }
 
+// SnapshotApplied reads the applied index and term stored in the snapshot stream r
+// without restoring it: keys come in order and the applied index is among the first, so
+// it reads only a few pairs. It returns 0, 0 if the stream has none. The stream is not
+// verified (that takes reading it all): a corrupt one fails Restore.
+func SnapshotApplied(r io.Reader) (index, term uint64, err error) {
+	sr := &snapReader{r: bufio.NewReader(r), crc: crc32.New(castagnoli)}
+	magic := sr.read(len(snapMagic) + 1)
+	if sr.err != nil {
+		return 0, 0, sr.err
+	}
+	if !bytes.Equal(magic[:len(snapMagic)], []byte(snapMagic)) || magic[len(snapMagic)] != snapVersion {
+		return 0, 0, fmt.Errorf("%w: not an idemkv snapshot of version %d", ErrCorrupt, snapVersion)
+	}
+	for {
+		tag := sr.read(1)
+		if sr.err != nil {
+			return 0, 0, sr.err
+		}
+		if tag[0] != tagPair {
+			return 0, 0, nil // the trailer, or garbage that Restore will refuse
+		}
+		k := sr.field(maxSnapKey)
+		v := sr.field(maxSnapValue)
+		if sr.err != nil {
+			return 0, 0, sr.err
+		}
+		switch c := bytes.Compare(k, keyApplied); {
+		case c == 0:
+			if len(v) != 16 {
+				return 0, 0, fmt.Errorf("%w: applied index is %d bytes", ErrCorrupt, len(v))
+			}
+			return binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:]), nil
+		case c > 0:
+			return 0, 0, nil
+		}
+	}
+}
+
 // snapReader reads the stream and checksums what it reads; the first error sticks.
 type snapReader struct {
 	r   *bufio.Reader
