@@ -95,6 +95,9 @@ export interface Outcome {
 
 const storage = new AsyncLocalStorage<ToolContext>();
 
+/** Rounds of probe, resolve not_executed and reserve again in one call (Go's maxSettles). */
+const MAX_SETTLES = 8;
+
 /** The context of the tool call running now (inside a function that idempotent wraps), or undefined. */
 export function toolContext(): ToolContext | undefined {
   return storage.getStore();
@@ -245,6 +248,7 @@ class Attempt {
     };
     if (op.actor !== undefined) req.actor = op.actor;
     if (op.ttl !== undefined) req.ttl_ms = op.ttl;
+    let settles = 0;
     for (let waits = 0; ; waits++) {
       let res: ReserveResult;
       try {
@@ -273,9 +277,11 @@ class Attempt {
           return this.execute({ decision: "execute", fence: res.fence ?? 0, record: res.record }, fn);
         case "recover":
           if (res.fence === undefined || res.fence === 0 || res.record?.in_doubt) {
+            // Bounded, should other callers keep marking the key in doubt in between.
+            if (++settles > MAX_SETTLES) throw new InDoubtError(inDoubtMessage(this.q), { decision: "recover", record: res.record });
             const settled = await this.settleInDoubt(res);
             if (settled !== undefined) return settled;
-            continue; // released: reserve again
+            continue; // released, or settled by someone else: reserve again
           }
           return this.recover({ decision: "recover", fence: res.fence, record: res.record }, fn);
         default:
@@ -389,13 +395,13 @@ class Attempt {
     const base = { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp };
     try {
       if (found === null || found === undefined) {
-        await this.client.resolve({ ...base, outcome: "not_executed" }, this.before());
+        await this.client.resolve({ ...base, outcome: "not_executed" }, this.after());
         return undefined;
       }
       const req = { ...base, outcome: "committed" as const, remote_system: found.remoteSystem, remote_id: found.remoteId };
       const answer = await this.client.resolve(
         found.remoteUrl === undefined && found.result === undefined ? req : { ...req, remote_url: found.remoteUrl, result: found.result },
-        this.before());
+        this.after());
       const receipt = answer as Receipt;
       return {
         decision: "recover", replayed: false, probed: true, unrecorded: false, receipt, fingerprint: this.fp,
@@ -404,11 +410,8 @@ class Attempt {
     } catch (err) {
       // Someone settled it first: reserving again shows how.
       if (err instanceof ApiError && (err.code === "not_pending" || err.code === "not_found")) return undefined;
-      if (found !== null && found !== undefined) {
-        throw new InDoubtError(`${inDoubtMessage(this.q)}; the probe found ${found.remoteId} but resolving failed: ${messageOf(err)}`,
-          { decision: "recover", record: res.record, cause: err });
-      }
-      throw this.beforeError(err, "recover");
+      throw new InDoubtError(`${inDoubtMessage(this.q)}; resolving it failed: ${messageOf(err)}`,
+        { decision: "recover", record: res.record, cause: err });
     }
   }
 
