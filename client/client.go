@@ -1,10 +1,55 @@
 // Package client is the Go client of idemkv: low-level calls for every endpoint of the
-// HTTP API, and Do, the tool-call adapter that runs the whole loop of SPEC section 4
+// HTTP API, and Do, the tool-call adapter that runs the whole loop of the protocol
 // (reserve, replay or conflict, wait, probe, execute under a heartbeat, commit).
 //
-// Agent runtimes embed it, so it must stay light: it never imports Raft, Pebble, the
-// server packages or the OpenTelemetry SDK (only the OpenTelemetry API). Do runs just
-// as well against an in-process node, through the Store interface.
+// # Running a tool call
+//
+// Build a Client with New(Config{Endpoints: ...}) and call Client.Do with an Op (tenant,
+// key, tool, class, effect, optional probe) and a Func that runs the tool. Do returns
+// an *Outcome when the operation has a committed receipt (executed now, replayed, or
+// found by the probe), and otherwise an error of exactly one of six kinds:
+//
+//	kind               errors.Is            errors.As              what to do
+//	not_executed       ErrNotExecuted       *NotExecutedError      fix the cause if any; retrying is safe
+//	stored_failure     ErrStoredFailure     *StoredFailureError    final: every retry gets it back
+//	outcome_unknown    ErrOutcomeUnknown    *OutcomeUnknownError   retry later: a Do after the lease recovers it
+//	conflict           ErrConflict          *ConflictError         final for this key: it names another effect
+//	in_doubt           ErrInDoubt           *InDoubtError          a person settles it (idemkv resolve, Client.Resolve)
+//	store_unavailable  ErrStoreUnavailable  *StoreUnavailableError idemkv was unreachable for StoreWait; the tool did not run
+//
+// KindOf(err) returns the kind string, which the Python and TypeScript clients share.
+//
+// # In-doubt records
+//
+// A non-idempotent tool without a probe whose earlier attempt died cannot know whether
+// the effect happened. The attempt that takes the key over marks the record in doubt
+// (POST /v1/doubt) and returns *InDoubtError; every later Do of the key answers it at
+// once, without taking the key, until someone settles it by key with no fence:
+// Client.Resolve, or "idemkv resolve TENANT KEY --committed --remote-system S
+// --remote-id ID" or "--not-executed". A Do whose Op has a Probe settles it itself.
+// List them with Client.List(&idemkv.ListRequest{Tenant: t, InDoubt: true}) or "idemkv ls --in-doubt";
+// the metrics idemkv_records_in_doubt and idemkv_in_doubt_oldest_age_seconds count
+// them.
+//
+// # Defaults
+//
+// Every zero field of Config and RunConfig takes the default stated on it: Timeout
+// 10 s per HTTP attempt, MaxAttempts 8 per call, backoff 20 ms to 1 s between
+// attempts, StoreWait 30 s (DefaultStoreWait) and FailClosed, LeaseTTL 30 s with a
+// heartbeat every third, CommitGrace 30 s, PollWait 30 s, Do's backoff 20 ms to 2 s.
+//
+// # Types you will meet
+//
+// Decision, Receipt, Record, Status, Conflict, Consistency and ResolveOutcome are
+// aliases of the root package's types, with their constants (DecisionExecute,
+// StatusPending, Linearizable, Stale, ResolveCommitted, ...). Requests of the
+// low-level calls (idemkv.ReserveRequest, idemkv.ListRequest, ...) live in the root
+// package github.com/idemkv/idemkv, as do the wire errors the typed errors wrap
+// (idemkv.ErrFenced, idemkv.ErrUnavailable, idemkv.ErrOutcomeUnknown, ...).
+//
+// Agent runtimes embed this package, so it must stay light: it never imports Raft,
+// Pebble, the server packages or the OpenTelemetry SDK (only the OpenTelemetry API). Do
+// runs just as well against an in-process node, through the Store interface.
 package client
 
 import (

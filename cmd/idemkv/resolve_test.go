@@ -47,7 +47,9 @@ func TestLsInDoubtAndResolve(t *testing.T) {
 	inDoubt("conv_2:create_ticket")
 	// And one settled record, which ls --in-doubt must leave out.
 	if _, err := cl.Do(ctx, client.Op{Tenant: "acme", Key: "conv_3:create_ticket", Tool: "create_ticket", Effect: map[string]int{"n": 3}},
-		func(context.Context) (*client.Result, error) { return &client.Result{RemoteSystem: "linear", RemoteID: "LIN-3"}, nil }); err != nil {
+		func(context.Context) (*client.Result, error) {
+			return &client.Result{RemoteSystem: "linear", RemoteID: "LIN-3"}, nil
+		}); err != nil {
 		t.Fatal(err)
 	}
 
