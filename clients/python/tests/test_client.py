@@ -157,9 +157,12 @@ def _openssl(*args: str, cwd: str) -> None:
 def make_pki(d: str) -> None:
     """A CA, a server certificate for 127.0.0.1 and a client certificate."""
     _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key",
-             "-out", "ca.pem", "-days", "1", "-subj", "/CN=idemkv test CA", cwd=d)
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
-                      ("client", "extendedKeyUsage=clientAuth\n")):
+             "-out", "ca.pem", "-days", "1", "-subj", "/CN=idemkv test CA",
+             # Python 3.13 verifies strictly (VERIFY_X509_STRICT): a CA needs key usage.
+             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+    leaf = "keyUsage=critical,digitalSignature\nauthorityKeyIdentifier=keyid,issuer\n"
+    for name, ext in (("server", leaf + "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+                      ("client", leaf + "extendedKeyUsage=clientAuth\n")):
         with open(os.path.join(d, name + ".ext"), "w") as f:
             f.write(ext)
         _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", name + ".key",
