@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -55,8 +56,10 @@ const (
 	CodeOutcomeUnknown = "outcome_unknown"
 	// CodeUpstreamUnavailable: the upstream could not be reached; nothing ran.
 	CodeUpstreamUnavailable = "upstream_unavailable"
-	// CodeStoreUnavailable: idemkv could not be reached; nothing ran.
-	CodeStoreUnavailable = "idemkv_unavailable"
+	// CodeStoreUnavailable: idemkv could not be reached within the client's store-wait
+	// bound (client.Config.StoreWait, --store-wait); nothing ran. The same word as
+	// the client's error kind.
+	CodeStoreUnavailable = "store_unavailable"
 	// CodeInvalidArgument: the call cannot be recorded as it is (a key that is not
 	// printable, arguments that are not an object); nothing ran.
 	CodeInvalidArgument = "invalid_argument"
@@ -284,77 +287,150 @@ func normalize(v any) any {
 	return out
 }
 
-// failure answers a call whose Do ended in an error.
+// failure answers a call whose Do ended in an error. It reads what happened from the
+// outcome Do reports (client.KindOf, and the decision the error carries), and the
+// gateway's own knowledge of the upstream (its answer when the tool ran in this call,
+// its transport errors); it never re-derives idemkv's decision from error types.
 func (g *Gateway) failure(ctx context.Context, r *rule, c *call, err error, upstream *mcp.CallToolResult, meta []string) (*mcp.CallToolResult, error) {
-	var (
-		conflict *client.ConflictError
-		failed   *client.FailedError
-		inDoubt  *client.InDoubtError
-		probe    *probeError
-		ce       *callError
-	)
-	isFailed := errors.As(err, &failed)
-	switch {
-	case errors.As(err, &conflict):
+	kind := client.KindOf(err)
+	decided := func(d idemkv.Decision) []string {
+		if d == "" {
+			return meta
+		}
+		return append(meta, MetaDecision, string(d))
+	}
+	var ce *callError
+	switch kind {
+	case client.KindConflict:
+		var conflict *client.ConflictError
+		errors.As(err, &conflict)
 		return annotate(errorResult(CodeConflict, fmt.Sprintf(
 			"idemkv: the idempotency key %q was already used for a different %s; %s was not called.",
 			c.key, conflictSubject(conflict.Conflict), r.tool.Name), conflict.Conflict),
-			append(meta, MetaDecision, string(idemkv.DecisionConflict))...), nil
-	case isFailed && failed.Replayed:
-		return annotate(decodeFailure(failed.Receipt), append(meta, MetaDecision, string(idemkv.DecisionReplay))...), nil
-	case upstream != nil:
-		// The tool ran: the agent gets its answer. A stored or released failure is
-		// the expected path; anything else means idemkv could not record the
-		// outcome, and the next attempt will recover it.
-		meta = append(meta, MetaDecision, string(idemkv.DecisionExecute))
-		if !isFailed && !upstream.IsError {
-			g.log.LogAttrs(ctx, slog.LevelWarn, "the tool ran but its outcome was not stored",
-				slog.String(logKeyTool, r.tool.Name), slog.String(logKeyKey, c.key), slog.Any(logKeyErr, err))
-			meta = append(meta, MetaWarning, "the tool ran but idemkv could not store its outcome: "+err.Error())
+			decided(idemkv.DecisionConflict)...), nil
+
+	case client.KindStoredFailure:
+		var failed *client.StoredFailureError
+		errors.As(err, &failed)
+		switch {
+		case failed.Replayed:
+			return annotate(decodeFailure(failed.Receipt), decided(idemkv.DecisionReplay)...), nil
+		case upstream != nil:
+			return annotate(upstream, decided(idemkv.DecisionExecute)...), nil
 		}
-		return annotate(upstream, meta...), nil
-	case isFailed:
-		return annotate(decodeFailure(failed.Receipt), append(meta, MetaDecision, string(idemkv.DecisionExecute))...), nil
-	case errors.As(err, &inDoubt):
+		return annotate(decodeFailure(failed.Receipt), decided(idemkv.DecisionExecute)...), nil
+
+	case client.KindInDoubt:
+		var inDoubt *client.InDoubtError
+		errors.As(err, &inDoubt)
 		details := map[string]any{"status": "in_doubt", "tenant": c.tenant, "idempotency_key": c.key}
-		if inDoubt.Record != nil {
-			details["fence"] = inDoubt.Record.Fence
-			details["attempts"] = inDoubt.Record.Attempts
+		if rec := inDoubt.Record; rec != nil {
+			details["attempts"] = rec.Attempts
+			if rec.InDoubtSince != 0 {
+				details["in_doubt_since"] = rec.InDoubtSince.String()
+			}
 		}
 		return annotate(errorResult(CodeInDoubt, fmt.Sprintf(
 			"idemkv: an earlier %s call with key %q died before it answered, and the policy names no probe to find out "+
-				"whether it took effect; it was not called again. An operator must resolve it with `idemkv commit` or `idemkv release`.",
-			r.tool.Name, c.key), details), append(meta, MetaDecision, string(idemkv.DecisionRecover))...), nil
-	case errors.As(err, &probe):
-		return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
-			"idemkv: an earlier %s call with key %q died before it answered, and the probe %s could not tell whether it took effect (%v); "+
-				"nothing was called again. Retry the same call later.", r.tool.Name, c.key, r.policy.Probe.Tool, probe.err), nil),
-			append(meta, MetaDecision, string(idemkv.DecisionRecover))...), nil
-	case errors.As(err, &ce):
-		if we, ok := rejected(ce.err); ok {
-			// The upstream refused the request (unknown tool, bad arguments): its
-			// own protocol error, as it came; the key was released.
-			return nil, we
+				"whether it took effect; it was not called again. An operator must settle it: "+
+				"`idemkv resolve %s %s --committed --remote-system S --remote-id ID` or `--not-executed`.",
+			r.tool.Name, c.key, c.tenant, c.key), details), decided(idemkv.DecisionRecover)...), nil
+
+	case client.KindStoreUnavailable:
+		var su *client.StoreUnavailableError
+		waited := ""
+		if errors.As(err, &su) {
+			waited = " for " + su.Waited.Round(time.Millisecond).String()
 		}
-		if !ce.sent {
+		return annotate(errorResult(CodeStoreUnavailable, fmt.Sprintf(
+			"idemkv gateway: idemkv could not be reached%s; %s was not called. Retry the same call later.", waited, r.tool.Name), nil),
+			meta...), nil
+
+	case client.KindNotExecuted:
+		d := decisionOf(err)
+		switch {
+		case upstream != nil:
+			// The upstream refused the call in its input validation, or the policy
+			// counts its errors as retryable: the key was released.
+			return annotate(upstream, decided(d)...), nil
+		case errors.As(err, &ce):
+			if we, ok := rejected(ce.err); ok {
+				// The upstream refused the request (unknown tool, bad arguments):
+				// its own protocol error, as it came; the key was released.
+				return nil, we
+			}
 			return annotate(errorResult(CodeUpstreamUnavailable, fmt.Sprintf(
 				"idemkv gateway: could not reach the upstream MCP server (%v); %s was not called. Retry the same call.", ce.err, r.tool.Name), nil),
-				meta...), nil
+				decided(d)...), nil
+		case ctx.Err() != nil:
+			return nil, context.Cause(ctx)
+		case errors.Is(err, idemkv.ErrInvalidArgument):
+			return annotate(errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error()+"; "+r.tool.Name+" was not called.", nil), meta...), nil
+		}
+
+	case client.KindOutcomeUnknown:
+		d := decisionOf(err)
+		var probe *probeError
+		switch {
+		case upstream != nil:
+			// The tool ran: the agent gets its answer; idemkv could not record it,
+			// and the next attempt will recover it.
+			g.log.LogAttrs(ctx, slog.LevelWarn, "the tool ran but its outcome was not stored",
+				slog.String(logKeyTool, r.tool.Name), slog.String(logKeyKey, c.key), slog.Any(logKeyErr, err))
+			return annotate(upstream, append(decided(d), MetaWarning, "the tool ran but idemkv could not store its outcome: "+err.Error())...), nil
+		case errors.As(err, &probe):
+			return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
+				"idemkv: an earlier %s call with key %q died before it answered, and the probe %s could not tell whether it took effect (%v); "+
+					"nothing was called again. Retry the same call later.", r.tool.Name, c.key, r.policy.Probe.Tool, probe.err), nil),
+				decided(d)...), nil
+		case errors.As(err, &ce):
+			return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
+				"idemkv gateway: the upstream failed while %s was running (%v); whether it took effect is unknown. "+
+					"Retry the same call with the same key: idemkv will recover it without running it twice.", r.tool.Name, ce.err), nil),
+				decided(d)...), nil
+		case ctx.Err() != nil:
+			return nil, context.Cause(ctx)
 		}
 		return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
-			"idemkv gateway: the upstream failed while %s was running (%v); whether it took effect is unknown. "+
-				"Retry the same call with the same key: idemkv will recover it without running it twice.", r.tool.Name, ce.err), nil),
-			append(meta, MetaDecision, string(idemkv.DecisionExecute))...), nil
-	case ctx.Err() != nil:
-		return nil, context.Cause(ctx)
-	case errors.Is(err, idemkv.ErrInvalidArgument):
-		return annotate(errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error()+"; "+r.tool.Name+" was not called.", nil), meta...), nil
-	case errors.Is(err, idemkv.ErrUnavailable):
-		return annotate(errorResult(CodeStoreUnavailable, "idemkv gateway: idemkv is unavailable ("+err.Error()+"); "+r.tool.Name+" was not called. Retry the same call.", nil), meta...), nil
+			"idemkv gateway: whether %s took effect is unknown (%v). Retry the same call with the same key: "+
+				"idemkv will recover it without running it twice.", r.tool.Name, err), nil), decided(d)...), nil
 	}
 	g.log.LogAttrs(ctx, slog.LevelError, "tool call failed", slog.String(logKeyTool, r.tool.Name),
-		slog.String(logKeyKey, c.key), slog.Any(logKeyErr, err))
+		slog.String(logKeyKey, c.key), slog.String("kind", kind), slog.Any(logKeyErr, err))
 	return annotate(errorResult(CodeInternal, "idemkv gateway: "+err.Error(), nil), meta...), nil
+}
+
+// decisionOf is the reserve decision an error from Do says the call acted on.
+func decisionOf(err error) idemkv.Decision {
+	var (
+		ne *client.NotExecutedError
+		ou *client.OutcomeUnknownError
+	)
+	switch {
+	case errors.As(err, &ne):
+		return ne.Decision
+	case errors.As(err, &ou):
+		return ou.Decision
+	}
+	return ""
+}
+
+// noteStore logs idemkv outages once each: the first call that finds idemkv
+// unreachable logs a warning, the calls after it nothing, until one gets an answer
+// from idemkv again.
+func (g *Gateway) noteStore(ctx context.Context, err error) {
+	switch client.KindOf(err) {
+	case client.KindStoreUnavailable:
+		if g.storeDown.CompareAndSwap(false, true) {
+			g.log.LogAttrs(ctx, slog.LevelWarn, "idemkv is unreachable: mutating tool calls fail with "+CodeStoreUnavailable+
+				" until it answers (logged once per outage)", slog.Any(logKeyErr, err))
+		}
+	case "", client.KindConflict, client.KindStoredFailure, client.KindInDoubt:
+		// idemkv answered this call.
+		if g.storeDown.CompareAndSwap(true, false) {
+			g.log.LogAttrs(ctx, slog.LevelInfo, "idemkv answers again")
+		}
+	}
 }
 
 // metaRaw carries, inside a result's _meta on its way through the gateway, the bytes

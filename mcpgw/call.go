@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -122,6 +124,53 @@ func (g *Gateway) relay(ctx context.Context, req *mcp.CallToolRequest) func(*mcp
 	}
 }
 
+// waiter tells an agent that asked for progress that its call is still waiting for
+// idemkv, until idemkv grants the call its key (the tool or its probe runs) or the
+// call ends.
+type waiter struct {
+	once    sync.Once
+	started chan struct{}
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func (g *Gateway) waiting(ctx context.Context, req *mcp.CallToolRequest, key string) *waiter {
+	w := &waiter{started: make(chan struct{}), done: make(chan struct{})}
+	token := req.Params.GetProgressToken()
+	if token == nil || req.Session == nil {
+		return w
+	}
+	w.wg.Go(func() {
+		tick := time.NewTicker(g.cfg.WaitProgress)
+		defer tick.Stop()
+		for n := 1; ; n++ {
+			select {
+			case <-w.started:
+				return
+			case <-w.done:
+				return
+			case <-tick.C:
+			}
+			p := &mcp.ProgressNotificationParams{ProgressToken: token, Progress: float64(n),
+				Message: fmt.Sprintf("waiting for idemkv to grant key %q: another attempt holds it, or idemkv is not answering", key)}
+			if err := req.Session.NotifyProgress(ctx, p); err != nil {
+				g.log.LogAttrs(ctx, slog.LevelDebug, "could not send progress", slog.Any(logKeyErr, err))
+			}
+		}
+	})
+	return w
+}
+
+// granted: the tool or its probe runs; the upstream's own progress follows.
+func (w *waiter) granted() { w.once.Do(func() { close(w.started) }) }
+
+// stop ends the notifications before the call answers.
+func (w *waiter) stop() {
+	w.granted()
+	close(w.done)
+	w.wg.Wait()
+}
+
 // relayLog sends an upstream log message to every agent session whose logging level
 // admits it. The upstream has one session for all agents, so a message cannot be
 // tied to one call.
@@ -175,14 +224,20 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil), nil
 	}
 	op.Effect, op.Drop = effect, r.policy.Volatile
+	w := g.waiting(ctx, req, c.key)
 	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
-		op.Probe = g.probe(r, c, req.Params.Meta)
+		probe := g.probe(r, c, req.Params.Meta)
+		op.Probe = func(ctx context.Context) (*client.Result, error) {
+			w.granted()
+			return probe(ctx)
+		}
 	}
 
 	// upstream is the upstream's answer when the tool ran during this call: whatever
 	// idemkv then says, the agent gets what the tool did.
 	var upstream *mcp.CallToolResult
 	fn := func(ctx context.Context) (*client.Result, error) {
+		w.granted()
 		res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), g.relay(ctx, req))
 		if err != nil {
 			var ce *callError
@@ -206,6 +261,8 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return g.receipt(r, c.key, res, raw)
 	}
 	out, err := g.runner.Do(ctx, op, fn)
+	w.stop()
+	g.noteStore(ctx, err)
 	meta := []string{MetaIdempotencyKey, c.key, MetaTenant, c.tenant}
 	if out != nil {
 		meta = append(meta, MetaFingerprint, out.Fingerprint, MetaDecision, string(out.Decision))

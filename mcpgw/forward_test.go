@@ -212,11 +212,14 @@ func TestStoreFailuresAroundTheTool(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		runTool  bool
+		err      error // what Do reports, as client.Do reports it
 		wantRan  bool
 		wantCode string
 	}{
-		{name: "reserve failed", runTool: false, wantCode: mcpgw.CodeStoreUnavailable},
-		{name: "commit failed", runTool: true, wantRan: true},
+		{name: "reserve failed", err: &client.StoreUnavailableError{Key: "k", Waited: time.Second, Cause: unavailable},
+			wantCode: mcpgw.CodeStoreUnavailable},
+		{name: "commit failed", runTool: true, err: &client.OutcomeUnknownError{Key: "k", Decision: idemkv.DecisionExecute, Cause: unavailable},
+			wantRan: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runner := runnerFunc(func(ctx context.Context, _ client.Op, fn client.Func) (*client.Outcome, error) {
@@ -225,7 +228,7 @@ func TestStoreFailuresAroundTheTool(t *testing.T) {
 						t.Errorf("tool: %v", err)
 					}
 				}
-				return nil, unavailable
+				return nil, tc.err
 			})
 			sess := inProcess(t, upstream, runner, "", nil)
 			mu.Lock()

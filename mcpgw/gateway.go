@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel"
@@ -51,6 +53,10 @@ type Config struct {
 	// MaxReceiptBytes bounds a stored result; keep it at or below the node's
 	// --max-payload-bytes.
 	MaxReceiptBytes int
+	// WaitProgress is how often a call that waits for idemkv (another attempt holds
+	// its key) tells an agent that asked for progress (a progressToken) that it is
+	// still waiting: clients that time calls out reset the clock on progress.
+	WaitProgress time.Duration
 	// Name and Version are what the gateway tells its clients it is.
 	Name    string
 	Version string
@@ -62,13 +68,16 @@ type Config struct {
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
-	return Config{MaxReceiptBytes: DefaultMaxReceiptBytes, Name: "idemkv-mcp-gateway", Version: "dev"}
+	return Config{MaxReceiptBytes: DefaultMaxReceiptBytes, WaitProgress: time.Second, Name: "idemkv-mcp-gateway", Version: "dev"}
 }
 
 func (c *Config) withDefaults() {
 	d := DefaultConfig()
 	if c.MaxReceiptBytes == 0 {
 		c.MaxReceiptBytes = d.MaxReceiptBytes
+	}
+	if c.WaitProgress == 0 {
+		c.WaitProgress = d.WaitProgress
 	}
 	if c.Name == "" {
 		c.Name = d.Name
@@ -128,6 +137,8 @@ type Gateway struct {
 
 	mu      sync.Mutex        // guards rules and offered
 	offered map[string]string // tool name -> the tool as JSON, to notice changes
+
+	storeDown atomic.Bool // an outage is logged; see noteStore
 
 	stop context.CancelFunc
 	wg   sync.WaitGroup

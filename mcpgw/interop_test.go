@@ -74,6 +74,25 @@ func newM3Upstream() *m3Upstream {
 		u.count("lookup_order")
 		return m3.NewToolResultText("none"), nil
 	})
+	export := m3.NewToolWithRawSchema("export_report", "Export a report, reporting progress.",
+		json.RawMessage(`{"type":"object","properties":{"report":{"type":"string"}}}`))
+	u.srv.AddTool(export, func(ctx context.Context, req m3.CallToolRequest) (*m3.CallToolResult, error) {
+		u.count("export_report")
+		srv := m3server.ServerFromContext(ctx)
+		if req.Params.Meta != nil && req.Params.Meta.ProgressToken != nil {
+			for i := 1; i <= 2; i++ {
+				_ = srv.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
+					"progressToken": req.Params.Meta.ProgressToken, "progress": i, "total": 2,
+					"message": fmt.Sprintf("part %d of 2", i)})
+			}
+		}
+		_ = srv.SendLogMessageToClient(ctx, m3.NewLoggingMessageNotification(m3.LoggingLevelInfo, "m3-orders", "exporting"))
+		// mcp-go queues notifications and writes them from another goroutine, so the
+		// answer could overtake them, and progress after the answer is dropped, as MCP
+		// requires. A tool that works on for a second after reporting is realistic.
+		time.Sleep(time.Second)
+		return m3.NewToolResultText("exported"), nil
+	})
 	return u
 }
 

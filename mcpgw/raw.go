@@ -36,18 +36,25 @@ type tap struct {
 	lists   map[jsonrpc.ID]bool        // tools/list request ids
 	results map[string]json.RawMessage // progress token -> the answer's result
 	waiting map[string]bool            // progress tokens whose call still waits
+	relay   map[string]func(*mcp.ProgressNotificationParams)
 	tools   map[string]json.RawMessage // tool name -> the tool as last listed
 }
 
 func newTap() *tap {
 	return &tap{calls: map[jsonrpc.ID]string{}, lists: map[jsonrpc.ID]bool{}, results: map[string]json.RawMessage{},
-		waiting: map[string]bool{}, tools: map[string]json.RawMessage{}}
+		waiting: map[string]bool{}, tools: map[string]json.RawMessage{}, relay: map[string]func(*mcp.ProgressNotificationParams){}}
 }
 
-// expect registers a call by its progress token before it is sent.
-func (t *tap) expect(token string) {
+// expect registers a call by its progress token before it is sent; progress (when
+// not nil) gets the upstream's progress notifications for it. They are relayed from
+// the transport's read, in the order the upstream sent them, so that all that came
+// before the answer are relayed before the answer is.
+func (t *tap) expect(token string, progress func(*mcp.ProgressNotificationParams)) {
 	t.mu.Lock()
 	t.waiting[token] = true
+	if progress != nil {
+		t.relay[token] = progress
+	}
 	t.mu.Unlock()
 }
 
@@ -58,7 +65,22 @@ func (t *tap) take(token string) json.RawMessage {
 	raw := t.results[token]
 	delete(t.results, token)
 	delete(t.waiting, token)
+	delete(t.relay, token)
 	return raw
+}
+
+func (t *tap) progress(params json.RawMessage) {
+	var p mcp.ProgressNotificationParams
+	if json.Unmarshal(params, &p) != nil {
+		return
+	}
+	token, _ := p.ProgressToken.(string)
+	t.mu.Lock()
+	f := t.relay[token]
+	t.mu.Unlock()
+	if f != nil {
+		f(&p)
+	}
 }
 
 // tool returns the upstream's own JSON of a tool, as last listed.
@@ -97,8 +119,15 @@ func (t *tap) sent(msg jsonrpc.Message) {
 	}
 }
 
-// received keeps the raw result of an answer the tap was told about.
+// received keeps the raw result of an answer the tap was told about, and relays
+// progress.
 func (t *tap) received(msg jsonrpc.Message) {
+	if req, ok := msg.(*jsonrpc.Request); ok {
+		if req.Method == "notifications/progress" {
+			t.progress(req.Params)
+		}
+		return
+	}
 	resp, ok := msg.(*jsonrpc.Response)
 	if !ok {
 		return

@@ -30,9 +30,8 @@ type Upstream struct {
 	// or it was restarted.
 	changed chan struct{}
 
-	tap   *tap
-	seq   atomic.Uint64
-	relay sync.Map // progress token -> func(*mcp.ProgressNotificationParams)
+	tap *tap
+	seq atomic.Uint64
 
 	logMu sync.Mutex
 	onLog func(context.Context, *mcp.LoggingMessageParams)
@@ -56,12 +55,6 @@ func NewUpstream(transport func() mcp.Transport, impl *mcp.Implementation, logge
 	u.client = mcp.NewClient(impl, &mcp.ClientOptions{
 		Logger:                 slog.New(atLeast{logger.Handler(), slog.LevelWarn}),
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { u.toolsChanged() },
-		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
-			token, _ := req.Params.ProgressToken.(string)
-			if f, ok := u.relay.Load(token); ok {
-				f.(func(*mcp.ProgressNotificationParams))(req.Params)
-			}
-		},
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 			u.logMu.Lock()
 			f := u.onLog
@@ -202,11 +195,7 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 		p.Meta[k] = v
 	}
 	p.Meta["progressToken"] = token
-	if progress != nil {
-		u.relay.Store(token, progress)
-		defer u.relay.Delete(token)
-	}
-	u.tap.expect(token)
+	u.tap.expect(token, progress)
 	res, err = sess.CallTool(ctx, &p)
 	raw = u.tap.take(token)
 	if err != nil {

@@ -30,11 +30,12 @@ type mcpGatewayOptions struct {
 	logLevel        string
 	logFormat       string
 	shutdownGrace   time.Duration
+	storeWait       time.Duration
 	conn            clientFlags
 }
 
 func newMCPGatewayCommand() *cobra.Command {
-	o := mcpGatewayOptions{maxReceiptBytes: mcpgw.DefaultMaxReceiptBytes, shutdownGrace: 5 * time.Second}
+	o := mcpGatewayOptions{maxReceiptBytes: mcpgw.DefaultMaxReceiptBytes, shutdownGrace: 5 * time.Second, storeWait: client.DefaultStoreWait}
 	cmd := &cobra.Command{
 		Use:   "mcp-gateway",
 		Short: "Serve an MCP server's tools with idempotent tool calls",
@@ -64,6 +65,7 @@ template from the --policy file. See docs/mcp-gateway.md.
 	f.IntVar(&o.maxReceiptBytes, "max-receipt-bytes", o.maxReceiptBytes, "largest tool result stored (at most the nodes' --max-payload-bytes)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
+	f.DurationVar(&o.storeWait, "store-wait", o.storeWait, "how long a mutating call waits for an unreachable idemkv before it fails with store_unavailable (the tool is not called)")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for calls in flight (--listen)")
 	o.conn.register(cmd)
 	return cmd
@@ -107,6 +109,7 @@ func runMCPGateway(ctx context.Context, o mcpGatewayOptions, stderr io.Writer) e
 	}
 	idem, err := client.New(client.Config{
 		Endpoints: o.conn.endpoints, Token: o.conn.token, TLSConfig: tlsConf, Timeout: o.conn.timeout, Logger: logger,
+		StoreWait: o.storeWait,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,173 @@
+package mcpgw_test
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/mcpgw"
+)
+
+// notes collects what an agent was sent besides answers.
+type notes struct {
+	mu       sync.Mutex
+	progress []*mcp.ProgressNotificationParams
+	logs     []*mcp.LoggingMessageParams
+}
+
+func (n *notes) options() *mcp.ClientOptions {
+	return &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			n.mu.Lock()
+			n.progress = append(n.progress, req.Params)
+			n.mu.Unlock()
+		},
+		LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
+			n.mu.Lock()
+			n.logs = append(n.logs, req.Params)
+			n.mu.Unlock()
+		},
+	}
+}
+
+func (n *notes) snapshot() ([]*mcp.ProgressNotificationParams, []*mcp.LoggingMessageParams) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]*mcp.ProgressNotificationParams(nil), n.progress...), append([]*mcp.LoggingMessageParams(nil), n.logs...)
+}
+
+// Issue 14 point 8: the upstream's progress notifications reach the agent under the
+// agent's own progress token, and its log messages reach agents that set a level;
+// the gateway says it can log.
+func TestUpstreamProgressAndLogsAreRelayed(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	for name, transport := range transports(t) {
+		t.Run(name, func(t *testing.T) {
+			g := newGW(t, cluster, transport, gwOptions{policy: "tenant: relay-" + name + "\n"})
+			var n notes
+			agent := g.connectGo("relay-agent", n.options())
+			if agent.InitializeResult().Capabilities.Logging == nil {
+				t.Fatalf("the gateway does not advertise logging: %+v", agent.InitializeResult().Capabilities)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := agent.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+				t.Fatal(err)
+			}
+			res, err := agent.CallTool(ctx, &mcp.CallToolParams{Name: "export_report", Arguments: map[string]any{"report": "q3"},
+				Meta: mcp.Meta{"progressToken": "agent-token-7", mcpgw.MetaIdempotencyKey: "export-q3"}})
+			if err != nil || res.IsError {
+				t.Fatalf("export_report: %v %s", err, show(res))
+			}
+			if err := testcluster.Eventually(10*time.Second, func() error {
+				progress, logs := n.snapshot()
+				if len(progress) < 2 || len(logs) < 1 {
+					return fmt.Errorf("%d progress notifications and %d log messages so far", len(progress), len(logs))
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			progress, logs := n.snapshot()
+			// mcp-go writes notifications from goroutines, so two may swap on the way.
+			slices.SortFunc(progress, func(a, b *mcp.ProgressNotificationParams) int { return cmp.Compare(a.Progress, b.Progress) })
+			for i, p := range progress[:2] {
+				if p.ProgressToken != "agent-token-7" || p.Progress != float64(i+1) || p.Total != 2 || !strings.HasPrefix(p.Message, "part") {
+					t.Errorf("progress %d: %+v, want part %d of 2 under the agent's token", i, p, i+1)
+				}
+			}
+			if logs[0].Data != "exporting" || logs[0].Level != "info" {
+				t.Errorf("log message %+v", logs[0])
+			}
+		})
+	}
+}
+
+// Issue 13 point 5, the gateway's side: arguments with an integer a double cannot
+// hold cannot be fingerprinted faithfully, so the call is refused with a tool error
+// that says so, before anything is reserved or run.
+func TestUnfingerprintableArgumentsAreRefused(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newM3Upstream()
+	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t)), gwOptions{policy: "tenant: hugeargs\n"})
+	agent := g.connectGo("agent", nil)
+	args := map[string]any{"order_id": "o-9", "amount": int64(9007199254740993), "currency": "EUR"}
+	res := goCall(t, agent, "place_order", args, key("huge-1"))
+	if !res.IsError || meta(res, mcpgw.MetaError) != mcpgw.CodeInvalidArgument || !strings.Contains(text(res), "string") ||
+		!strings.Contains(text(res), "place_order was not called") {
+		t.Fatalf("want an invalid_argument tool error that says to send the number as a string, got %s", show(res))
+	}
+	if n := up.calls("place_order"); n != 0 {
+		t.Fatalf("place_order ran %d times", n)
+	}
+	if _, err := g.idem.Get(context.Background(), &idemkv.GetRequest{Tenant: "hugeargs", Key: "huge-1"}); err == nil {
+		t.Fatal("a record was reserved")
+	}
+}
+
+// Issue 14 point 8: a call that waits while another attempt holds its key tells an
+// agent that asked for progress that it is waiting, instead of nothing for up to a
+// lease.
+func TestWaitingCallSendsProgress(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newM3Upstream()
+	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t)), gwOptions{policy: "tenant: waiting\n",
+		gwCfg: func(c *mcpgw.Config) { c.WaitProgress = 100 * time.Millisecond }})
+	first := g.connectGo("first", nil)
+	var n notes
+	second := g.connectGo("second", n.options())
+
+	firstDone := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		res, err := first.CallTool(ctx, &mcp.CallToolParams{Name: "export_report", Arguments: map[string]any{"report": "q4"}, Meta: key("export-q4")})
+		if err != nil {
+			t.Error(err)
+		}
+		firstDone <- res
+	}()
+	// The first call holds the key while export_report works on for a second.
+	if err := testcluster.Eventually(10*time.Second, func() error {
+		if up.calls("export_report") == 0 {
+			return fmt.Errorf("export_report not running yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := second.CallTool(ctx, &mcp.CallToolParams{Name: "export_report", Arguments: map[string]any{"report": "q4"},
+		Meta: mcp.Meta{"progressToken": "second-token", mcpgw.MetaIdempotencyKey: "export-q4"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError || meta(res, mcpgw.MetaDecision) != "replay" {
+		t.Fatalf("the waiting call: want the first call's result replayed, got %s", show(res))
+	}
+	if r := <-firstDone; r == nil || meta(r, mcpgw.MetaDecision) != "execute" {
+		t.Fatalf("the first call: %s", show(r))
+	}
+	progress, _ := n.snapshot()
+	if len(progress) == 0 {
+		t.Fatal("the waiting call sent no progress")
+	}
+	for i, p := range progress {
+		if p.ProgressToken != "second-token" || !strings.Contains(p.Message, "waiting for idemkv") || p.Progress != float64(i+1) {
+			t.Errorf("progress %d: %+v", i, p)
+		}
+	}
+	if c := up.calls("export_report"); c != 1 {
+		t.Fatalf("export_report ran %d times, want 1", c)
+	}
+}
