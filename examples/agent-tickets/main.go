@@ -1,7 +1,8 @@
 // Command agent-tickets shows idemkv at the tool boundary of an agent runtime: an
 // agent creates incident tickets through client.Do against a fake ticket API that
 // sometimes times out after it created the ticket, a queue hands the same approval to
-// two workers, and a confused planner reuses an approval's key with other arguments.
+// two workers, a confused planner reuses an approval's key with other arguments, and
+// a tool with no probe dies with its outcome unknown, which an operator settles.
 //
 // It prints every decision with the span attributes of SPEC section 6, then the
 // ticket API's own count: one ticket per approved operation. By default it runs an
@@ -61,6 +62,9 @@ const tenant = "tenant_42"
 type approval struct {
 	id   string
 	args ticketArgs
+	// noProbe: the runtime wires no probe for this call, as for a tool whose API
+	// offers no lookup by external id.
+	noProbe bool
 }
 
 func run(ctx context.Context, opt options, out io.Writer) error {
@@ -107,8 +111,8 @@ func run(ctx context.Context, opt options, out io.Writer) error {
 
 	rt := &runtime{idem: idem, tickets: &ticketClient{base: tickets.url, http: &http.Client{}, timeout: 300 * time.Millisecond},
 		conversation: conversation, p: p, tracer: tp.Tracer("agent-tickets")}
-	outage := approval{"approval_17", ticketArgs{Title: "Outage X: checkout API returns 5xx", Severity: "sev1"}}
-	latency := approval{"approval_18", ticketArgs{Title: "Latency on search above SLO", Severity: "sev2"}}
+	outage := approval{id: "approval_17", args: ticketArgs{Title: "Outage X: checkout API returns 5xx", Severity: "sev1"}}
+	latency := approval{id: "approval_18", args: ticketArgs{Title: "Latency on search above SLO", Severity: "sev2"}}
 
 	p.printf("\n1. %s: the ticket API creates the ticket, then times out; the queue redelivers the approval.\n", outage.id)
 	tickets.slowAfterCreate.Store(1)
@@ -143,9 +147,14 @@ func run(ctx context.Context, opt options, out io.Writer) error {
 		return err
 	}
 
+	paging := approval{id: "approval_19", args: ticketArgs{Title: "On-call did not acknowledge page", Severity: "sev2"}, noProbe: true}
+	if err := rt.inDoubtStory(ctx, tickets, paging); err != nil {
+		return err
+	}
+
 	p.printf("\nticket API's own count:\n")
 	var bad []string
-	for _, a := range []approval{outage, latency} {
+	for _, a := range []approval{outage, latency, paging} {
 		n, _ := tickets.count(rt.key(a))
 		mark := "ok"
 		if n != 1 {
@@ -155,8 +164,8 @@ func run(ctx context.Context, opt options, out io.Writer) error {
 		p.printf("  %-12s %d ticket  %s\n", a.id, n, mark)
 	}
 	_, total := tickets.count("")
-	p.printf("  total        %d tickets for 2 approved operations\n", total)
-	if len(bad) > 0 || total != 2 {
+	p.printf("  total        %d tickets for 3 approved operations\n", total)
+	if len(bad) > 0 || total != 3 {
 		return fmt.Errorf("not exactly one ticket per approved operation: %v, %d in total", bad, total)
 	}
 	return nil
@@ -199,6 +208,9 @@ func (rt *runtime) handle(ctx context.Context, a approval, args ticketArgs, work
 			LeaseTTL: time.Second,
 			Probe:    rt.tickets.probe(key),
 		}
+		if a.noProbe {
+			op.Probe = nil
+		}
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		dctx, delivery := rt.tracer.Start(dctx, "deliver "+a.id)
 		res, err := rt.idem.Do(dctx, op, rt.tickets.createTicket(key, args))
@@ -206,7 +218,8 @@ func (rt *runtime) handle(ctx context.Context, a approval, args ticketArgs, work
 		cancel()
 		var (
 			ce  *client.ConflictError
-			fe  *client.FailedError
+			fe  *client.StoredFailureError
+			ou  *client.OutcomeUnknownError
 			msg string
 		)
 		settled := true
@@ -231,9 +244,13 @@ func (rt *runtime) handle(ctx context.Context, a approval, args ticketArgs, work
 			msg = fmt.Sprintf("in doubt, left for a person: %v", err)
 		case ctx.Err() != nil:
 			return ctx.Err()
-		default:
+		case errors.As(err, &ou):
 			settled = false
-			msg = fmt.Sprintf("outcome unknown (%v); the record stays pending until its lease runs out", err)
+			msg = fmt.Sprintf("outcome unknown (%v); the record stays pending until its lease runs out", ou.Cause)
+		default:
+			// not_executed or store_unavailable: nothing ran; the next delivery tries again.
+			settled = false
+			msg = fmt.Sprintf("%s (%v)", client.KindOf(err), err)
 		}
 		rt.p.report(worker, msg, delivery.SpanContext().TraceID())
 		if settled {

@@ -28,7 +28,13 @@ func TestStory(t *testing.T) {
 		regexp.MustCompile(`worker-e: conflict, nothing executed`),
 		regexp.MustCompile(`worker-f: replay -> LIN-\d+`),
 		regexp.MustCompile(`agent\.idempotency\.decision +conflict`),
-		regexp.MustCompile(`total +2 tickets for 2 approved operations`),
+		// Step 5: a crash without a probe, then ls --in-doubt and resolve.
+		regexp.MustCompile(`worker-g: outcome unknown .*deadline exceeded`),
+		regexp.MustCompile(`worker-h: in doubt, left for a person: .*approval_19`),
+		regexp.MustCompile(`worker-i: in doubt, left for a person`),
+		regexp.MustCompile(`\$ idemkv ls --tenant tenant_42 --in-doubt\n +conversation_9:approval_19:create_ticket +in doubt since`),
+		regexp.MustCompile(`\$ idemkv resolve tenant_42 conversation_9:approval_19:create_ticket --committed --remote-system linear --remote-id (LIN-\d+)`),
+		regexp.MustCompile(`total +3 tickets for 3 approved operations`),
 	} {
 		if !want.MatchString(text) {
 			t.Errorf("output lacks %s", want)
@@ -41,5 +47,14 @@ func TestStory(t *testing.T) {
 	replayed := regexp.MustCompile(`worker-f: replay -> (LIN-\d+)`).FindStringSubmatch(text)
 	if recovered == nil || replayed == nil || recovered[1] != replayed[1] {
 		t.Errorf("the late retry replayed %v, the recovery committed %v", replayed, recovered)
+	}
+	resolved := regexp.MustCompile(`--remote-id (LIN-\d+)`).FindStringSubmatch(text)
+	settled := regexp.MustCompile(`worker-j: replay -> (LIN-\d+)`).FindStringSubmatch(text)
+	if resolved == nil || settled == nil || resolved[1] != settled[1] {
+		t.Errorf("after the resolve the next delivery got %v, the operator committed %v", settled, resolved)
+	}
+	// worker-i answered in doubt without taking the key over: its span has no fence.
+	if i := strings.Index(text, "worker-i:"); i < 0 || strings.Contains(text[i:strings.Index(text, "The operator lists")], "idemkv.fence") {
+		t.Error("the retry of an in-doubt key took a fence")
 	}
 }
