@@ -620,7 +620,7 @@ func (x *run) await(ctx context.Context, res *idemkv.ReserveResult, waits int) e
 
 func (x *run) recover(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 	if x.op.Class == IdempotentMutation {
-		return x.execute(ctx, g, fn)
+		return x.executeAfter(ctx, g, fn, true)
 	}
 	if x.op.Probe == nil {
 		return nil, x.markInDoubt(ctx, g)
@@ -718,6 +718,15 @@ func (x *run) settleInDoubt(ctx context.Context, rec *idemkv.Record) (out *Outco
 }
 
 func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
+	return x.executeAfter(ctx, g, fn, false)
+}
+
+// executeAfter runs the tool under g. earlier says that an attempt before this one
+// may have run it (an idempotent re-execution on recover): a "not executed" from this
+// call then says nothing about that attempt, so the key stays pending instead of
+// being released (a release means the effect certainly did not happen, and frees the
+// key for other arguments).
+func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) (*Outcome, error) {
 	res, ferr, lost := x.underLease(ctx, g.fence, fn)
 	if lost != nil {
 		// A newer attempt owns the key; it decides the outcome (and probes for ours).
@@ -732,6 +741,8 @@ func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 		return nil, x.outcomeUnknown(g, idemkv.Invalid("result", "the tool returned neither a result nor an error"))
 	case ferr == nil:
 		return x.commit(ctx, g, res)
+	case errors.As(ferr, &ne) && earlier:
+		return nil, x.outcomeUnknown(g, ferr)
 	case errors.As(ferr, &ne):
 		return nil, x.release(ctx, g, ferr)
 	case errors.As(ferr, &perm):

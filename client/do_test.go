@@ -344,6 +344,25 @@ func TestDoRecoverByClass(t *testing.T) {
 			t.Fatal("an idempotent tool was not run again")
 		}
 	})
+	// "Not executed" from a re-execution speaks for that call only: the attempt it
+	// took over may have run the tool, so the key must not be released (a release
+	// says the effect certainly did not happen, and frees the key for other
+	// arguments). Found by jepsen-lite as orphan-effect.
+	t.Run("idempotent re-execution not executed keeps the key", func(t *testing.T) {
+		e := newEnv(t)
+		op := ticketOp("k-rec-idem-ne", "Outage X")
+		op.Class, op.LeaseTTL = IdempotentMutation, 5*time.Second
+		e.leavePending(t, op)
+		refused := errors.New("rate limited before the request was sent")
+		_, err := e.runner.Do(ctxT(t), op, func(context.Context) (*Result, error) { return nil, NotExecuted(refused) })
+		if KindOf(err) != KindOutcomeUnknown {
+			t.Fatalf("got %v (kind %q), want %s", err, KindOf(err), KindOutcomeUnknown)
+		}
+		rec := e.store.record(op.Tenant, op.Key)
+		if rec == nil || rec.Status != idemkv.StatusPending || rec.Attempts != 2 {
+			t.Fatalf("record %+v, want pending after the recover", rec)
+		}
+	})
 	t.Run("probe finds the effect", func(t *testing.T) {
 		e := newEnv(t)
 		op := ticketOp("k-rec-probe", "Outage X")
