@@ -5,7 +5,7 @@
 // idempotent.ts.
 
 import { ApiError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
-import { fetchSend, httpsSend, type Send, type TlsOptions } from "./transport.js";
+import { fetchSend, nodeSend, type Send, type TlsOptions } from "./transport.js";
 import type {
   ClusterInfo, CommitRequest, DoubtRequest, FailRequest, GetOptions, HeartbeatRequest, ListOptions, ListResult,
   Receipt, Record as IdemkvRecord, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult, ResolveRequest,
@@ -100,6 +100,9 @@ function baseURL(ep: string, useTLS: boolean): string {
   return `${u.protocol}//${u.host}`;
 }
 
+/** A path segment that is "." or "..", escaped (see segment). */
+const DOT_SEGMENT = /\/(%2E)+(\/|$)/;
+
 /** A path segment, escaped; "." and ".." would be cleaned away by a server's router. */
 function segment(s: string): string {
   const e = encodeURIComponent(s);
@@ -135,6 +138,9 @@ export class Client {
   private readonly token: string | undefined;
   private readonly send: Send;
   private readonly closeTransport: () => void;
+  private readonly viaFetch: boolean;
+  /** For paths fetch would rewrite (dot segments), made when first needed. */
+  private raw: { send: Send; close: () => void } | undefined;
   private leaderURL = "";
   /** The endpoint tried first while no leader is known; moves on when it fails. */
   private preferred = 0;
@@ -167,16 +173,18 @@ export class Client {
       throw new TypeError('idemkv: onStoreUnavailable must be "fail_closed" or "unguarded"');
     }
     if (options.tls !== undefined) {
-      const t = httpsSend(options.tls);
+      const t = nodeSend(options.tls);
       this.send = t.send;
       this.closeTransport = t.close;
+      this.viaFetch = false;
     } else {
+      this.viaFetch = true;
       this.send = fetchSend(options.fetch ?? globalThis.fetch);
-      this.closeTransport = () => {};
+      this.closeTransport = () => this.raw?.close();
     }
   }
 
-  /** Releases the connections of the TLS transport (fetch's pool needs nothing). */
+  /** Releases the connections of the node:http(s) transport (fetch's pool needs nothing). */
   close(): void {
     this.closeTransport();
   }
@@ -248,9 +256,9 @@ export class Client {
   }
 
   private async attempt(base: string, c: Call, body: string | undefined, opts: CallOptions): Promise<unknown> {
-    let url = base + c.path;
+    let path = c.path;
     const qs = c.query?.toString() ?? "";
-    if (qs !== "") url += "?" + qs;
+    if (qs !== "") path += "?" + qs;
     let timeout = this.settings.timeoutMs;
     if (opts.budget !== undefined) {
       // Within a budget, one hung attempt must not outlast it by much.
@@ -263,7 +271,12 @@ export class Client {
     const link = linkedController([opts.signal], timeout, () => new DOMException(`no answer in ${timeout} ms`, "TimeoutError"));
     let res;
     try {
-      res = await this.send({ method: c.method, url, headers, body, signal: link.signal });
+      let send = this.send;
+      if (this.viaFetch && DOT_SEGMENT.test(c.path)) {
+        this.raw ??= nodeSend();
+        send = this.raw.send;
+      }
+      res = await send({ method: c.method, base, path, headers, body, signal: link.signal });
     } catch (err) {
       if (opts.signal?.aborted) throw abortReason(opts.signal);
       // Nothing came back; whether the request was applied is unknown, and every

@@ -20,19 +20,36 @@ declare module "node:async_hooks" {
   }
 }
 
-declare module "node:https" {
-  interface IncomingMessage {
+declare module "node:http" {
+  export interface IncomingMessage {
     statusCode?: number;
     headers: Record<string, string | string[] | undefined>;
     on(event: "data", listener: (chunk: Uint8Array) => void): this;
     on(event: "end", listener: () => void): this;
     on(event: "error", listener: (err: Error) => void): this;
   }
-  interface ClientRequest {
+  export interface ClientRequest {
     on(event: "error", listener: (err: Error) => void): this;
     end(body?: string): void;
-    destroy(err?: Error): void;
   }
+  export class Agent {
+    constructor(options?: { keepAlive?: boolean });
+    destroy(): void;
+  }
+  export interface RequestOptions {
+    method?: string;
+    hostname?: string;
+    port?: string | number;
+    path?: string;
+    headers?: Record<string, string>;
+    agent?: Agent;
+    signal?: AbortSignal;
+  }
+  export function request(options: RequestOptions, callback: (res: IncomingMessage) => void): ClientRequest;
+}
+
+declare module "node:https" {
+  import type { ClientRequest, IncomingMessage } from "node:http";
   export interface AgentOptions {
     keepAlive?: boolean;
     ca?: string | Uint8Array | Array<string | Uint8Array>;
@@ -48,9 +65,12 @@ declare module "node:https" {
   }
   export interface RequestOptions {
     method?: string;
+    hostname?: string;
+    port?: string | number;
+    path?: string;
     headers?: Record<string, string>;
     agent?: Agent;
     signal?: AbortSignal;
   }
-  export function request(url: string, options: RequestOptions, callback: (res: IncomingMessage) => void): ClientRequest;
+  export function request(options: RequestOptions, callback: (res: IncomingMessage) => void): ClientRequest;
 }

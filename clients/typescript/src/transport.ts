@@ -2,12 +2,20 @@
 // custom CA or a client certificate (that needs an undici Agent, which Node bundles but
 // does not export), so with TLS options the client sends through node:https instead,
 // whose Agent takes them. Both answer the same small shape.
+//
+// fetch also cannot send a path with a dot segment: the URL standard reads "%2E%2E" as
+// ".." and removes it, so the record of key ".." would become a list of the tenant. Such
+// paths go through node:http(s), which sends the path as given.
 
+import * as http from "node:http";
 import * as https from "node:https";
 
 export interface HttpRequest {
   method: string;
-  url: string;
+  /** scheme://host:port */
+  base: string;
+  /** The escaped path and query, sent as is. */
+  path: string;
   headers: { [name: string]: string };
   body?: string;
   signal: AbortSignal;
@@ -42,14 +50,17 @@ export function fetchSend(f: typeof fetch): Send {
   return async (req) => {
     const init: RequestInit = { method: req.method, headers: req.headers, signal: req.signal };
     if (req.body !== undefined) init.body = req.body;
-    const res = await f(req.url, init);
+    const res = await f(req.base + req.path, init);
     const body = await res.text();
     return { status: res.status, leader: res.headers.get(HEADER_LEADER), body };
   };
 }
 
-/** A sender over node:https with its own keep-alive Agent carrying the TLS options. */
-export function httpsSend(tls: TlsOptions): { send: Send; close: () => void } {
+/**
+ * A sender over node:http and node:https, with keep-alive Agents (the https one carries
+ * the TLS options). The path goes out exactly as given.
+ */
+export function nodeSend(tls: TlsOptions = {}): { send: Send; close: () => void } {
   const opts: https.AgentOptions = { keepAlive: true };
   if (tls.ca !== undefined) opts.ca = tls.ca;
   if (tls.cert !== undefined) opts.cert = tls.cert;
@@ -57,10 +68,16 @@ export function httpsSend(tls: TlsOptions): { send: Send; close: () => void } {
   if (tls.passphrase !== undefined) opts.passphrase = tls.passphrase;
   if (tls.servername !== undefined) opts.servername = tls.servername;
   if (tls.rejectUnauthorized !== undefined) opts.rejectUnauthorized = tls.rejectUnauthorized;
-  const agent = new https.Agent(opts);
+  const secure = new https.Agent(opts);
+  const plain = new http.Agent({ keepAlive: true });
   const send: Send = (req) =>
     new Promise<HttpResponse>((resolve, reject) => {
-      const r = https.request(req.url, { method: req.method, headers: req.headers, agent, signal: req.signal }, (res) => {
+      const u = new URL(req.base);
+      const o = {
+        method: req.method, headers: req.headers, signal: req.signal,
+        hostname: u.hostname.replace(/^\[(.*)\]$/, "$1"), port: u.port, path: req.path,
+      };
+      const onResponse = (res: http.IncomingMessage) => {
         const chunks: Uint8Array[] = [];
         res.on("data", (c) => chunks.push(c));
         res.on("error", reject);
@@ -72,11 +89,20 @@ export function httpsSend(tls: TlsOptions): { send: Send; close: () => void } {
             body: new TextDecoder().decode(concat(chunks)),
           });
         });
-      });
+      };
+      const r = u.protocol === "https:"
+        ? https.request({ ...o, agent: secure }, onResponse)
+        : http.request({ ...o, agent: plain }, onResponse);
       r.on("error", reject);
       r.end(req.body);
     });
-  return { send, close: () => agent.destroy() };
+  return {
+    send,
+    close: () => {
+      secure.destroy();
+      plain.destroy();
+    },
+  };
 }
 
 function concat(chunks: Uint8Array[]): Uint8Array {

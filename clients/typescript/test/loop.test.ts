@@ -44,6 +44,17 @@ describe("single node", () => {
     log(t, "second call", outs[1]);
   });
 
+  it('keys "." and ".." name their own records (fetch would drop the segment)', async () => {
+    for (const key of [".", ".."]) {
+      const tenant = `tenant_dots_${Date.now()}`;
+      const res = await client.reserve({ tenant, idempotency_key: key, tool: "t", effect_fingerprint: "sha256:" + "b".repeat(64) });
+      assert.equal(res.decision, "execute");
+      const rec = await client.get(tenant, key);
+      assert.equal(rec.idempotency_key, key);
+      assert.equal(rec.status, "pending");
+    }
+  });
+
   it("racing calls yield one effect", async (t) => {
     const tk = new Tickets();
     const outs: Outcome[] = [];

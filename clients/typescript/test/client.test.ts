@@ -1,0 +1,122 @@
+// The low-level client against a scripted fetch: which node each attempt goes to, what
+// is retried and with which body. (Everything else runs against real nodes.)
+
+import { describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { ApiError, Client } from "../src/index.js";
+
+interface Sent {
+  url: string;
+  method: string;
+  body: unknown;
+  headers: Record<string, string>;
+}
+
+type Answer = { status: number; body: unknown; leader?: string } | "refused";
+
+/** A fetch that records each request and answers from a script. */
+function scripted(answers: Answer[]): { fetch: typeof fetch; sent: Sent[] } {
+  const sent: Sent[] = [];
+  const f = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
+    const headers = (init?.headers ?? {}) as Record<string, string>;
+    sent.push({ url: String(input), method: init?.method ?? "GET", body: init?.body ? JSON.parse(String(init.body)) : undefined, headers });
+    const a = answers.shift();
+    if (a === undefined) throw new Error("no more scripted answers");
+    if (a === "refused") throw new TypeError("fetch failed", { cause: Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }) });
+    const h = new Headers({ "Content-Type": "application/json" });
+    if (a.leader) h.set("Idemkv-Leader", a.leader);
+    return new Response(typeof a.body === "string" ? a.body : JSON.stringify(a.body), { status: a.status, headers: h });
+  };
+  return { fetch: f as typeof fetch, sent };
+}
+
+const reserveReq = { tenant: "t", idempotency_key: "k", tool: "create_ticket", effect_fingerprint: "sha256:" + "0".repeat(64) };
+const executed = { decision: "execute", fence: 7, record: { fence: 7 } };
+const err = (code: string, status: number) => ({ status, body: { error: { code, message: code } } });
+
+describe("client", () => {
+  it("retries outcome_unknown with the same attempt id, and unavailable on the next endpoint", async () => {
+    const { fetch, sent } = scripted([err("outcome_unknown", 503), "refused", err("unavailable", 503), { status: 200, body: executed }]);
+    const c = new Client({ endpoints: ["a:1", "b:2"], fetch, backoffMinMs: 1, backoffMaxMs: 2, token: "tok" });
+    const res = await c.reserve(reserveReq);
+    assert.equal(res.fence, 7);
+    assert.equal(sent.length, 4);
+    const ids = sent.map((s) => (s.body as { attempt_id: string }).attempt_id);
+    assert.match(ids[0], /^att_[0-9a-f]{24}$/);
+    assert.deepEqual(new Set(ids).size, 1, "every retry carries the first attempt id");
+    // a, then b after a failed, then a after b failed, ...
+    assert.deepEqual(sent.map((s) => new URL(s.url).host), ["a:1", "b:2", "a:1", "b:2"]);
+    assert.equal(sent[0].headers.Authorization, "Bearer tok");
+  });
+
+  it("goes to the leader a node names, and leaves it when it fails", async () => {
+    const { fetch, sent } = scripted([
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      { status: 200, body: { records: [] } },
+      "refused",
+      { status: 200, body: { records: [] } },
+      // A node bound to a wildcard address names nothing a client can dial.
+      { status: 200, body: { records: [] }, leader: "0.0.0.0:7420" },
+      { status: 200, body: { records: [] } },
+    ]);
+    const c = new Client({ endpoints: ["a:1", "b:2"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    await c.list("t");
+    assert.equal(c.leader, "http://c:3");
+    await c.list("t");
+    await c.list("t"); // c:3 refuses: forgotten, the next endpoint answers
+    await c.list("t");
+    await c.list("t");
+    assert.deepEqual(sent.map((s) => new URL(s.url).host), ["a:1", "c:3", "c:3", "a:1", "a:1", "a:1"]);
+    assert.equal(c.leader, "");
+  });
+
+  it("does not retry an answer that is not about availability", async () => {
+    const { fetch, sent } = scripted([err("fenced", 409)]);
+    const c = new Client({ endpoints: ["a:1"], fetch });
+    await assert.rejects(c.commit({ ...reserveReq, fence: 3, remote_system: "x", remote_id: "y" }),
+      (e: unknown) => e instanceof ApiError && e.code === "fenced" && e.status === 409);
+    assert.equal(sent.length, 1);
+  });
+
+  it("a proxy's 502 page is unavailable and retried; maxAttempts bounds the retries", async () => {
+    const { fetch, sent } = scripted([{ status: 502, body: "<html>bad gateway</html>" }, { status: 502, body: "<html>bad gateway</html>" }, { status: 502, body: "x" }]);
+    const c = new Client({ endpoints: ["a:1"], fetch, maxAttempts: 3, backoffMinMs: 1, backoffMaxMs: 2 });
+    await assert.rejects(c.cluster(), (e: unknown) => e instanceof ApiError && e.code === "unavailable" && e.status === 502);
+    assert.equal(sent.length, 3);
+  });
+
+  it("a release whose first answer was lost reads not_found as released", async () => {
+    const { fetch } = scripted(["refused", err("not_found", 404)]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    assert.deepEqual(await c.release({ ...reserveReq, fence: 3 }), { released: true });
+    const once = scripted([err("not_found", 404)]);
+    const c2 = new Client({ endpoints: ["a:1"], fetch: once.fetch });
+    await assert.rejects(c2.release({ ...reserveReq, fence: 3 }), (e: unknown) => e instanceof ApiError && e.code === "not_found");
+  });
+
+  it("escapes keys in paths", async () => {
+    const { fetch, sent } = scripted([{ status: 200, body: {} }]);
+    const c = new Client({ endpoints: ["http://a:1"], fetch });
+    await c.get("t", "conv/9:approval 17", { waitMs: 250, consistency: "stale" });
+    assert.equal(new URL(sent[0].url).pathname, "/v1/records/t/conv%2F9%3Aapproval%2017");
+    assert.equal(new URL(sent[0].url).search, "?wait_ms=250&consistency=stale");
+    // fetch would read %2E%2E as ".." and drop the segment; such keys go through
+    // node:http (tested against a real node in loop.test).
+  });
+
+  it("an aborted signal ends the call with its reason", async () => {
+    const { fetch } = scripted(["refused", "refused", "refused"]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 200, backoffMaxMs: 200 });
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(new Error("stop")), 50);
+    await assert.rejects(c.cluster({ signal: ac.signal }), /stop/);
+  });
+
+  it("refuses endpoints and options that cannot work", () => {
+    assert.throws(() => new Client({ endpoints: [] }), /at least one/);
+    assert.throws(() => new Client({ endpoints: ["ftp://a:1"] }), /host:port/);
+    assert.throws(() => new Client({ endpoints: ["http://a:1/path"] }), /host:port/);
+    assert.throws(() => new Client({ leaseTtl: 500 }), /leaseTtl/);
+    assert.throws(() => new Client({ backoffMinMs: 10, backoffMaxMs: 5 }), /backoffMinMs <= backoffMaxMs/);
+  });
+});
