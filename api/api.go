@@ -76,6 +76,10 @@ type Config struct {
 	ForwardTimeout time.Duration
 	// Middleware, when set, wraps the whole handler (tracing, authentication).
 	Middleware func(http.Handler) http.Handler
+	// MaxLongPolls and MaxLongPollsPerCaller cap the long-polls this node holds, in
+	// all and per token (DefaultMaxLongPolls, DefaultMaxLongPollsPerCaller).
+	MaxLongPolls          int
+	MaxLongPollsPerCaller int
 	// Pprof serves Go's profiles at /debug/pprof/ for the admin role alone: the
 	// command line, heap and goroutine stacks are no tenant's business.
 	Pprof bool
@@ -92,6 +96,7 @@ type Server struct {
 	forwardTimeout time.Duration
 	mux            *http.ServeMux
 	handler        http.Handler
+	polls          *longPolls
 	// recordRoute is the registered handler of recordPattern, which serveUnclean
 	// calls for record paths the mux would redirect.
 	recordRoute http.Handler
@@ -110,6 +115,7 @@ func New(cfg Config) *Server {
 		scheme:         cfg.ForwardScheme,
 		forwardTimeout: cfg.ForwardTimeout,
 		mux:            http.NewServeMux(),
+		polls:          newLongPolls(cfg.MaxLongPolls, cfg.MaxLongPollsPerCaller),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

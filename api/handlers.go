@@ -254,6 +254,14 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if req.Wait > 0 {
+		release, err := s.polls.acquire(r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		defer release()
+	}
 	linearizable := req.Consistency == idemkv.Linearizable && !testhooks.Sabotaged(testhooks.StaleReads)
 	if linearizable && s.forwardIfFollower(w, r, nil, req.Wait) {
 		return

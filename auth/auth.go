@@ -187,7 +187,13 @@ type Principal struct {
 	tenants    map[string]bool
 }
 
-var _ api.Caller = (*Principal)(nil)
+var (
+	_ api.Caller     = (*Principal)(nil)
+	_ api.LimitKeyer = (*Principal)(nil)
+)
+
+// LimitKey implements api.LimitKeyer: per-token caps count by token name.
+func (p *Principal) LimitKey() string { return p.Name }
 
 // Allow implements api.Caller: the role decides the operations, the tenants decide the
 // records. A refusal names only what the caller asked for, never what exists.

@@ -54,6 +54,8 @@ type FSM struct {
 	// halt. haltedCh is closed when it is set.
 	halted   error
 	haltedCh chan struct{}
+
+	watch watchers
 }
 
 var _ raft.BatchingFSM = (*FSM)(nil)
@@ -125,6 +127,8 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	}
 	startClock := clock
 	nodesChanged := false
+	var keys []recordKey
+	wakeAll := false
 
 	b := f.st.NewBatch()
 	defer b.Close()
@@ -145,6 +149,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 			continue
 		}
 		clock = max(clock, cmd.Now)
+		if k, all := touched(cmd); all {
+			wakeAll = true
+		} else if k != (recordKey{}) {
+			keys = append(keys, k)
+		}
 		res, nodeUpdate, err := f.applyCommand(b, cmd, clock, l.Index)
 		if err != nil {
 			return haltedResults(out, f.halt(fmt.Errorf("applying %s at %d: %w", cmd.Op, l.Index, err)))
@@ -178,6 +187,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	close(f.changed)
 	f.changed = make(chan struct{})
 	f.mu.Unlock()
+	f.watch.wake(keys, wakeAll)
 	return out
 }
 
@@ -198,6 +208,7 @@ func (f *FSM) halt(err error) error {
 		err = f.halted
 	}
 	f.mu.Unlock()
+	f.watch.wake(nil, true)
 	f.logger.Error("state machine halted", logKeyErr, err)
 	return err
 }
@@ -444,6 +455,7 @@ func (f *FSM) SkipTo(index, term uint64) error {
 	close(f.changed)
 	f.changed = make(chan struct{})
 	f.mu.Unlock()
+	f.watch.wake(nil, true)
 	return nil
 }
 
@@ -462,7 +474,7 @@ func (f *FSM) Clock() idemkv.Timestamp {
 }
 
 // Changed returns a channel that is closed once the next batch is applied (or a
-// snapshot restored). Take it before checking the condition you wait for, or a change
+// snapshot restored). Long-polls on one record use Watch instead. Take it before checking the condition you wait for, or a change
 // between the check and the wait is missed.
 func (f *FSM) Changed() <-chan struct{} {
 	f.mu.RLock()
@@ -614,6 +626,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	close(f.changed)
 	f.changed = make(chan struct{})
 	f.mu.Unlock()
+	f.watch.wake(nil, true)
 	f.logger.Info("restored snapshot", logKeyIndex, f.AppliedIndex())
 	return nil
 }

@@ -30,6 +30,9 @@ type Metrics struct {
 	ApplyBatch prometheus.Histogram
 	// LeaderChanges counts observed leadership changes.
 	LeaderChanges prometheus.Counter
+	// LongPollWakeups counts long-polls woken by an entry that may have changed their
+	// record; each then takes a read index.
+	LongPollWakeups prometheus.Counter
 
 	// Sweeper figures.
 	Swept         prometheus.Counter
@@ -115,6 +118,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "raft_leader_changes_total",
 			Help: "Leadership changes observed by this node.",
 		}),
+		LongPollWakeups: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "long_poll_wakeups_total",
+			Help: "Long-polls woken by an applied entry that may have changed their record.",
+		}),
 		Swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "expiry_swept_records_total",
 			Help: "Records deleted by the expiry sweeper.",
@@ -133,7 +140,7 @@ func New() *Metrics {
 			Help: "How long the oldest expired, unswept record has been overdue.",
 		}),
 	}
-	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges,
+	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.LongPollWakeups,
 		m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -268,6 +268,9 @@ func (n *Node) Backlog() (count int, oldest idemkv.Timestamp, now idemkv.Timesta
 	return count, oldest, now
 }
 
+// LongPolling counts the records that long-polls are waiting on.
+func (n *Node) LongPolling() int { return n.fsm.Watching() }
+
 // AppliedIndex is the index of the last entry the state machine applied.
 func (n *Node) AppliedIndex() uint64 { return n.fsm.AppliedIndex() }
 

@@ -173,40 +173,51 @@ func (n *Node) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record,
 	}
 	deadline := time.Now().Add(r.Wait)
 	for {
-		// Take the change signal before reading, so an apply between the read and
-		// the wait is not missed.
-		changed := n.fsm.Changed()
-		if r.Consistency != idemkv.Stale && !testhooks.Sabotaged(testhooks.StaleReads) {
-			if err := n.readIndex(ctx); err != nil {
-				return nil, err
-			}
-		}
-		now := n.now()
-		rec, err := n.fsm.Get(r.Tenant, r.Key, now)
-		if err != nil || rec.Status != idemkv.StatusPending || r.Wait <= 0 || rec.LeaseExpiresAt <= now {
+		rec, done, err := n.pollOnce(ctx, &r, deadline)
+		if done || err != nil {
 			return rec, err
 		}
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return rec, nil
-		}
-		if untilLease := rec.LeaseExpiresAt.Time().Sub(now.Time()); untilLease < wait {
-			wait = untilLease
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-changed:
-			timer.Stop()
-		case <-timer.C:
-			if time.Now().After(deadline) {
-				// One more read: the answer reflects the state at the deadline.
-				r.Wait = 0
-			}
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, idemkv.Errorf(idemkv.ErrUnavailable, "wait cancelled: %v", ctx.Err())
+	}
+}
+
+// pollOnce reads the record once and, unless the answer is final (done), waits until
+// the record may have changed, its lease runs out or the deadline passes.
+func (n *Node) pollOnce(ctx context.Context, r *idemkv.GetRequest, deadline time.Time) (rec *idemkv.Record, done bool, err error) {
+	// Watch before reading, so an apply between the read and the wait is not missed.
+	// Only entries that touch this record wake it: see fsm.Watch.
+	changed, stop := n.fsm.Watch(r.Tenant, r.Key)
+	defer stop()
+	if r.Consistency != idemkv.Stale && !testhooks.Sabotaged(testhooks.StaleReads) {
+		if err := n.readIndex(ctx); err != nil {
+			return nil, true, err
 		}
 	}
+	now := n.now()
+	rec, err = n.fsm.Get(r.Tenant, r.Key, now)
+	if err != nil || rec.Status != idemkv.StatusPending || r.Wait <= 0 || rec.LeaseExpiresAt <= now {
+		return rec, true, err
+	}
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return rec, true, nil
+	}
+	if untilLease := rec.LeaseExpiresAt.Time().Sub(now.Time()); untilLease < wait {
+		wait = untilLease
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-changed:
+		n.metrics.LongPollWakeups.Inc()
+	case <-timer.C:
+		if time.Now().After(deadline) {
+			// One more read: the answer reflects the state at the deadline.
+			r.Wait = 0
+		}
+	case <-ctx.Done():
+		return nil, true, idemkv.Errorf(idemkv.ErrUnavailable, "wait cancelled: %v", ctx.Err())
+	}
+	return nil, false, nil
 }
 
 // List pages through a tenant's records in key order, linearizably.

@@ -37,6 +37,8 @@ type serveOptions struct {
 	logFormat     string
 	pprof         bool
 	maxToolLabels int
+	maxLongPolls  int
+	maxPollsToken int
 	cacheMB       int64
 	shutdownGrace time.Duration
 	limits        idemkv.Limits
@@ -45,7 +47,7 @@ type serveOptions struct {
 
 func newServeCommand() *cobra.Command {
 	o := serveOptions{node: node.DefaultConfig(), limits: idemkv.DefaultLimits(), shutdownGrace: 10 * time.Second,
-		maxToolLabels: metrics.DefaultMaxToolLabels}
+		maxToolLabels: metrics.DefaultMaxToolLabels, maxLongPolls: api.DefaultMaxLongPolls, maxPollsToken: api.DefaultMaxLongPollsPerCaller}
 	o.node.Sweep = expiry.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -76,6 +78,8 @@ asks the cluster to add it and retries until it is in.
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.BoolVar(&o.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address, to admin tokens only")
 	f.IntVar(&o.maxToolLabels, "metrics-max-tools", o.maxToolLabels, "distinct tool names that get metric series of their own; the rest count as \"other\"")
+	f.IntVar(&o.maxLongPolls, "max-long-polls", o.maxLongPolls, "long-polls (get with wait_ms) this node holds at once; beyond, 429 resource_exhausted")
+	f.IntVar(&o.maxPollsToken, "max-long-polls-per-token", o.maxPollsToken, "long-polls one token holds on this node at once; beyond, 429 resource_exhausted")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
 
 	f.DurationVar(&o.node.HeartbeatTimeout, "heartbeat-timeout", o.node.HeartbeatTimeout, "Raft heartbeat timeout")
@@ -210,6 +214,9 @@ func runServe(ctx context.Context, o serveOptions) error {
 		ForwardScheme: ex.forwardScheme,
 		Forward:       ex.forwardClient,
 		Pprof:         o.pprof,
+
+		MaxLongPolls:          o.maxLongPolls,
+		MaxLongPollsPerCaller: o.maxPollsToken,
 	}).Handler()
 	srv := api.NewHTTPServer(o.httpAddr, handler)
 	srv.ErrorLog = httpErrorLog(logger)

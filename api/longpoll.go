@@ -1,0 +1,80 @@
+package api
+
+import (
+	"net/http"
+	"sync"
+
+	"github.com/idemkv/idemkv"
+)
+
+// Caps on long-polls (GET of a record with wait_ms). Each holds a connection, a file
+// descriptor and a goroutine for up to idemkv.MaxWait; 2,000 of them used 2,000 file
+// descriptors on one node. Beyond a cap the answer is 429 resource_exhausted.
+const (
+	// DefaultMaxLongPolls caps the long-polls one node holds at once.
+	DefaultMaxLongPolls = 1000
+	// DefaultMaxLongPollsPerCaller caps those of one token, so that one tenant's
+	// agents cannot take every slot.
+	DefaultMaxLongPollsPerCaller = 250
+)
+
+// LimitKeyer is implemented by Callers that per-caller caps should count apart (a
+// token's name). Callers without it, and requests without a Caller, share the node's
+// cap only.
+type LimitKeyer interface {
+	LimitKey() string
+}
+
+// longPolls counts the long-polls in progress on this node.
+type longPolls struct {
+	max, maxPerCaller int
+
+	mu        sync.Mutex
+	total     int
+	perCaller map[string]int
+}
+
+func newLongPolls(max, maxPerCaller int) *longPolls {
+	if max <= 0 {
+		max = DefaultMaxLongPolls
+	}
+	if maxPerCaller <= 0 {
+		maxPerCaller = DefaultMaxLongPollsPerCaller
+	}
+	return &longPolls{max: max, maxPerCaller: maxPerCaller, perCaller: map[string]int{}}
+}
+
+// acquire takes a slot for a long-poll of r's caller, or fails with
+// resource_exhausted. The caller must call release when the poll has been answered.
+func (l *longPolls) acquire(r *http.Request) (release func(), err error) {
+	key, keyed := "", false
+	if c, ok := CallerFrom(r.Context()); ok {
+		if k, ok := c.(LimitKeyer); ok {
+			key, keyed = k.LimitKey(), true
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.total >= l.max:
+		return nil, idemkv.Errorf(idemkv.ErrResourceExhausted,
+			"this node holds %d long-polls, its cap; retry later, or read without wait_ms", l.max)
+	case keyed && l.perCaller[key] >= l.maxPerCaller:
+		return nil, idemkv.Errorf(idemkv.ErrResourceExhausted,
+			"this token holds %d long-polls on this node, its cap; retry later, or read without wait_ms", l.maxPerCaller)
+	}
+	l.total++
+	if keyed {
+		l.perCaller[key]++
+	}
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.total--
+		if keyed {
+			if l.perCaller[key]--; l.perCaller[key] == 0 {
+				delete(l.perCaller, key)
+			}
+		}
+	}, nil
+}
