@@ -87,6 +87,22 @@ class KilledWorker(unittest.TestCase):
               f"remote_id={out.receipt['remote_id']}, tickets={len(lines)}")
 
 
+    def test_killed_without_a_probe_in_doubt_then_resolved(self) -> None:
+        key, tickets = self.run_and_kill("after_effect", "EFFECT_DONE")
+        effect = {"title": "Outage X", "ext": key}
+        with idemkv.Client(harness.shared_node().http, tenant=TENANT) as c:
+            with self.assertRaises(idemkv.InDoubtError) as cm:
+                c.do(lambda: {"id": "never"}, key=key, tool="create_ticket", effect=effect)
+            # A person looks downstream, finds the ticket, and says so.
+            tid = read_tickets(tickets)[0].split(" ", 1)[0]
+            c.resolve(TENANT, key, idemkv.fingerprint(effect), "committed", remote_system="tickets", remote_id=tid)
+            out = c.do(lambda: {"id": "never"}, key=key, tool="create_ticket", effect=effect)
+        self.assertEqual((out.decision, out.receipt["remote_id"]), ("replay", "LIN-worker"))
+        self.assertEqual(len(read_tickets(tickets)), 1)
+        print(f"\nkilled worker, no probe: {cm.exception.kind} (in_doubt_since "
+              f"{(cm.exception.record or {}).get('in_doubt_since')}), resolved committed {tid}, retry {out.decision}")
+
+
 class LeaderKilled(unittest.TestCase):
     def test_leader_killed_mid_call_one_effect(self) -> None:
         nodes = harness.cluster3()

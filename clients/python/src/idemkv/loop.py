@@ -52,6 +52,10 @@ CLASSES = {
     "non_idempotent_mutation": NON_IDEMPOTENT,
 }
 
+# Bounds the rounds of probe, resolve not_executed and reserve again in one call,
+# should other callers keep marking the key in doubt in between (the Go maxSettles).
+_MAX_SETTLES = 8
+
 # Wire codes that say our lease went to a newer attempt (or the record is gone).
 _LOST = frozenset({"fenced", "not_pending", "not_found"})
 
@@ -276,7 +280,7 @@ class _Loop:
         deadline = None if op.deadline is None else time.monotonic() + op.deadline
         reserve = _core.reserve_call(op.tenant, op.key, op.tool, fingerprint=self.fp, actor=op.actor,
                                      attempt_id=self.attempt_id, lease_ttl=op.lease_ttl, ttl=op.ttl)
-        waits = 0
+        waits = settles = 0
         while True:
             try:
                 res = yield _Send(reserve)
@@ -309,10 +313,15 @@ class _Loop:
             if decision == "recover" and g.fence:
                 return (yield from self.recover(g))
             if decision == "recover":
+                # In doubt: nobody holds the key and nobody gets it.
                 settled = yield from self.in_doubt(g)
                 if settled is not None:
                     return settled
-                continue  # released: reserve again
+                settles += 1
+                if settles >= _MAX_SETTLES:
+                    raise InDoubtError(f"idemkv: {op.key!r} still in doubt after {settles} rounds of probe and resolve",
+                                       decision=decision, record=record)
+                continue  # released, or settled by someone else: reserve again
             raise NotExecutedError(f"idemkv: unknown reserve decision {decision!r}", decision=decision, record=record)
 
     def decided(self, res: dict[str, Any]) -> None:
@@ -402,27 +411,28 @@ class _Loop:
                                        probed=True))
 
     def in_doubt(self, g: _Grant) -> Generator[Any, Any, Optional[Outcome]]:
-        """A recover without a fence: the record is in doubt. With a probe, settle it
-        (resolve committed, or resolve not_executed and reserve again)."""
+        """A recover without a fence: the record is in doubt. Without a probe that is
+        the in-doubt error at once; with one, the probe settles it (resolve committed, or
+        resolve not_executed and reserve again). None: reserve again."""
         op = self.op
-        if op.probe is None and op.side_effect != IDEMPOTENT:
+        if op.probe is None:
+            self.span.add_event("in_doubt")
             raise _in_doubt(op.key, g.record, None)
         found: Optional[Result] = None
         value: Any = None
-        if op.probe is not None:
-            ran = yield _Run("probe", None)
-            if ran.error is not None:
-                raise _in_doubt(op.key, g.record, ran.error) from ran.error
-            if ran.value is not None:
-                found = self.as_result(ran.value)
-                value = ran.value if not isinstance(ran.value, Result) else found.result
-        # An idempotent tool without a probe may simply run again: release first.
+        ran = yield _Run("probe", None)
+        if ran.error is not None:
+            raise _in_doubt(op.key, g.record, ran.error) from ran.error
+        if ran.value is not None:
+            found = self.as_result(ran.value)
+            value = ran.value if not isinstance(ran.value, Result) else found.result
         try:
             if found is not None:
                 self.span.add_event("probe", {"found": True})
                 receipt = yield _Send(_core.resolve_call(
                     op.tenant, op.key, self.fp, "committed", found.remote_system, found.remote_id,
                     found.remote_url or None, found.result))
+                g = _Grant(g.decision, int((g.record or {}).get("fence") or 0), g.record)
                 return self.outcome(g, receipt, value, probed=True)
             self.span.add_event("probe", {"found": False})
             yield _Send(_core.resolve_call(op.tenant, op.key, self.fp, "not_executed"))
