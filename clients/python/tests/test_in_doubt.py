@@ -54,7 +54,7 @@ class InDoubt(unittest.TestCase):
             with self.assertRaises(idemkv.InDoubtError):
                 self.c.do(self.tool, key=self.key, tool="create_ticket", effect=EFFECT)
         took = time.monotonic() - start
-        self.assertLess(took, 1.0)  # no waiting for a lease: there is none
+        self.assertLess(took, 3.0)  # no waiting for a lease: there is none (measured: ~10 ms)
         after = self.c.get(TENANT, self.key)
         assert after is not None
         self.assertEqual((after["fence"], after["attempts"], after["in_doubt"]), (rec["fence"], rec["attempts"], True))

@@ -206,8 +206,8 @@ class SyncLoop(Base):
         seen: list[str] = []
 
         def slow() -> Any:
-            # Three lease lengths: without heartbeats another attempt would recover.
-            deadline = time.monotonic() + 3.2
+            # Over two lease lengths: without heartbeats another attempt would recover.
+            deadline = time.monotonic() + 4.5
             while time.monotonic() < deadline:
                 time.sleep(0.4)
                 r = self.client.reserve(TENANT, self.key, "create_ticket", fingerprint=idemkv.fingerprint({"x": 1}))
@@ -216,7 +216,7 @@ class SyncLoop(Base):
             assert lease is not None and not lease.lost.is_set()
             return {"id": "LIN-9"}
 
-        out = self.client.do(slow, key=self.key, tool="create_ticket", effect={"x": 1}, lease_ttl=1)
+        out = self.client.do(slow, key=self.key, tool="create_ticket", effect={"x": 1}, lease_ttl=2)
         self.assertEqual((out.decision, out.attempts), ("execute", 1))
         self.assertTrue(seen and set(seen) == {"in_progress"}, seen)
 
@@ -284,10 +284,10 @@ class AsyncLoop(Base):
             k2 = self.key + ":slow"
 
             async def slow() -> Any:
-                await asyncio.sleep(2.5)
+                await asyncio.sleep(4.5)  # over two leases
                 return {"id": "S-1"}
 
-            out = await a.do(slow, key=k2, tool="t", effect={"a": 2}, lease_ttl=1)
+            out = await a.do(slow, key=k2, tool="t", effect={"a": 2}, lease_ttl=2)
             self.assertEqual((out.decision, out.attempts), ("execute", 1))
             await a.close()
 
@@ -302,7 +302,7 @@ class AsyncLoop(Base):
 
         def thief() -> None:
             with idemkv.Client(self.node.http) as other:
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + 15
                 while time.monotonic() < deadline:
                     r = other.reserve(TENANT, self.key, "t", fingerprint=fp, lease_ttl=60)
                     if r["decision"] == "recover":
@@ -317,7 +317,9 @@ class AsyncLoop(Base):
             async def tool() -> Any:
                 threading.Thread(target=thief, daemon=True).start()
                 await asyncio.sleep(0.1)
-                time.sleep(1.8)  # the stall: no heartbeat can run for 1.8 leases' worth
+                # The stall: the loop is blocked (no heartbeat can run) until the other
+                # worker has recovered the key, however long the 1 s lease takes to lapse.
+                took_over.wait(15)
                 try:
                     await asyncio.sleep(30)
                 except asyncio.CancelledError:
@@ -328,7 +330,7 @@ class AsyncLoop(Base):
             start = time.monotonic()
             with self.assertRaises(idemkv.OutcomeUnknownError) as cm:
                 await a.do(tool, key=self.key, tool="t", effect={"a": 3}, lease_ttl=1)
-            self.assertLess(time.monotonic() - start, 10)
+            self.assertLess(time.monotonic() - start, 20)
             self.assertTrue(cancelled.is_set())
             self.assertIn("lost", str(cm.exception))
             await a.close()

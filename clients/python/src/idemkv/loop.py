@@ -305,7 +305,12 @@ class _Loop:
                     conflict=c, decision=decision, record=record)
             if decision == "in_progress":
                 waits += 1
-                yield from self.wait(res, waits, deadline)
+                try:
+                    yield from self.wait(res, waits, deadline)
+                except StoreUnavailableError as e:
+                    if op.unguarded and op.side_effect == IDEMPOTENT:
+                        return (yield from self.unguarded(e))
+                    raise
                 continue
             g = _Grant(decision, int(res.get("fence") or 0), record)
             if decision == "execute":
