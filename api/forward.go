@@ -6,8 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"net/textproto"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkv/idemkv"
@@ -64,6 +66,11 @@ func (s *Server) forwardToLeader(w http.ResponseWriter, r *http.Request, body []
 	copyHeaders(out.Header, r.Header)
 	telemetry.Inject(r.Context(), out.Header)
 	out.Header.Set(HeaderForwarded, "1")
+	// Once the request's headers are on the wire the leader may act on it, so a forward
+	// that fails after that leaves a write's outcome unknown; one that never got that
+	// far (no connection, a failed handshake) certainly did nothing.
+	var sent atomic.Bool
+	out = out.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { sent.Store(true) }}))
 
 	resp, err := s.forward.Do(out)
 	if err != nil {
@@ -74,6 +81,11 @@ func (s *Server) forwardToLeader(w http.ResponseWriter, r *http.Request, body []
 		s.log.LogAttrs(r.Context(), level, "forwarding to the leader failed",
 			slog.String(logKeyMethod, r.Method), slog.String(logKeyPath, r.URL.Path),
 			slog.String(logKeyLeader, addr), slog.Any(logKeyErr, err))
+		if sent.Load() && r.Method != http.MethodGet && r.Method != http.MethodHead {
+			s.writeError(w, r, idemkv.Errorf(idemkv.ErrOutcomeUnknown,
+				"the request reached the leader at %s but no answer came back; the write may have happened, retry with the same attempt_id", addr))
+			return
+		}
 		s.writeError(w, r, idemkv.Errorf(idemkv.ErrUnavailable, "the leader at %s did not answer; retry", addr))
 		return
 	}

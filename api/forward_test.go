@@ -297,3 +297,70 @@ func TestForwardSchemeIsUsed(t *testing.T) {
 		t.Errorf("the leader's store was called over the wrong scheme")
 	}
 }
+
+// TestForwardOutcomeUnknownOnlyAfterSending: a forwarded write whose request reached the
+// leader but got no answer (the leader hung, or the connection dropped after the request
+// went out) may have happened: outcome_unknown. One that never reached the leader is
+// unavailable, and so is a read whatever happened (issue 12, defect 6).
+func TestForwardOutcomeUnknownOnlyAfterSending(t *testing.T) {
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 4096)
+				_, _ = c.Read(buf) // take the request, never answer
+				<-hang
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	hung := ln.Addr().String()
+	n := startNode(t, &FakeStore{LeaderFunc: func() (string, bool) { return hung, false }},
+		func(c *api.Config) { c.ForwardTimeout = 200 * time.Millisecond })
+	for _, w := range []struct {
+		path string
+		body map[string]any
+	}{{"/v1/reserve", validReserve()}, {"/v1/commit", validCommit()}, {"/v1/release", validRelease()}} {
+		e := do(t, "POST", n.url+w.path, w.body, nil).wantError(t, 503, idemkv.CodeOutcomeUnknown, "")
+		if !strings.Contains(e["message"].(string), "attempt_id") {
+			t.Errorf("%s: message %v does not tell the caller to keep the attempt_id", w.path, e["message"])
+		}
+	}
+	do(t, "GET", n.url+"/v1/records/acme/k", nil, nil).wantError(t, 503, idemkv.CodeUnavailable, "")
+	if accepted.Load() == 0 {
+		t.Fatal("the hung leader accepted nothing: the scenario is wrong")
+	}
+
+	// A leader that closes the connection once it has read the request.
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln2.Close() })
+	go func() {
+		for {
+			c, err := ln2.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 4096)
+			_, _ = c.Read(buf)
+			c.Close()
+		}
+	}()
+	dropped := ln2.Addr().String()
+	n2 := startNode(t, &FakeStore{LeaderFunc: func() (string, bool) { return dropped, false }}, nil)
+	do(t, "POST", n2.url+"/v1/reserve", validReserve(), nil).wantError(t, 503, idemkv.CodeOutcomeUnknown, "")
+}

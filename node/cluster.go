@@ -77,7 +77,7 @@ func (n *Node) Ready() error {
 func (n *Node) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, n.raftError(err)
+		return nil, n.readError(err)
 	}
 	meta := map[string]idemkv.NodeInfo{}
 	for _, ni := range n.fsm.Nodes() {
@@ -175,7 +175,7 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	}
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, n.raftError(err)
+		return nil, n.readError(err)
 	}
 	// A join never changes a member: moving one's addresses is a remove and a join.
 	// Otherwise a join with a live member's ID and a new api_addr would make every
@@ -221,7 +221,7 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 	}
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return nil, n.raftError(err)
+		return nil, n.readError(err)
 	}
 	found := false
 	for _, s := range f.Configuration().Servers {

@@ -235,8 +235,9 @@ func (n *Node) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListR
 }
 
 // propose replicates cmd and returns the state machine's answer. An error wrapping
-// ErrNotLeader means the command was certainly not appended; ErrUnavailable without
-// it means the outcome is unknown (every idemkv write is safe to retry).
+// ErrUnavailable (ErrNotLeader among them) means the command was certainly not
+// appended; ErrOutcomeUnknown means it may still apply (every idemkv write is safe to
+// retry with the same attempt_id).
 func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
@@ -258,8 +259,8 @@ func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 	if res, handled, err := n.earlyAck(cmd); handled {
 		return res, err
 	}
-	if err := f.Error(); err != nil {
-		return nil, n.raftError(err)
+	if err := n.waitProposed(ctx, f); err != nil {
+		return nil, err
 	}
 	n.metrics.ApplyLatency.Observe(time.Since(start).Seconds())
 	res, ok := f.Response().(*fsm.Result)
@@ -272,8 +273,28 @@ func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 	return res, nil
 }
 
-// raftError maps Raft's errors to idemkv's: not appended (safe to send elsewhere) or
-// indeterminate (the write may have happened).
+// waitProposed waits for an entry handed to Raft. From here on a failure leaves the
+// write's outcome unknown, unless Raft says it never appended the entry; a caller that
+// gives up waiting gets outcome_unknown too, since the entry may still commit.
+func (n *Node) waitProposed(ctx context.Context, f raft.ApplyFuture) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return n.raftError(err)
+		}
+		return nil
+	case <-ctx.Done():
+		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "gave up waiting for the write after proposing it (%v); it may still apply, retry with the same attempt_id", ctx.Err())
+	}
+}
+
+// raftError maps Raft's errors about a write to idemkv's: certainly not appended
+// (unavailable: not the leader, not enqueued) or indeterminate (outcome_unknown:
+// leadership lost while replicating, a shutdown with the entry in flight, anything
+// else after proposing). A node that is already shut down is refused before proposing,
+// as not the leader.
 func (n *Node) raftError(err error) error {
 	switch {
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
@@ -281,12 +302,21 @@ func (n *Node) raftError(err error) error {
 	case errors.Is(err, raft.ErrEnqueueTimeout):
 		return idemkv.Errorf(idemkv.ErrUnavailable, "raft is overloaded: %v", err)
 	case errors.Is(err, raft.ErrRaftShutdown):
-		return idemkv.Errorf(idemkv.ErrUnavailable, "node is shutting down")
+		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "node shut down with the write in flight; it may still apply, retry with the same attempt_id")
 	case errors.Is(err, raft.ErrLeadershipLost):
-		return idemkv.Errorf(idemkv.ErrUnavailable, "leadership lost while replicating; the outcome is unknown, retry")
+		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "leadership lost while replicating; the write may have happened, retry with the same attempt_id")
 	default:
-		return idemkv.Errorf(idemkv.ErrUnavailable, "replication did not finish: %v; the outcome is unknown, retry", err)
+		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "replication did not finish: %v; the write may have happened, retry with the same attempt_id", err)
 	}
+}
+
+// readError maps Raft's errors about a read or a look at the configuration: nothing
+// was written, so nothing is in doubt.
+func (n *Node) readError(err error) error {
+	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+		return fmt.Errorf("%w (%v)", idemkv.ErrNotLeader, err)
+	}
+	return idemkv.Errorf(idemkv.ErrUnavailable, "%v", err)
 }
 
 // readIndex makes the next local read linearizable: it takes the commit index,
@@ -307,7 +337,7 @@ func (n *Node) readIndex(ctx context.Context) error {
 	}
 	index := n.raft.CommitIndex()
 	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return n.raftError(err)
+		return n.readError(err)
 	}
 	if n.raft.CurrentTerm() != term {
 		return idemkv.ErrNotLeader
