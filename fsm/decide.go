@@ -182,6 +182,9 @@ func DecideCommit(cur *idemkv.Record, req *idemkv.CommitRequest, now idemkv.Time
 	next.Status = idemkv.StatusCommitted
 	next.UpdatedAt = now
 	next.LeaseExpiresAt = 0
+	// The holder of an in-doubt record's fence may still learn its outcome and
+	// commit it; a terminal record is never in doubt.
+	next.InDoubt, next.InDoubtSince = false, 0
 	next.Receipt = &idemkv.StoredReceipt{
 		RemoteSystem: req.RemoteSystem,
 		RemoteID:     req.RemoteID,
@@ -206,6 +209,7 @@ func DecideFail(cur *idemkv.Record, req *idemkv.FailRequest, now idemkv.Timestam
 	next.Status = idemkv.StatusFailed
 	next.UpdatedAt = now
 	next.LeaseExpiresAt = 0
+	next.InDoubt, next.InDoubtSince = false, 0
 	errInfo := req.Error
 	next.Error = &errInfo
 	return next, next, nil
@@ -235,6 +239,10 @@ func DecideHeartbeat(cur *idemkv.Record, req *idemkv.HeartbeatRequest, now idemk
 	}
 	if cur.Status.Terminal() {
 		return nil, fmt.Errorf("%w: the record is %s", idemkv.ErrNotPending, cur.Status)
+	}
+	if cur.InDoubt {
+		// No attempt runs an in-doubt record's tool, so there is no lease to keep.
+		return nil, fmt.Errorf("%w: the record is in doubt; only a resolve settles it", idemkv.ErrNotPending)
 	}
 	next = cur.Clone()
 	next.UpdatedAt = now

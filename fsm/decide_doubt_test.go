@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"testing"
 
@@ -53,6 +54,30 @@ func TestDecideDoubt(t *testing.T) {
 				t.Fatalf("next %+v answer %+v\nwant %+v and %+v", next, rec, tc.next, tc.rec)
 			}
 		})
+	}
+}
+
+// TestDecideOwnerSettlesInDoubt: the holder of an in-doubt record's fence may still
+// commit or fail it (it learned the outcome after all); the terminal record is no
+// longer in doubt. A stale fence stays fenced.
+func TestDecideOwnerSettlesInDoubt(t *testing.T) {
+	now := t0 + 900
+	next, _, err := DecideCommit(inDoubtRec(), commitReq(7), now)
+	if err != nil || next.Status != idemkv.StatusCommitted || next.InDoubt || next.InDoubtSince != 0 {
+		t.Fatalf("commit: %+v, %v", next, err)
+	}
+	next, _, err = DecideFail(inDoubtRec(), failReq(7), now)
+	if err != nil || next.Status != idemkv.StatusFailed || next.InDoubt || next.InDoubtSince != 0 {
+		t.Fatalf("fail: %+v, %v", next, err)
+	}
+	if _, _, err := DecideCommit(inDoubtRec(), commitReq(6), now); err == nil {
+		t.Fatal("a stale fence committed an in-doubt record")
+	}
+	if _, err := DecideHeartbeat(inDoubtRec(), &idemkv.HeartbeatRequest{Tenant: tenant, Key: key, Fence: 7}, now); !errors.Is(err, idemkv.ErrNotPending) {
+		t.Fatalf("heartbeat of an in-doubt record: %v", err)
+	}
+	if release, err := DecideRelease(inDoubtRec(), &idemkv.ReleaseRequest{Tenant: tenant, Key: key, Fingerprint: fpA, Fence: 7}, now); err != nil || !release {
+		t.Fatalf("release: %v %v", release, err)
 	}
 }
 
