@@ -272,7 +272,9 @@ func (g *Gateway) Close() error {
 	return nil
 }
 
-// Server is the MCP server to serve (mcp.StdioTransport, mcp.StreamableHTTPHandler...).
+// Server is the gateway's MCP server. Serve it with ServeIO or HTTPHandler, which also
+// answer requests that come before initialize properly; serving it directly over
+// another transport works, with the go-sdk's answers to those.
 func (g *Gateway) Server() *mcp.Server { return g.server }
 
 // Class returns the class the gateway gave a tool, and whether it offers the tool.

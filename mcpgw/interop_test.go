@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -169,7 +168,7 @@ func newGW(t *testing.T, cluster *testcluster.Cluster, transport func() mcp.Tran
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Close() })
-	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.Server() }, nil))
+	srv := httptest.NewServer(g.HTTPHandler(nil))
 	t.Cleanup(srv.Close)
 	return &gw{t: t, gw: g, idem: idem, url: srv.URL}
 }

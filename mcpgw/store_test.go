@@ -24,6 +24,7 @@ type lines struct {
 func (l lines) Handle(ctx context.Context, r slog.Record) error {
 	l.mu.Lock()
 	l.got[r.Message]++
+	l.got["level:"+r.Level.String()]++
 	l.mu.Unlock()
 	return l.Handler.Handle(ctx, r)
 }

@@ -139,7 +139,7 @@ func runMCPGateway(ctx context.Context, o mcpGatewayOptions, stderr io.Writer) e
 
 	if o.listen == "" {
 		logger.Info("serving MCP on stdio")
-		err := gw.Server().Run(ctx, &mcp.StdioTransport{})
+		err := gw.ServeIO(ctx, os.Stdin, os.Stdout)
 		if err != nil && ctx.Err() != nil {
 			return nil
 		}
@@ -169,8 +169,7 @@ func serveMCPHTTP(ctx context.Context, gw *mcpgw.Gateway, o mcpGatewayOptions, l
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return gw.Server() },
-		&mcp.StreamableHTTPOptions{Logger: logger}))
+	mux.Handle("/mcp", gw.HTTPHandler(&mcp.StreamableHTTPOptions{Logger: logger}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: httpErrorLog(logger)}
 	served := make(chan error, 1)
