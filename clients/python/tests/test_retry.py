@@ -1,0 +1,135 @@
+"""Retries and routing against scripted HTTP servers: what a real node rarely does on
+demand (outcome_unknown, a proxy's 502, a leader named in a header)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+import harness  # noqa: F401  (puts src/ on sys.path)
+import idemkv
+
+Answer = tuple[int, dict[str, str], Any]
+
+
+class Scripted:
+    """An HTTP server that answers POSTs from a script and records their bodies."""
+
+    def __init__(self, script: Callable[[int, dict[str, Any]], Answer]) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def answer(self, body: dict[str, Any]) -> None:
+                outer.bodies.append(body)
+                status, headers, payload = script(len(outer.bodies), body)
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802
+                n = int(self.headers.get("Content-Length", "0"))
+                self.answer(json.loads(self.rfile.read(n) or b"{}"))
+
+            def do_GET(self) -> None:  # noqa: N802
+                self.answer({"path": self.path})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.addr = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def error(code: str, status: int) -> Answer:
+    return status, {}, {"error": {"code": code, "message": code}}
+
+
+EXECUTE = {"decision": "execute", "fence": 7, "record": {"status": "pending", "fence": 7, "attempts": 1}}
+
+
+class Retries(unittest.TestCase):
+    def serve(self, script: Callable[[int, dict[str, Any]], Answer]) -> Scripted:
+        s = Scripted(script)
+        self.addCleanup(s.close)
+        return s
+
+    def test_outcome_unknown_is_retried_with_the_same_attempt(self) -> None:
+        s = self.serve(lambda n, b: error("outcome_unknown", 503) if n < 3 else (200, {}, EXECUTE))
+        c = idemkv.Client(s.addr, backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c.close)
+        self.assertEqual(c.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)["fence"], 7)
+        ids = {b["attempt_id"] for b in s.bodies}
+        self.assertEqual((len(s.bodies), len(ids)), (3, 1))
+
+    def test_unavailable_proxy_and_resource_exhausted_are_retried_the_rest_not(self) -> None:
+        answers = [error("unavailable", 503), (502, {}, b"bad gateway"), error("resource_exhausted", 429),
+                   (200, {}, {"released": True})]
+        s = self.serve(lambda n, b: answers[n - 1])
+        c = idemkv.Client(s.addr, backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c.close)
+        self.assertEqual(c.release("t", "k", "sha256:" + "a" * 64, 7), {"released": True})
+        self.assertEqual(len(s.bodies), 4)
+
+        s2 = self.serve(lambda n, b: error("fenced", 409))
+        c2 = idemkv.Client(s2.addr)
+        self.addCleanup(c2.close)
+        with self.assertRaises(idemkv.APIError) as cm:
+            c2.commit("t", "k", "sha256:" + "a" * 64, 7, "s", "id")
+        self.assertEqual((cm.exception.code, len(s2.bodies)), ("fenced", 1))
+
+    def test_a_retried_release_that_finds_nothing_was_ours(self) -> None:
+        s = self.serve(lambda n, b: error("unavailable", 503) if n == 1 else error("not_found", 404))
+        c = idemkv.Client(s.addr, backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c.close)
+        self.assertEqual(c.release("t", "k", "sha256:" + "a" * 64, 7), {"released": True})
+
+    def test_the_leader_header_is_followed(self) -> None:
+        leader = self.serve(lambda n, b: (200, {"Idemkv-Leader": "unused"}, EXECUTE))
+        follower = self.serve(lambda n, b: (200, {"Idemkv-Leader": leader.addr}, EXECUTE))
+        c = idemkv.Client([follower.addr])
+        self.addCleanup(c.close)
+        c.reserve("t", "k1", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(c.leader, "http://" + leader.addr)
+        c.reserve("t", "k2", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual((len(follower.bodies), len(leader.bodies)), (1, 1))
+
+        # A wildcard address names nothing a client can dial: it is not followed.
+        wild = self.serve(lambda n, b: (200, {"Idemkv-Leader": "0.0.0.0:7420"}, EXECUTE))
+        c2 = idemkv.Client([wild.addr])
+        self.addCleanup(c2.close)
+        c2.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(c2.leader, "")
+
+    def test_async_same_attempt_and_leader(self) -> None:
+        leader = self.serve(lambda n, b: error("outcome_unknown", 503) if n == 1 else (200, {}, EXECUTE))
+        # The follower cannot reach a leader but names it: the retry goes there.
+        follower = self.serve(lambda n, b: (503, {"Idemkv-Leader": leader.addr},
+                                            {"error": {"code": "unavailable", "message": "no leader yet"}}))
+
+        async def main() -> dict[str, Any]:
+            async with idemkv.AsyncClient([follower.addr], backoff_min=0.001, backoff_max=0.01) as a:
+                return await a.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)
+
+        self.assertEqual(asyncio.run(main())["fence"], 7)
+        ids = {b["attempt_id"] for b in follower.bodies + leader.bodies}
+        # follower (names the leader) → leader (outcome_unknown: it may have lost the
+        # leadership, so it is forgotten) → follower again → leader: one attempt id.
+        self.assertEqual((len(follower.bodies), len(leader.bodies), len(ids)), (2, 2, 1))
+
+
+if __name__ == "__main__":
+    unittest.main()
