@@ -40,14 +40,14 @@ type Class string
 
 const (
 	// ReadOnly tools run directly, without a reservation.
-	ReadOnly Class = "read_only"
+	ReadOnly Class = idemkv.SideEffectReadOnly
 	// IdempotentMutation tools may run twice with the same effect (a PUT by id); a
 	// recovered attempt simply runs them again.
-	IdempotentMutation Class = "idempotent_mutation"
+	IdempotentMutation Class = idemkv.SideEffectIdempotentMutation
 	// NonIdempotentMutation tools must not run twice (create a ticket, send money). A
 	// recovered attempt asks the Probe whether the effect happened; without one it
 	// reports ErrInDoubt. It is the class of an Op that names none.
-	NonIdempotentMutation Class = "non_idempotent_mutation"
+	NonIdempotentMutation Class = idemkv.SideEffectNonIdempotentMutation
 )
 
 // Result is what a tool or a probe reports: the downstream system's receipt.
@@ -459,6 +459,7 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 		AttemptID:   NewAttemptID(),
 		LeaseTTLMs:  op.LeaseTTL.Milliseconds(),
 		TTLMs:       op.TTL.Milliseconds(),
+		SideEffect:  string(op.Class),
 	}
 	settles := 0
 	for waits := 0; ; waits++ {
@@ -638,7 +639,7 @@ func (x *run) recover(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 		return x.execute(ctx, g, fn)
 	}
 	x.span.AddEvent("probe", trace.WithAttributes(attribute.Bool("found", true)))
-	out, err := x.commit(ctx, g, found)
+	out, err := x.commit(ctx, g, found, byProbe)
 	if out != nil {
 		out.Probed = true
 	}
@@ -689,10 +690,13 @@ func (x *run) settleInDoubt(ctx context.Context, rec *idemkv.Record) (out *Outco
 	if found != nil {
 		raw, err := marshalResult(found)
 		if err != nil {
-			return nil, false, inDoubt(err)
+			return nil, false, inDoubt(fmt.Errorf("%s, but its receipt cannot be stored: %w", byProbe, err))
 		}
 		req.Outcome, req.RemoteSystem, req.RemoteID, req.RemoteURL, req.Result = idemkv.ResolveCommitted,
 			found.RemoteSystem, found.RemoteID, found.RemoteURL, raw
+		if err := req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes}); err != nil {
+			return nil, false, inDoubt(fmt.Errorf("%s, but its receipt is invalid and was not stored: %w", byProbe, err))
+		}
 	}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
@@ -740,7 +744,7 @@ func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) 
 	case ferr == nil && res == nil:
 		return nil, x.outcomeUnknown(g, idemkv.Invalid("result", "the tool returned neither a result nor an error"))
 	case ferr == nil:
-		return x.commit(ctx, g, res)
+		return x.commit(ctx, g, res, byTool)
 	case errors.As(ferr, &ne) && earlier:
 		return nil, x.outcomeUnknown(g, ferr)
 	case errors.As(ferr, &ne):
@@ -809,14 +813,30 @@ func (x *run) graceContext(ctx context.Context) (context.Context, context.Cancel
 	return context.WithTimeout(context.WithoutCancel(ctx), x.cfg.CommitGrace)
 }
 
-func (x *run) commit(ctx context.Context, g grant, res *Result) (*Outcome, error) {
+// finder says who found the effect whose receipt is being stored, so that an error
+// says what happened: the tool ran, or the tool did not run and the probe found the
+// effect a dead attempt left.
+type finder string
+
+const (
+	byTool  finder = "the tool ran"
+	byProbe finder = "the tool did not run: the probe found the effect of an earlier attempt"
+)
+
+func (x *run) commit(ctx context.Context, g grant, res *Result, who finder) (*Outcome, error) {
 	raw, err := marshalResult(res)
 	if err != nil {
-		return nil, x.outcomeUnknown(g, err)
+		return nil, x.outcomeUnknown(g, fmt.Errorf("%s, but its receipt cannot be stored: %w", who, err))
 	}
 	req := &idemkv.CommitRequest{
 		Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence,
 		RemoteSystem: res.RemoteSystem, RemoteID: res.RemoteID, RemoteURL: res.RemoteURL, Result: raw,
+	}
+	// Check the receipt before any call: a receipt without remote_system or remote_id
+	// can never be stored, and retrying it would only spend the store-wait budget.
+	// The payload limit is the server's to enforce (it is a flag there).
+	if err := req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes}); err != nil {
+		return nil, x.outcomeUnknown(g, fmt.Errorf("%s, but its receipt is invalid and was not stored: %w", who, err))
 	}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
@@ -824,7 +844,7 @@ func (x *run) commit(ctx context.Context, g grant, res *Result) (*Outcome, error
 		return x.store.Commit(ctx, req)
 	})
 	if err != nil {
-		return nil, x.outcomeUnknown(g, fmt.Errorf("the tool ran but its receipt (remote id %q) was not stored: %w", res.RemoteID, err))
+		return nil, x.outcomeUnknown(g, fmt.Errorf("%s, but its receipt (remote id %q) was not stored: %w", who, res.RemoteID, err))
 	}
 	if receipt.Status == idemkv.StatusFailed {
 		// The first stored outcome wins, and it was a failure.
