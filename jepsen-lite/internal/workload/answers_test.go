@@ -25,6 +25,7 @@ func TestClassifyAnswers(t *testing.T) {
 		{400, `{"error":{"code":"invalid_argument","message":"x"}}`, history.Fail, ""},
 		{429, `{"error":{"code":"resource_exhausted","message":"x"}}`, history.Fail, ""},
 		{503, `{"error":{"code":"outcome_unknown","message":"x"}}`, history.Info, ""},
+		{503, `{"error":{"code":"unavailable","message":"x"}}`, history.Fail, ""},
 		{500, `{"error":{"code":"internal","message":"x"}}`, history.Info, AnomalyServerError},
 		{500, `oops`, history.Info, AnomalyUndecodable},
 		{403, `{"error":{"code":"permission_denied","message":"x"}}`, history.Info, AnomalyServerError},

@@ -85,21 +85,20 @@ var modelCodes = map[string]bool{
 	idemkv.CodeNotPending:          true,
 }
 
-// Codes that say the request certainly had no effect: refused by validation, or by a
-// cap, before anything was proposed.
+// Codes that say the request certainly had no effect: refused by validation or by a
+// cap, or unavailable (protocol: "certainly not applied"; a write that may have
+// happened is answered outcome_unknown). A node that answers unavailable for a write
+// that then takes effect breaks linearizability, and the model shows it.
 var notAppliedCodes = map[string]bool{
 	idemkv.CodeInvalidArgument:   true,
 	idemkv.CodePayloadTooLarge:   true,
 	idemkv.CodeResourceExhausted: true,
+	idemkv.CodeUnavailable:       true,
 }
 
-// Codes that leave the outcome unknown. outcome_unknown is the documented one.
-// unavailable is documented as "certainly not applied", but until the server answers
-// every indeterminate write (leadership lost while replicating, a forward cut short)
-// with outcome_unknown it still says unavailable for them, so it stays here.
+// unknownCodes leave the outcome unknown: only the documented indeterminate code.
 var unknownCodes = map[string]bool{
 	idemkv.CodeOutcomeUnknown: true,
-	idemkv.CodeUnavailable:    true,
 }
 
 // do sends one request to node and decodes a 200 answer into out.
