@@ -342,7 +342,7 @@ class Attempt {
   }
 
   private async recover(g: Grant, fn: ToolFn): Promise<Outcome> {
-    if (this.cls === "idempotent") return this.execute(g, fn);
+    if (this.cls === "idempotent") return this.execute(g, fn, true);
     const probe = this.op.probe;
     if (probe === undefined) return this.markInDoubt(g);
     const { value, error, lost } = await this.underLease(g, probe);
@@ -419,12 +419,24 @@ class Attempt {
     return { signal, tenant: this.op.tenant, key: this.op.key, tool: this.op.tool, decision: g.decision, fence: g.fence };
   }
 
-  private async execute(g: Grant, fn: ToolFn): Promise<Outcome> {
+  /**
+   * Runs the tool under g. earlier says that an attempt before this one may have run it
+   * (an idempotent re-execution on recover): a "not executed" from this call then says
+   * nothing about that attempt, so the key stays pending (outcome unknown) instead of
+   * being released, which would say the effect certainly did not happen and free the
+   * key for other arguments.
+   */
+  private async execute(g: Grant, fn: ToolFn, earlier = false): Promise<Outcome> {
     const { value, error, lost } = await this.underLease(g, fn);
     const d = (cause: unknown): IdemkvErrorDetails => ({ decision: g.decision, record: g.record, cause });
     if (lost !== undefined) {
       // A newer attempt owns the key; it decides the outcome (and probes for ours).
       throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${lost.message}`, d(error ?? lost));
+    }
+    if (error instanceof NotExecutedMark && earlier) {
+      throw new OutcomeUnknownError(
+        `idemkv: outcome of ${this.q} unknown, the record stays pending: an earlier attempt may have run the tool; ` +
+          `this one did not: ${messageOf(error.cause)}`, d(error.cause));
     }
     if (error instanceof NotExecutedMark) return this.release(g, error);
     if (error instanceof PermanentError) return this.fail(g, error);

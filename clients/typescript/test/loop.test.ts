@@ -127,6 +127,24 @@ describe("single node", () => {
     log(t, "first call", err);
   });
 
+  it("a recovered idempotent re-run that reports not executed keeps the key pending", async (t) => {
+    const key = newKey("recover-idem");
+    const fp = "sha256:" + "c".repeat(64);
+    // An attempt that died: its lease (1 s) runs out and nobody knows what it did.
+    await client.reserve({ tenant: TENANT, idempotency_key: key, tool: "put_doc", effect_fingerprint: fp, lease_ttl_ms: 1000 });
+    await new Promise((r) => setTimeout(r, 1200));
+    let runs = 0;
+    const err = await run(client, { tenant: TENANT, key, tool: "put_doc", fingerprint: fp, sideEffect: "idempotent" }, async () => {
+      runs++;
+      throw notExecuted(new Error("rate limited before sending"));
+    }).catch((e: unknown) => e);
+    assert.ok(err instanceof OutcomeUnknownError, String(err));
+    assert.equal(err.decision, "recover");
+    assert.equal(runs, 1);
+    assert.equal((await client.get(TENANT, key)).status, "pending", "the key was released");
+    log(t, "recovered re-run", err);
+  });
+
   it("an ordinary error leaves the record pending: outcome unknown", async (t) => {
     const boom = async (_a: { key: string }): Promise<{ id: string }> => {
       throw new Error("socket hang up");
@@ -144,14 +162,16 @@ describe("single node", () => {
     let calls = 0;
     const slow = async (_a: { key: string }) => {
       calls++;
-      // Three leases long: without heartbeats the second caller would take over.
-      await new Promise((r) => setTimeout(r, 3000));
+      // Two and a half leases long: without heartbeats the second caller would take
+      // over. (A 2 s lease, not 1 s: with 1 s this test failed once at a load average
+      // of 19 on two cores; the cause was not pinned down.)
+      await new Promise((r) => setTimeout(r, 5000));
       assert.equal(toolContext()?.signal.aborted, false);
       return { id: "TCK-slow" };
     };
     const outs: Outcome[] = [];
     const create = idempotent(slow, {
-      client, tenant: TENANT, tool: "create_ticket", key: (a) => a.key, leaseTtl: 1000,
+      client, tenant: TENANT, tool: "create_ticket", key: (a) => a.key, leaseTtl: 2000,
       receipt: (x) => ({ remoteSystem: "tickets", remoteId: x.id }), onOutcome: (o) => outs.push(o),
     });
     const key = newKey("heartbeat");
