@@ -121,9 +121,9 @@ func encodeResult(res *mcp.CallToolResult, upstream json.RawMessage, max int) (r
 // object, may become structuredContent (the operator recorded what the tool would
 // have returned); the gateway's description never does.
 func decodeResult(receipt *idemkv.Receipt, declared bool) *mcp.CallToolResult {
-	if len(receipt.Result) > 0 && isObject(receipt.Result) {
+	if isCallToolResult(receipt.Result) {
 		var res mcp.CallToolResult
-		if err := json.Unmarshal(receipt.Result, &res); err == nil && res.Content != nil {
+		if err := json.Unmarshal(receipt.Result, &res); err == nil {
 			return withRaw(&res, receipt.Result)
 		}
 	}
@@ -156,14 +156,30 @@ func decodeFailure(receipt *idemkv.Receipt) *mcp.CallToolResult {
 	if info == nil {
 		info = &idemkv.ErrorInfo{Code: client.DefaultFailureCode, Message: "the operation failed"}
 	}
-	if info.Code == FailureCode && isObject(info.Details) {
+	if info.Code == FailureCode && isCallToolResult(info.Details) {
 		var res mcp.CallToolResult
-		if err := json.Unmarshal(info.Details, &res); err == nil && res.Content != nil && res.IsError {
+		if err := json.Unmarshal(info.Details, &res); err == nil && res.IsError {
 			return withRaw(&res, info.Details)
 		}
 	}
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: info.Code + ": " + info.Message}},
 		Meta: mcp.Meta{MetaDetails: map[string]any{"code": info.Code, "message": info.Message}}}
+}
+
+// isCallToolResult reports whether raw is a CallToolResult as the gateway stores
+// one: an object with a content array. (The go-sdk decodes any object into a
+// CallToolResult without complaint.)
+func isCallToolResult(raw json.RawMessage) bool {
+	ms, err := members(raw)
+	if err != nil {
+		return false
+	}
+	for _, m := range ms {
+		if m.name == "content" {
+			return bytes.HasPrefix(bytes.TrimSpace(m.value), []byte("["))
+		}
+	}
+	return false
 }
 
 func isObject(raw json.RawMessage) bool {

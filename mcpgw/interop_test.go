@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/mcpgw"
@@ -404,5 +405,57 @@ func TestValidationErrorsReleaseTheKey(t *testing.T) {
 				t.Fatalf("place_order's own code ran %d times, want 1", n)
 			}
 		})
+	}
+}
+
+// Issue 14 point 6, a receipt the gateway did not store: an operator settled an
+// in-doubt call with `idemkv resolve --committed` and the tool's output as the
+// result. The replay gives that output as the structuredContent (exactly, a
+// ledger_seq beyond 2^53 included) and the receipt's description in the text and
+// _meta, never the description as structuredContent.
+func TestOperatorSettledReceiptKeepsTheSchema(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newM3Upstream()
+	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t)), gwOptions{policy: "tenant: settled\n"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	args := order("o-5", 7, "EUR")
+	effect, _ := json.Marshal(args)
+	res, err := g.idem.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "settled", Key: "settle-1", Tool: "place_order",
+		Actor: "crashed-agent", Effect: effect, LeaseTTLMs: 1000})
+	if err != nil || res.Decision != idemkv.DecisionExecute {
+		t.Fatalf("reserve: %v %+v", err, res)
+	}
+	fp := res.Record.Fingerprint
+	if _, err := g.idem.Doubt(ctx, &idemkv.DoubtRequest{Tenant: "settled", Key: "settle-1", Fingerprint: fp, Fence: res.Fence}); err != nil {
+		t.Fatal(err)
+	}
+	output := `{"order_id":"o-5","amount":7,"ledger_seq":` + bigSeq + `}`
+	if _, err := g.idem.Resolve(ctx, &idemkv.ResolveRequest{Tenant: "settled", Key: "settle-1", Fingerprint: fp,
+		Outcome: idemkv.ResolveCommitted, RemoteSystem: "m3-orders", RemoteID: "o-5", Result: json.RawMessage(output)}); err != nil {
+		t.Fatal(err)
+	}
+
+	var w wire
+	agent := g.connectWire(&w)
+	oc := newOutputChecker(t, listTools(t, agent))
+	w.take()
+	got := goCall(t, agent, "place_order", args, key("settle-1"))
+	sent := w.take()
+	if got.IsError || meta(got, mcpgw.MetaDecision) != "replay" {
+		t.Fatalf("want the settled receipt replayed, got %s", show(got))
+	}
+	if err := oc.check("place_order", got); err != nil {
+		t.Fatalf("a validating client rejects the replay: %v\n%s", err, sent)
+	}
+	if !strings.Contains(sent, `"structuredContent":`+output) {
+		t.Errorf("the agent got %s, want the settled output %s as structuredContent", sent, output)
+	}
+	if d := details(t, got); d["remote_id"] != "o-5" || d["status"] != "committed" {
+		t.Errorf("the receipt's description is not in _meta: %s", show(got))
+	}
+	if n := up.calls("place_order"); n != 0 {
+		t.Fatalf("place_order ran %d times", n)
 	}
 }
