@@ -130,6 +130,34 @@ class Retries(unittest.TestCase):
         # leadership, so it is forgotten) → follower again → leader: one attempt id.
         self.assertEqual((len(follower.bodies), len(leader.bodies), len(ids)), (2, 2, 1))
 
+    def test_store_wait_is_one_budget_for_the_whole_call(self) -> None:
+        # The reserve gets through after 0.6 s of 503s, says in_progress, and every
+        # long-poll after it fails: the call still ends within its 1 s store_wait, not
+        # 0.6 s + a fresh 1 s for the long-poll.
+        import time
+
+        first: list[float] = []
+        in_progress = {"decision": "in_progress", "lease_expires_at": "2999-01-01T00:00:00.000Z",
+                       "record": {"status": "pending", "fence": 3, "attempts": 1}}
+
+        def script(n: int, body: dict[str, Any]) -> Answer:
+            if "path" in body:  # the long-poll
+                return error("unavailable", 503)
+            first.append(time.monotonic())
+            if first[-1] - first[0] < 0.6:
+                return error("unavailable", 503)
+            return 200, {}, in_progress
+
+        s = self.serve(script)
+        c = idemkv.Client(s.addr, tenant="t", store_wait=1.0, backoff_min=0.01, backoff_max=0.05)
+        self.addCleanup(c.close)
+        start = time.monotonic()
+        with self.assertRaises(idemkv.StoreUnavailableError):
+            c.do(lambda: {"id": "x"}, key="k", tool="tool", effect={"a": 1})
+        took = time.monotonic() - start
+        self.assertGreaterEqual(took, 0.9)
+        self.assertLess(took, 1.4)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -154,15 +154,18 @@ class Client:
         cfg = self.config
         body = call.encoded_body()
         wait_for = bound or cfg.store_wait
-        deadline = time.monotonic() + wait_for + call.wait
+        # The bound counts the store's time only: failed attempts and the pauses
+        # between them, not a long-poll's own wait (the Go client counts alike).
+        used = 0.0
         retried = False
         n = 0
         while True:
             n += 1
             base = self._router.target()
-            left = deadline - time.monotonic()
+            timeout = max(min(cfg.timeout, wait_for - used), 0.05) + call.wait
+            start = time.monotonic()
             try:
-                return self._attempt(base, call, body, max(min(cfg.timeout + call.wait, left), 0.05)), retried
+                return self._attempt(base, call, body, timeout), retried
             except APIError as e:
                 if e.code not in RETRY_CODES:
                     e.retried = retried  # type: ignore[attr-defined]
@@ -171,9 +174,10 @@ class Client:
             except _TRANSPORT_ERRORS as e:
                 last = APIError("unavailable", f"{call.method} {base}: {e!r}")
                 last.__cause__ = e
+            used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
-            left = deadline - time.monotonic()
+            left = wait_for - used
             if left <= 0:
                 raise StoreUnavailableError(
                     f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
@@ -181,7 +185,9 @@ class Client:
                     cause=last,
                 )
             # The last pause ends at the bound, and one more attempt is made there.
-            time.sleep(min(_core.backoff(n, cfg.backoff_min, cfg.backoff_max), left))
+            pause = min(_core.backoff(n, cfg.backoff_min, cfg.backoff_max), left)
+            time.sleep(pause)
+            used += pause
 
     def _call(self, call: Call) -> Any:
         return self._send(call)[0]

@@ -111,6 +111,9 @@ class Op:
     backoff_min: float = 0.02
     backoff_max: float = 1.0
     unguarded: bool = False
+    # The budget for waiting on an unresponsive store before the tool runs, across
+    # every reserve and long-poll of this call (the Go RunConfig.StoreWait).
+    store_wait: float = 30.0
 
     @classmethod
     def make(cls, config: Config, **kw: Any) -> "Op":
@@ -122,6 +125,7 @@ class Op:
         kw.setdefault("backoff_min", config.backoff_min)
         kw.setdefault("backoff_max", config.backoff_max)
         kw.setdefault("unguarded", config.on_store_unavailable == "unguarded")
+        kw.setdefault("store_wait", config.store_wait)
         if "side_effect" in kw:
             se = kw["side_effect"]
             if se not in CLASSES:
@@ -269,11 +273,26 @@ class _Loop:
     fp: str
     span: Any
     attempt_id: str = field(default_factory=new_attempt_id)
+    # Store time spent before the tool ran (a long-poll's own wait excluded).
+    used: float = 0.0
 
     def outcome(self, g: _Grant, receipt: dict[str, Any], value: Any, **kw: Any) -> Outcome:
         attempts = int((g.record or {}).get("attempts", 0))
         return Outcome(decision=g.decision, receipt=receipt, value=value, fingerprint=self.fp, fence=g.fence,
                        attempts=attempts, **kw)
+
+    def budgeted(self, call: Call) -> Generator[Any, Any, Any]:
+        """Sends a call made before the tool runs within what is left of store_wait,
+        so that a call whose store does not answer ends within store_wait in all."""
+        left = self.op.store_wait - self.used
+        if left <= 0:
+            raise StoreUnavailableError(
+                f"idemkv: {call.method} {call.route}: store_wait ({self.op.store_wait:g}s) spent before the tool ran")
+        start = time.monotonic()
+        try:
+            return (yield _Send(call, bound=left))
+        finally:
+            self.used += max(time.monotonic() - start - call.wait, 0.0)
 
     def main(self) -> Gen:
         op = self.op
@@ -283,7 +302,7 @@ class _Loop:
         waits = settles = 0
         while True:
             try:
-                res = yield _Send(reserve)
+                res = yield from self.budgeted(reserve)
             except StoreUnavailableError as e:
                 if op.unguarded and op.side_effect == IDEMPOTENT:
                     return (yield from self.unguarded(e))
@@ -376,7 +395,7 @@ class _Loop:
             wait = min(wait, left)
         start = time.monotonic()
         try:
-            rec = yield _Send(_core.get_call(op.tenant, op.key, wait))
+            rec = yield from self.budgeted(_core.get_call(op.tenant, op.key, wait))
         except APIError as e:
             if e.code == "not_found":
                 return
