@@ -96,6 +96,7 @@ func TestInDoubtEndToEnd(t *testing.T) {
 		if !errors.As(err, &ide) || time.Since(start) > 2*time.Second {
 			t.Fatalf("retry %d: %v after %s", i, err, time.Since(start))
 		}
+		t.Logf("retry %d answered in doubt after %s", i, time.Since(start))
 		if ide.Record.Fence != rec.Fence || ide.Record.Attempts != rec.Attempts || ide.Record.LeaseExpiresAt != 0 ||
 			ide.Record.InDoubtSince != rec.InDoubtSince {
 			t.Fatalf("retry %d re-leased the key: %+v, was %+v", i, ide.Record, rec)
