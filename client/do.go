@@ -99,6 +99,12 @@ type Op struct {
 	LeaseTTL time.Duration
 
 	Probe ProbeFunc
+
+	// AttemptID names this attempt to the server. Default: a fresh NewAttemptID()
+	// per Do. Pass StoreUnavailableError.AttemptID to retry a Do whose reserve may
+	// have landed unanswered: the server then recognises the same attempt (execute,
+	// same fence) instead of a stranger waiting out its lease.
+	AttemptID string
 }
 
 // Outcome is what Do returns when the operation has a committed receipt. For a
@@ -300,6 +306,9 @@ func (r *Runner) Do(ctx context.Context, op Op, fn Func) (out *Outcome, err erro
 	if op.LeaseTTL == 0 {
 		op.LeaseTTL = r.cfg.LeaseTTL
 	}
+	if op.AttemptID == "" {
+		op.AttemptID = NewAttemptID()
+	}
 	ctx, span := r.tracer.Start(ctx, "execute_tool "+op.Tool,
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(
@@ -456,7 +465,7 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 		Tool:        op.Tool,
 		Actor:       op.Actor,
 		Fingerprint: x.fp,
-		AttemptID:   NewAttemptID(),
+		AttemptID:   op.AttemptID,
 		LeaseTTLMs:  op.LeaseTTL.Milliseconds(),
 		TTLMs:       op.TTL.Milliseconds(),
 		SideEffect:  string(op.Class),
@@ -531,7 +540,7 @@ func (x *run) storeUnavailable(ctx context.Context, sw *storeWaitError, fn Func)
 		out.Fingerprint = x.fp
 		return out, nil
 	}
-	return nil, &StoreUnavailableError{Tenant: x.op.Tenant, Key: x.op.Key, Waited: sw.waited, Cause: sw}
+	return nil, &StoreUnavailableError{Tenant: x.op.Tenant, Key: x.op.Key, AttemptID: x.op.AttemptID, Waited: sw.waited, Cause: sw}
 }
 
 func (x *run) decided(ctx context.Context, d idemkv.Decision, res *idemkv.ReserveResult) {

@@ -155,8 +155,13 @@ func (e *OutcomeUnknownError) Unwrap() []error { return unwrapKind(ErrOutcomeUnk
 type StoreUnavailableError struct {
 	Tenant string
 	Key    string
-	Waited time.Duration
-	Cause  error
+	// AttemptID is the attempt id this Do reserved with. A reserve may have landed
+	// with its answer lost (outcome_unknown, a cut connection); a later Do with
+	// Op.AttemptID set to it is then the same attempt, not one that must wait out the
+	// lease and recover.
+	AttemptID string
+	Waited    time.Duration
+	Cause     error
 }
 
 func (e *StoreUnavailableError) Error() string {

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemkv/idemkv"
 )
@@ -107,5 +109,41 @@ func TestClientRetriesOutcomeUnknownWithTheSameBody(t *testing.T) {
 	}
 	if res.Decision != idemkv.DecisionExecute || res.Record.Attempts != 1 {
 		t.Fatalf("the retry was not the same attempt: %+v", res)
+	}
+}
+
+// TestDoStoreUnavailableKeepsTheAttempt: every reserve lands but its answer is lost
+// until StoreWait is spent. The caller retries the Do with the attempt id the error
+// names and is recognised as the same attempt: it executes at once with one attempt,
+// instead of waiting out its own lease and recovering (which, with no probe, would
+// end in doubt for a tool that never ran).
+func TestDoStoreUnavailableKeepsTheAttempt(t *testing.T) {
+	e := newEnv(t)
+	lost := true
+	e.store.faults(nil, func(op string, n int) error {
+		if op == "reserve" && lost {
+			return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "answer lost")
+		}
+		return nil
+	})
+	r, err := NewRunner(e.store, RunConfig{Logger: testLogger(t), StoreWait: 200 * time.Millisecond,
+		BackoffMin: time.Millisecond, BackoffMax: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := ticketOp("k-store-unavailable", "Outage X")
+	op.LeaseTTL = time.Minute
+	_, err = r.Do(ctxT(t), op, mustNotRunFn(t))
+	var se *StoreUnavailableError
+	if !errors.As(err, &se) || se.AttemptID == "" {
+		t.Fatalf("%v", err)
+	}
+	lost = false
+	op.AttemptID = se.AttemptID
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out, err := r.Do(ctx, op, e.createFn(op.Key))
+	if err != nil || out.Decision != idemkv.DecisionExecute || out.Attempts != 1 || e.tickets.created.Load() != 1 {
+		t.Fatalf("the retry with the same attempt id: %+v, %v", out, err)
 	}
 }
