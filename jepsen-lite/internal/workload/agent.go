@@ -26,13 +26,13 @@ const (
 
 // Outcomes of one delivery of an agent operation.
 const (
-	OutcomeCommitted = "committed" // executed (or found by the probe) and the receipt stored
-	OutcomeReplayed  = "replayed"  // a stored receipt came back
-	OutcomeConflict  = "conflict"  // the key holds another effect
-	OutcomeInDoubt   = "in_doubt"  // recover without a probe: left for a person
-	OutcomeAbandoned = "abandoned" // the worker gave up (timeout after the effect, or the run ended)
-	OutcomeReleased  = "released"  // the effect certainly did not happen; the key was given back
-	OutcomeFailed    = "failed"    // a stored failure came back
+	OutcomeCommitted   = "committed"    // executed (or found by the probe) and the receipt stored
+	OutcomeReplayed    = "replayed"     // a stored receipt came back
+	OutcomeConflict    = "conflict"     // the key holds another effect
+	OutcomeInDoubt     = "in_doubt"     // recover without a probe: left for a person
+	OutcomeAbandoned   = "abandoned"    // the worker gave up (timeout after the effect, or the run ended)
+	OutcomeNotExecuted = "not_executed" // the tool did not run in this delivery (a tool that reported not executed: key released)
+	OutcomeFailed      = "failed"       // a stored failure came back
 )
 
 // Downstream is the simulated service the agents call: it counts effects per key and
@@ -335,7 +335,7 @@ func (a *Agent) run(ctx context.Context, op AgentOp) (*history.Output, string) {
 			out.Receipt = toReceipt(failed.Receipt)
 		}
 	case client.KindNotExecuted:
-		out.Decision = OutcomeReleased
+		out.Decision = OutcomeNotExecuted
 	default:
 		// outcome_unknown (the tool may have run; the record stays pending) and
 		// store_unavailable: the next delivery, or the settling after the run, finds out.
