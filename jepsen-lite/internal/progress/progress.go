@@ -205,6 +205,8 @@ func Check(ops []history.Op, faults []nemesis.Fault, end int64, cfg Config) Resu
 		}
 	}
 	secs := func(ns int64) float64 { return float64(ns) / 1e9 }
+	// recoveredAt is when throughput was back after the last fault (0: not yet known).
+	var recoveredAt int64
 	for p, ph := range phases {
 		w := Window{Faults: []string{}, Start: secs(ph.start), End: secs(ph.end), Writes: writes[p], Acked: acks[p]}
 		if d := secs(ph.end - ph.start); d > 0 {
@@ -216,13 +218,17 @@ func Check(ops []history.Op, faults []nemesis.Fault, end int64, cfg Config) Resu
 		}
 		if ph.g == nil {
 			// A quiet window right after a fault starts with the recovery, which the
-			// fault's own verdict judges; what follows it must show progress.
+			// fault's own verdict judges; from the moment throughput was back (or the
+			// recovery limit, if it never was) it must show progress.
 			from := ph.start
 			if ph.afterFault {
 				from += int64(cfg.Limit)
+				if recoveredAt > 0 {
+					from = max(ph.start, recoveredAt)
+				}
 			}
 			if ph.end-from < int64(time.Second) {
-				w.NotJudged = "shorter than a second past the recovery allowance"
+				w.NotJudged = "shorter than a second past the recovery"
 			} else if countAcked(ops, from, ph.end) == 0 {
 				res.Anomalies = append(res.Anomalies, Anomaly{Kind: AnomalyNoProgress,
 					Detail: fmt.Sprintf("no acknowledged write from %.1f s to %.1f s without a fault (%d writes attempted)",
@@ -237,10 +243,12 @@ func Check(ops []history.Op, faults []nemesis.Fault, end int64, cfg Config) Resu
 			rel := w.Rate / w.Baseline
 			w.Relative = &rel
 		}
+		recoveredAt = 0
 		switch after, ok, _ := Recovered(acked, faults, ph.g.end, cfg); {
 		case ok:
 			s := after.Seconds()
 			w.RecoveredIn = &s
+			recoveredAt = ph.g.end + int64(after)
 		case ph.g.end+int64(cfg.Limit) > end:
 			w.NotJudged = "the run ended within the recovery limit"
 		case p+1 < len(phases) && phases[p+1].g != nil || p+2 < len(phases) && phases[p+2].start < ph.g.end+int64(cfg.Limit):

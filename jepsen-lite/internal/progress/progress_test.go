@@ -92,3 +92,14 @@ func TestRecoveredLive(t *testing.T) {
 		t.Fatalf("after %v ok %v decided %v", after, ok, decided)
 	}
 }
+
+// One good second after each heal is not enough: the quiet time after it must keep
+// acknowledging writes.
+func TestStallAfterRecoveryIsCaught(t *testing.T) {
+	faults := []nemesis.Fault{{Kind: "kill-one", Start: 10 * sec, End: 12 * sec}, {Kind: "kill-one", Start: 20 * sec, End: 22 * sec}}
+	ops := cat(writes(0, 10, 100, true), writes(12, 13, 100, true), writes(13, 20, 100, false), writes(22, 40, 100, true))
+	res := Check(ops, faults, 40*sec, DefaultConfig())
+	if len(res.Anomalies) != 1 || res.Anomalies[0].Kind != AnomalyNoProgress {
+		t.Fatalf("anomalies %+v", res.Anomalies)
+	}
+}
