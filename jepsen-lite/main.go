@@ -51,10 +51,15 @@ Nemesis families (--nemesis all, none, or a comma list):
   membership  remove a node, wipe its data, add it back
   snapshot    isolate a follower until the others compacted past it (snapshot install)
   clock       offset the leader's clock (test build only)
+  churn       leadership transfers or leader restarts with every write held back, then
+              ready, linearizable reads and replays must be served on every node
+  storage     Pebble disk full, Raft log writes or reads failing, a snapshot install
+              failing midway (test build only; a node the fault stops is restarted)
+  clock-jump  one node's clock jumps minutes forward, then minutes back
 
 Sabotage modes (--sabotage, to prove the checkers can fail):
   stale-reads, ignore-fences, early-ack, fail-writes, internal-errors,
-  early-recover, orphan-effects
+  early-recover, orphan-effects, skip-failed-restore, wedge-gap
 
 Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed (a fault that
 did not apply or showed no effect counts as a harness failure).`,

@@ -171,7 +171,8 @@ func run(ctx context.Context, cfg config) error {
 	var nem *nemesis.Nemesis
 	nem = nemesis.New(nemesis.Config{Families: cfg.Families, Quiet: cfg.Quiet, Hold: cfg.Hold, Logger: logger,
 		Now: rec.Now, Seed: cfg.Seed, SnapshotGap: cfg.SnapshotThreshold + cfg.TrailingLogs + 64,
-		AwaitRecovery: func(ctx context.Context, healed int64) { awaitRecovery(ctx, rec, nem, healed, cfg.Recovery) }}, c)
+		AwaitRecovery: func(ctx context.Context, healed int64) { awaitRecovery(ctx, rec, nem, healed, cfg.Recovery) },
+		Writes:        api}, c)
 
 	say("running for %s: %d register clients, %d agent workers, %d short-lease clients, nemesis %s, sabotage %q, seed %d",
 		cfg.Time, cfg.Concurrency, max(1, cfg.Concurrency/2), max(4, cfg.Concurrency/3), strings.Join(cfg.Families, ","), cfg.Sabotage.String(), cfg.Seed)
@@ -259,6 +260,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	for _, b := range api.BadAnswers() {
 		sum.add(b.Kind, "", fmt.Sprintf("%s %s on %s: %s", b.Method, b.Path, b.Node, b.Detail))
+	}
+	for _, f := range sum.FaultLog {
+		for _, fd := range f.Findings {
+			sum.add(fd.Kind, "", fmt.Sprintf("%s: %s", f.Kind, fd.Detail))
+		}
 	}
 	if !conv.Converged {
 		sum.add("divergence", "", fmt.Sprintf("nodes did not converge: %v", conv.Nodes))

@@ -405,6 +405,9 @@ func (n *Node) waitApplied(ctx context.Context, index uint64) error {
 // (establish), the ones past the applied index that are not commands are the few
 // no-ops of leaders that never established: the scan is short.
 func (n *Node) caughtUp(index uint64) bool {
+	if n.wedgeGap(index) {
+		return false
+	}
 	if n.fsm.Err() != nil {
 		return false // a halted state machine reflects nothing
 	}

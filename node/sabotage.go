@@ -71,3 +71,10 @@ func (s restoreSaboteur) Restore(rc io.ReadCloser) error {
 	}
 	return err
 }
+
+// wedgeGap is the WedgeGap sabotage of the test build: the state machine counts as
+// behind an index more than 64 entries ahead of it whatever those entries are, as
+// caughtUp once had it.
+func (n *Node) wedgeGap(index uint64) bool {
+	return testhooks.Sabotaged(testhooks.WedgeGap) && index > n.fsm.AppliedIndex()+64
+}

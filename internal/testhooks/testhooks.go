@@ -46,6 +46,11 @@ const (
 	// it failed: the replica goes on from a wiped store (issue 12, defect 2, made
 	// certain). jepsen-lite's storage nemesis must catch it.
 	SkipFailedRestore
+	// WedgeGap restores the old rule that a node whose state machine trails an index
+	// by more than 64 entries is behind, however many of them are no-ops and barriers
+	// that never reach it: reads and /readyz wedged after about 32 elections without
+	// a write (issue 12, defect 1). jepsen-lite's churn nemesis must catch it.
+	WedgeGap
 )
 
 var modeNames = []struct {
@@ -60,6 +65,7 @@ var modeNames = []struct {
 	{EarlyRecover, "early-recover"},
 	{OrphanEffects, "orphan-effects"},
 	{SkipFailedRestore, "skip-failed-restore"},
+	{WedgeGap, "wedge-gap"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -148,7 +154,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

@@ -18,6 +18,7 @@ func TestParseModes(t *testing.T) {
 		{[]string{"stale-reads,ignore-fences,early-ack"}, StaleReads | IgnoreFences | EarlyAck},
 		{[]string{"fail-writes,internal-errors,early-recover,orphan-effects"}, FailWrites | InternalErrors | EarlyRecover | OrphanEffects},
 		{[]string{"skip-failed-restore"}, SkipFailedRestore},
+		{[]string{"wedge-gap"}, WedgeGap},
 	}
 	for _, c := range cases {
 		got, err := ParseModes(c.in...)

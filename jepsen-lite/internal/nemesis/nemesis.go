@@ -68,6 +68,8 @@ type Fault struct {
 	End    int64  `json:"end"`
 	Detail string `json:"detail"`
 	Err    string `json:"error,omitempty"`
+	// Findings are anomalies the fault itself observed (see faults.go).
+	Findings []Finding `json:"findings,omitempty"`
 }
 
 // Config configures the schedule.
@@ -87,6 +89,8 @@ type Config struct {
 	// once the workload has recovered (or its limit passed): the quiet time between
 	// faults starts from a working cluster, so each fault meets one.
 	AwaitRecovery func(ctx context.Context, healedAt int64)
+	// Writes, when set, lets the churn family hold back the workloads' writes.
+	Writes WriteGate
 }
 
 // Nemesis injects faults into one cluster.
@@ -100,6 +104,8 @@ type Nemesis struct {
 	faults  []Fault
 	current string
 	removed map[int]bool
+	// findings of the fault in force, moved into its Fault when it ends.
+	findings []Finding
 }
 
 // New returns a nemesis for c.
@@ -181,6 +187,7 @@ func (n *Nemesis) inject(ctx context.Context, family string) {
 	heal := context.WithoutCancel(ctx)
 	detail, err := n.apply(ctx, heal, kind, hold)
 	f.End = n.cfg.Now()
+	f.Findings = n.takeFindings()
 	f.Detail = detail
 	if err != nil {
 		f.Err = err.Error()
@@ -230,6 +237,9 @@ func (n *Nemesis) others(excl ...int) []int {
 }
 
 func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Duration) (string, error) {
+	if more, ok := moreKinds[kind]; ok {
+		return more(n, ctx, heal, hold)
+	}
 	size := n.c.Size()
 	switch kind {
 	case "partition-halves":
@@ -509,6 +519,12 @@ func (n *Nemesis) snapshotIsolate(ctx, heal context.Context, hold time.Duration)
 		return "", err
 	}
 	victim := n.others(l)[n.r.IntN(n.c.Size()-1)]
+	return n.isolateUntilSnapshot(ctx, heal, hold, victim)
+}
+
+// isolateUntilSnapshot cuts node victim off until the others have committed far
+// enough past it that it must install a snapshot, then heals the network.
+func (n *Nemesis) isolateUntilSnapshot(ctx, heal context.Context, hold time.Duration, victim int) (string, error) {
 	var from uint64
 	if info, err := n.c.Info(ctx, victim); err == nil {
 		from = info.AppliedIndex

@@ -32,6 +32,7 @@ type API struct {
 	addrs   []string
 	timeout time.Duration
 	check   *checkTransport
+	gate    *writeGate
 }
 
 // BadAnswers lists every answer that broke the contract so far.
@@ -43,12 +44,13 @@ func (a *API) HTTPClient() *http.Client { return a.http }
 
 // NewAPI returns a client for the nodes at addrs; every request is bounded by timeout.
 func NewAPI(addrs []string, timeout time.Duration) *API {
-	check := &checkTransport{base: &http.Transport{
+	gate := &writeGate{base: &http.Transport{
 		Proxy:               nil,
 		MaxIdleConnsPerHost: 64,
 		DialContext:         (&net.Dialer{Timeout: time.Second}).DialContext,
 	}}
-	return &API{addrs: addrs, timeout: timeout, check: check, http: &http.Client{Transport: check}}
+	check := &checkTransport{base: gate}
+	return &API{addrs: addrs, timeout: timeout, check: check, gate: gate, http: &http.Client{Transport: check}}
 }
 
 // Addrs lists the node addresses.

@@ -1,0 +1,48 @@
+package cluster
+
+import (
+	"context"
+	"io"
+	"net/http"
+
+	"github.com/idemkv/idemkv/internal/testhooks"
+)
+
+// TransferLeadership asks node i to hand leadership to another voter (a no-op on a
+// follower).
+func (c *Cluster) TransferLeadership(ctx context.Context, i int) error {
+	return c.call(ctx, i, http.MethodPost, testhooks.PathTransfer, struct{}{}, nil)
+}
+
+// SetFaults replaces the storage faults in force on node i.
+func (c *Cluster) SetFaults(ctx context.Context, i int, faults []string) (*testhooks.FaultState, error) {
+	if faults == nil {
+		faults = []string{}
+	}
+	var s testhooks.FaultState
+	if err := c.call(ctx, i, http.MethodPost, testhooks.PathFaults, testhooks.FaultUpdate{Faults: faults}, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Call does one request against node i and decodes a 200 answer into out (an error
+// answer is an error naming its code).
+func (c *Cluster) Call(ctx context.Context, i int, method, path string, body, out any) error {
+	return c.call(ctx, i, method, path, body, out)
+}
+
+// Status does a GET against node i and returns the status code.
+func (c *Cluster) Status(ctx context.Context, i int, path string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.nodes[i].APIAddr+path, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
