@@ -185,6 +185,38 @@ describe("single node", () => {
     log(t, "second caller", outs.find((o) => o.replayed));
   });
 
+  it("a lost lease aborts the tool's signal; the newer attempt owns the outcome", async (t) => {
+    // The first worker's heartbeats do not get through (a partition), its lease runs
+    // out, a second worker recovers the key through the probe; when the first worker's
+    // heartbeats get through again they are fenced, and its tool is told to stop.
+    let partitioned = false;
+    const cut: typeof fetch = async (input, init) => {
+      if (partitioned && String(input).endsWith("/v1/heartbeat")) throw new TypeError("fetch failed (partition)");
+      return fetch(input, init);
+    };
+    const first = new Client({ endpoints: [node.httpAddr], fetch: cut, leaseTtl: 1000 });
+    const key = newKey("lease-lost");
+    const fp = "sha256:" + "d".repeat(64);
+    let aborted: unknown;
+    const started = Date.now();
+    const slow = run(first, { tenant: TENANT, key, tool: "create_ticket", fingerprint: fp }, async (ctx) => {
+      partitioned = true;
+      await new Promise<void>((resolve) => ctx.signal.addEventListener("abort", () => resolve(), { once: true }));
+      aborted = ctx.signal.reason;
+      return { remoteSystem: "tickets", remoteId: "TCK-first" };
+    }).catch((e: unknown) => e);
+    await new Promise((r) => setTimeout(r, 1500)); // past the lease
+    const second = await run(client, { tenant: TENANT, key, tool: "create_ticket", fingerprint: fp, probe: async () => null },
+      async () => ({ remoteSystem: "tickets", remoteId: "TCK-second" }));
+    assert.equal(second.decision, "recover");
+    partitioned = false;
+    const err = await slow;
+    assert.ok(err instanceof OutcomeUnknownError, String(err));
+    assert.match(String(aborted), /lease .* lost/);
+    assert.equal((await client.get(TENANT, key)).receipt?.remote_id, "TCK-second");
+    log(t, `first worker, after ${Date.now() - started} ms`, err);
+  });
+
   it("an abort while another attempt holds the key: not executed", async (t) => {
     const key = newKey("abort");
     const held = await client.reserve({ tenant: TENANT, idempotency_key: key, tool: "create_ticket", effect_fingerprint: "sha256:" + "a".repeat(64), lease_ttl_ms: 10_000 });
