@@ -289,7 +289,8 @@ class AsyncClient:
 
     async def do(self, fn: Callable[[], Awaitable[Any]], **op: Any) -> Any:
         """The tool-call loop for a coroutine function; see :meth:`Client.do`."""
-        from .loop import make_op, run_async
+        from .loop import make_op
+        from .runner import run_async
 
         return await run_async(self, make_op(self.config, **op), fn)
 

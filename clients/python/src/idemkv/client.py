@@ -258,7 +258,8 @@ class Client:
     def do(self, fn: Callable[[], Any], **op: Any) -> Any:
         """Runs fn at most once for the key, across retries, workers and crashes;
         see :func:`idemkv.loop.run_sync` and :class:`idemkv.Op` for the options."""
-        from .loop import make_op, run_sync
+        from .loop import make_op
+        from .runner import run_sync
 
         return run_sync(self, make_op(self.config, **op), fn)
 

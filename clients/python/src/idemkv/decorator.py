@@ -21,7 +21,8 @@ import inspect
 from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 from .errors import NotExecutedError
-from .loop import Op, Outcome, Result, make_op, run_async, run_sync
+from .loop import Op, Outcome, Result, make_op
+from .runner import run_async, run_sync
 
 __all__ = ["idempotent", "set_default_client"]
 

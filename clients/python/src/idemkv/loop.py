@@ -6,13 +6,12 @@ replayed, a NotExecuted one releases the key, any other leaves the record pendin
 
 The loop is written once, as a generator that yields what it needs done (send a
 request, sleep, run the tool or the probe under a lease) and is sent the results;
-:func:`run_sync` drives it with threads, :func:`run_async` with asyncio tasks, so that
-both clients decide exactly alike.
+:func:`idemkv.runner.run_sync` drives it with threads, :func:`idemkv.runner.run_async`
+with asyncio tasks, so that both clients decide exactly alike.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import datetime as _dt
@@ -20,7 +19,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Generator, Optional, Sequence
+from typing import Any, Callable, Generator, Optional, Sequence
 
 from . import _core, _otel
 from ._core import Call, Config, new_attempt_id
@@ -37,7 +36,7 @@ from .errors import (
 )
 from .jcs import fingerprint as _fingerprint
 
-__all__ = ["make_op", "Op", "Outcome", "Result", "Lease", "current_lease", "run_sync", "run_async", "CLASSES"]
+__all__ = ["make_op", "Op", "Outcome", "Result", "Lease", "current_lease", "CLASSES"]
 
 READ_ONLY = "read_only"
 IDEMPOTENT = "idempotent_mutation"
@@ -601,237 +600,3 @@ def make_op(config: Config, **kw: Any) -> Op:
         return Op.make(config, **kw)
     except (ValueError, TypeError) as e:
         raise NotExecutedError(f"idemkv: invalid tool call: {e}", cause=e) from e
-
-
-def _fingerprint_of(op: Op) -> str:
-    try:
-        return op.compute_fingerprint()
-    except ValueError as e:  # FingerprintError: refused before any call
-        raise NotExecutedError(f"idemkv: the effect of {op.key!r} has no fingerprint: {e}", cause=e) from e
-
-
-def _start_span(client: Any, op: Op) -> Any:
-    return _otel.start(client._tracer, "execute_tool " + op.tool, {
-        _otel.TOOL_NAME: op.tool,
-        _otel.TOOL_SIDE_EFFECT: op.side_effect != READ_ONLY,
-        _otel.TOOL_CLASS: op.side_effect,
-        _otel.IDEMPOTENCY_KEY: op.key,
-        _otel.TENANT: op.tenant,
-    })
-
-
-def _finish_span(span: Any, out: Optional[Outcome], exc: Optional[BaseException]) -> None:
-    if out is not None:
-        span.set_attributes({_otel.REPLAYED: out.replayed})
-        if out.receipt.get("remote_id"):
-            span.set_attributes({_otel.RECEIPT_REMOTE_ID: out.receipt["remote_id"]})
-    if exc is not None:
-        span.fail(exc)
-    span.end()
-
-
-# The sync driver.
-
-
-def _heartbeat_thread(client: Any, op: Op, lease: Lease, stop: threading.Event) -> None:
-    every = op.lease_ttl / 3
-    nxt = every
-    call = _core.heartbeat_call(op.tenant, op.key, lease.fence, op.lease_ttl)
-    while not stop.wait(nxt):
-        try:
-            client._send(call, bound=every)
-            nxt = every
-        except APIError as e:
-            if e.code in _LOST:
-                lease.error = e
-                lease.lost.set()
-                return
-            nxt = max(every / 6, 0.05)
-        except Exception:
-            # The lease still has two thirds to run: try again soon.
-            nxt = max(every / 6, 0.05)
-
-
-def _run_sync(client: Any, op: Op, fn: Callable[[], Any], eff: _Run) -> _Ran:
-    f = fn if eff.which == "tool" else op.probe
-    assert f is not None
-    if eff.fence is None:
-        try:
-            return _Ran(value=f())
-        except Exception as e:
-            return _Ran(error=e)
-    lease = Lease(eff.fence)
-    stop = threading.Event()
-    hb = threading.Thread(target=_heartbeat_thread, args=(client, op, lease, stop), name="idemkv-heartbeat",
-                          daemon=True)
-    hb.start()
-    token = _lease.set(lease)
-    try:
-        try:
-            ran = _Ran(value=f())
-        except Exception as e:
-            ran = _Ran(error=e)
-    finally:
-        _lease.reset(token)
-        stop.set()
-        hb.join()
-    ran.lost = lease.error
-    return ran
-
-
-def run_sync(client: Any, op: Op, fn: Callable[[], Any]) -> Outcome:
-    """Runs fn (no arguments) at most once for op.key; see the module doc."""
-    span = _start_span(client, op)
-    out: Optional[Outcome] = None
-    try:
-        if op.side_effect == READ_ONLY:
-            try:
-                value = fn()
-            except Exception as e:
-                # A read has no effect to be unsure of.
-                raise NotExecutedError(f"idemkv: read-only tool for {op.key!r} failed: {e!r}", cause=e) from e
-            out = Outcome(decision="execute", receipt={}, value=value)
-            return out
-        fp = _fingerprint_of(op)
-        span.set_attributes({_otel.FINGERPRINT: fp})
-        gen = _Loop(op, fp, span).main()
-        send: Any = None
-        throw: Optional[BaseException] = None
-        while True:
-            try:
-                eff = gen.throw(throw) if throw is not None else gen.send(send)
-            except StopIteration as stop:
-                out = stop.value
-                return stop.value  # type: ignore[no-any-return]
-            send, throw = None, None
-            try:
-                if isinstance(eff, _Send):
-                    send = client._send(eff.call, bound=eff.bound)[0]
-                elif isinstance(eff, _Sleep):
-                    time.sleep(eff.seconds)
-                else:
-                    send = _run_sync(client, op, fn, eff)
-            except Exception as e:
-                throw = e
-    except BaseException as e:
-        _finish_span(span, None, e)
-        raise
-    finally:
-        if out is not None:
-            _finish_span(span, out, None)
-
-
-# The asyncio driver.
-
-
-async def _heartbeat_task(client: Any, op: Op, lease: Lease, tool: "asyncio.Task[Any]") -> None:
-    every = op.lease_ttl / 3
-    nxt = every
-    call = _core.heartbeat_call(op.tenant, op.key, lease.fence, op.lease_ttl)
-    while True:
-        await asyncio.sleep(nxt)
-        try:
-            await client._send(call, bound=every)
-            nxt = every
-        except APIError as e:
-            if e.code in _LOST:
-                lease.error = e
-                lease.lost.set()
-                tool.cancel()
-                return
-            nxt = max(every / 6, 0.05)
-        except Exception:
-            nxt = max(every / 6, 0.05)
-
-
-async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]], eff: _Run) -> _Ran:
-    maybe = fn if eff.which == "tool" else op.probe
-    assert maybe is not None
-    f: Callable[[], Any] = maybe
-
-    async def call() -> Any:
-        v = f()
-        if asyncio.iscoroutine(v) or isinstance(v, asyncio.Future):
-            v = await v
-        return v
-
-    if eff.fence is None:
-        try:
-            return _Ran(value=await call())
-        except Exception as e:
-            return _Ran(error=e)
-    lease = Lease(eff.fence)
-    ctx = contextvars.copy_context()
-    ctx.run(_lease.set, lease)
-    # The tool's task runs in a context that holds its lease (current_lease()).
-    tool: "asyncio.Task[Any]"
-    if _HAS_TASK_CONTEXT:
-        tool = asyncio.get_running_loop().create_task(call(), context=ctx)
-    else:  # 3.10: a task copies the context it is created in
-        tool = ctx.run(lambda: asyncio.ensure_future(call()))
-    hb = asyncio.ensure_future(_heartbeat_task(client, op, lease, tool))
-    try:
-        try:
-            ran = _Ran(value=await asyncio.shield(tool))
-        except asyncio.CancelledError:
-            if lease.error is None or not tool.cancelled():
-                tool.cancel()  # our caller was cancelled: stop the tool too
-                raise
-            ran = _Ran(error=None)
-        except Exception as e:
-            ran = _Ran(error=e)
-    finally:
-        hb.cancel()
-        try:
-            await hb
-        except (asyncio.CancelledError, Exception):
-            pass
-    ran.lost = lease.error
-    return ran
-
-
-_HAS_TASK_CONTEXT = __import__("sys").version_info >= (3, 11)
-
-
-async def run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]]) -> Outcome:
-    """run_sync for coroutine functions: the heartbeat is a task, and a lost lease
-    cancels the tool's task."""
-    span = _start_span(client, op)
-    out: Optional[Outcome] = None
-    try:
-        if op.side_effect == READ_ONLY:
-            try:
-                v = fn()
-                if asyncio.iscoroutine(v):
-                    v = await v
-            except Exception as e:
-                raise NotExecutedError(f"idemkv: read-only tool for {op.key!r} failed: {e!r}", cause=e) from e
-            out = Outcome(decision="execute", receipt={}, value=v)
-            return out
-        fp = _fingerprint_of(op)
-        span.set_attributes({_otel.FINGERPRINT: fp})
-        gen = _Loop(op, fp, span).main()
-        send: Any = None
-        throw: Optional[BaseException] = None
-        while True:
-            try:
-                eff = gen.throw(throw) if throw is not None else gen.send(send)
-            except StopIteration as stop:
-                out = stop.value
-                return stop.value  # type: ignore[no-any-return]
-            send, throw = None, None
-            try:
-                if isinstance(eff, _Send):
-                    send = (await client._send(eff.call, bound=eff.bound))[0]
-                elif isinstance(eff, _Sleep):
-                    await asyncio.sleep(eff.seconds)
-                else:
-                    send = await _run_async(client, op, fn, eff)
-            except Exception as e:
-                throw = e
-    except BaseException as e:
-        _finish_span(span, None, e)
-        raise
-    finally:
-        if out is not None:
-            _finish_span(span, out, None)
