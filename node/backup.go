@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
@@ -58,11 +59,33 @@ func (s *stopWriter) Write(p []byte) (int, error) {
 
 // RestoreInfo describes a restored data dir.
 type RestoreInfo struct {
-	// Index and Term are those of the last log entry the backup reflects; the restored
-	// node continues the log after Index, in a later term.
+	// Index and Term are those of the last log entry the backup reflects.
 	Index, Term uint64
+	// ContinuesAt is the log index the restored node continues after (in a later term):
+	// Index plus restoreIndexGap. Every fence it grants is above it.
+	ContinuesAt uint64
 	// Records counts the restored records.
 	Records int
+}
+
+// restoreIndexGap is how far past the backup's index a restored cluster starts its log.
+// Fences are log indexes, and the cluster the backup came from may have gone on after
+// it: attempts of that lost timeline can hold fences up to its last index, which a
+// restored log continuing at the backup's index would grant again, so a stale holder's
+// commit would be accepted. No such cluster appends a million entries a second (new
+// operations peak at a few thousand per second on a three-node cluster, one or two log
+// entries each; bench/README.md), so the gap is a million per second since the
+// backup's state machine clock (its last stamped write),
+// plus 2^32 for clocks that disagree. Fences stay below 2^53, where JavaScript numbers
+// stop being exact, until the restored backups' ages add up to 2^53/10^6 s (285 years).
+func restoreIndexGap(sinceBackup time.Duration) uint64 {
+	const perSecond, floor = 1_000_000, 1 << 32
+	const maxGap = 1 << 52
+	secs := max(sinceBackup, 0).Seconds()
+	if secs*perSecond >= maxGap-floor {
+		return maxGap
+	}
+	return floor + uint64(secs*perSecond)
 }
 
 // keyCurrentTerm is where Raft keeps its current term in the stable store (raft.db).
@@ -73,12 +96,14 @@ var keyCurrentTerm = []byte("CurrentTerm")
 // that a node opened on it (same ID and Raft address) starts as a single-node cluster
 // that continues where the backup ends; other nodes then join it.
 //
-// Fences are Raft indexes and must keep growing across the restore, and the state
-// machine skips entries at or below its applied index. So Restore writes, next to
-// Pebble, a Raft snapshot at the backup's applied index and term whose configuration
-// is this node alone, and stores that term as Raft's current term: the node's first
-// election then happens in a later term and its first entry gets the next index. This
-// is what Consul's peers.json recovery does for a cluster that lost its quorum.
+// Fences are Raft indexes and must keep growing across the restore, past any fence the
+// backed-up cluster may have granted after the backup, and the state machine skips
+// entries at or below its applied index. So Restore writes, next to Pebble, a Raft
+// snapshot at the backup's applied index plus restoreIndexGap, in the backup's term,
+// whose configuration is this node alone, and stores that term as Raft's current term:
+// the node's first election then happens in a later term and its first entry gets the
+// index after the gap. This is what Consul's peers.json recovery does for a cluster
+// that lost its quorum.
 //
 // On failure nothing is left in the data dir.
 func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
@@ -133,15 +158,25 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	if index == 0 || term == 0 {
 		return nil, fmt.Errorf("node: restore: the backup names no applied index: %w", storage.ErrCorrupt)
 	}
-	if err := writeRestoreSnapshot(cfg, logger, f, advertise, index, term); err != nil {
+	clock, err := st.Clock()
+	if err != nil {
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
+	// The wall clock, not the state machine's: how long the old cluster may have run on.
+	continuesAt := index + restoreIndexGap(time.Since(clock.Time()))
+	// No entry between changes the state: the restored store is the state at index.
+	if err := f.SkipTo(continuesAt, term); err != nil {
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
+	if err := writeRestoreSnapshot(cfg, logger, f, advertise, continuesAt, term); err != nil {
 		return nil, err
 	}
 	if err := setCurrentTerm(cfg.DataDir, term); err != nil {
 		return nil, err
 	}
 	records := int(st.RecordCount())
-	logger.Info("restored a backup", "index", index, "term", term, "records", records, "raft_addr", advertise)
-	return &RestoreInfo{Index: index, Term: term, Records: records}, nil
+	logger.Info("restored a backup", "index", index, "term", term, "continues_at", continuesAt, "records", records, "raft_addr", advertise)
+	return &RestoreInfo{Index: index, Term: term, ContinuesAt: continuesAt, Records: records}, nil
 }
 
 // restoreAddress is the Raft address as the transport will advertise it, so the

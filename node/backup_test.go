@@ -292,6 +292,19 @@ func TestBackupWhileWritingThenRestoreLosesNothing(t *testing.T) {
 	if a.reserved.Fence <= maxFence || a.reserved.Fence <= info.Index {
 		t.Fatalf("new fence %d, restored fences up to %d, backup index %d", a.reserved.Fence, maxFence, info.Index)
 	}
+	// ... and above every fence the original cluster granted, after the backup too:
+	// attempts of that lost timeline must not see their fences granted again (issue
+	// 12, defect 4).
+	var oldMax uint64
+	for _, a := range acked {
+		oldMax = max(oldMax, a.reserved.Fence)
+	}
+	if oldMax <= info.Index {
+		t.Fatalf("the original cluster granted fences up to %d, the backup is at %d: no writes after the backup", oldMax, info.Index)
+	}
+	if a.reserved.Fence <= oldMax {
+		t.Fatalf("new fence %d after the restore, the original cluster granted up to %d", a.reserved.Fence, oldMax)
+	}
 	if term, _ := strconv.ParseUint(restored.RaftStats()["term"], 10, 64); term <= info.Term {
 		t.Fatalf("restored node in term %d, the backup was taken in term %d", term, info.Term)
 	}

@@ -98,10 +98,10 @@ func TestWipedStoreStartScale(t *testing.T) {
 	}
 	opened := time.Since(start)
 	t.Cleanup(func() { _ = n.Close() })
-	if got := n.AppliedIndex(); got != info.Index {
-		t.Fatalf("applied index %d after the start, want the snapshot's %d", got, info.Index)
+	if got := n.AppliedIndex(); got != info.ContinuesAt {
+		t.Fatalf("applied index %d after the start, want the snapshot's %d", got, info.ContinuesAt)
 	}
-	t.Logf("SCALE wiped-store start with %d records, snapshot at index %d: Open took %s", total, info.Index, opened.Round(time.Millisecond))
+	t.Logf("SCALE wiped-store start with %d records, snapshot at index %d: Open took %s", total, info.ContinuesAt, opened.Round(time.Millisecond))
 }
 
 // writeBackup applies total reserves, one per log index, to a state machine over a

@@ -222,7 +222,8 @@ func (s *Store) restore(r io.Reader) error {
 
 // SnapshotApplied reads the applied index and term stored in the snapshot stream r
 // without restoring it: keys come in order and the applied index is among the first, so
-// it reads only a few pairs. It returns 0, 0 if the stream has none. The stream is not
+// it reads only the few pairs before it (the in-doubt index, "d/", sorts first). It
+// returns 0, 0 if the stream has none. The stream is not
 // verified (that takes reading it all): a corrupt one fails Restore.
 func SnapshotApplied(r io.Reader) (index, term uint64, err error) {
 	sr := &snapReader{r: bufio.NewReader(r), crc: crc32.New(castagnoli)}

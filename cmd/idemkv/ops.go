@@ -335,8 +335,8 @@ above every restored one. Then join the other nodes to it as usual (--join).
 				return err
 			}
 			_, err = fmt.Fprintf(cmd.OutOrStdout(),
-				"restored %d records into %s at index %d, term %d\nstart it with: idemkv serve --id %s --data-dir %s --raft-addr %s\n",
-				info.Records, cfg.DataDir, info.Index, info.Term, cfg.ID, cfg.DataDir, cfg.RaftAdvertiseOrAddr())
+				"restored %d records into %s at index %d, term %d; new fences start past index %d\nstart it with: idemkv serve --id %s --data-dir %s --raft-addr %s\n",
+				info.Records, cfg.DataDir, info.Index, info.Term, info.ContinuesAt, cfg.ID, cfg.DataDir, cfg.RaftAdvertiseOrAddr())
 			return err
 		},
 	}
