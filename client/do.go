@@ -127,25 +127,6 @@ type Outcome struct {
 	Unguarded bool
 }
 
-// StorePolicy says what Do does when idemkv cannot be reached within StoreWait.
-type StorePolicy string
-
-const (
-	// FailClosed (the default): Do returns a *StoreUnavailableError and the tool does
-	// not run.
-	FailClosed StorePolicy = "fail_closed"
-	// Unguarded: an IdempotentMutation op runs its tool anyway, with no record and no
-	// lease (Outcome.Unguarded). It is the caller's statement that running the tool
-	// twice is harmless. NonIdempotentMutation ops always fail closed; ReadOnly ops
-	// never wait for the store in the first place.
-	Unguarded StorePolicy = "unguarded"
-)
-
-// DefaultStoreWait is the default of StoreWait: longer than a leader election (about
-// 1-3 s with the default Raft timeouts) plus a node restart, short enough that an agent
-// learns of an outage while it can still tell its user.
-const DefaultStoreWait = 30 * time.Second
-
 // RunConfig configures a Runner (Do). Zero fields take the defaults of
 // DefaultRunConfig, stated on each field.
 type RunConfig struct {
@@ -525,24 +506,6 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 	}
 }
 
-// storeUnavailable applies the policy once StoreWait is spent before the tool ran.
-func (x *run) storeUnavailable(ctx context.Context, sw *storeWaitError, fn Func) (*Outcome, error) {
-	x.span.AddEvent("store_unavailable")
-	if x.cfg.OnStoreUnavailable == Unguarded && x.op.Class == IdempotentMutation && ctx.Err() == nil {
-		x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv unreachable, running an idempotent tool unguarded",
-			slog.String(logKeyKey, x.op.Key), slog.String(logKeyTool, x.op.Tool), slog.Any(logKeyErr, sw))
-		out, err := x.readOnly(ctx, x.op, fn)
-		if err != nil {
-			// Nothing is recorded: from idemkv's side the call never happened.
-			return nil, notExecuted(x.op, "", err)
-		}
-		out.Unguarded = true
-		out.Fingerprint = x.fp
-		return out, nil
-	}
-	return nil, &StoreUnavailableError{Tenant: x.op.Tenant, Key: x.op.Key, AttemptID: x.op.AttemptID, Waited: sw.waited, Cause: sw}
-}
-
 func (x *run) decided(ctx context.Context, d idemkv.Decision, res *idemkv.ReserveResult) {
 	attrs := []attribute.KeyValue{semconv.Decision.String(string(d))}
 	if res.Fence != 0 {
@@ -653,81 +616,6 @@ func (x *run) recover(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 		out.Probed = true
 	}
 	return out, err
-}
-
-// maxSettles bounds the rounds of probe, resolve not_executed and reserve again in one
-// Do, should other callers keep marking the key in doubt in between.
-const maxSettles = 8
-
-// markInDoubt: this attempt took over a dead one and cannot learn its outcome. It
-// marks the record in doubt so that retries stop re-leasing it and an operator sees
-// it, and returns the in-doubt error.
-func (x *run) markInDoubt(ctx context.Context, g grant) error {
-	x.span.AddEvent("in_doubt")
-	gctx, cancel := x.graceContext(ctx)
-	defer cancel()
-	rec, err := retry(gctx, x, "doubt", func(ctx context.Context) (*idemkv.Record, error) {
-		return x.store.Doubt(ctx, &idemkv.DoubtRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence})
-	})
-	if err != nil {
-		// The record stays pending under this attempt's lease; the next attempt
-		// after it marks the record.
-		return &InDoubtError{Tenant: x.op.Tenant, Key: x.op.Key, Record: g.record, Cause: fmt.Errorf("marking it in doubt: %w", err)}
-	}
-	return &InDoubtError{Tenant: x.op.Tenant, Key: x.op.Key, Record: rec}
-}
-
-// settleInDoubt answers a recover without a fence: the record is in doubt. Without a
-// probe that is the in-doubt error at once. With one, the probe decides: found, the
-// receipt is committed with resolve; not found, the key is released with resolve and
-// again reports that the caller should reserve afresh.
-func (x *run) settleInDoubt(ctx context.Context, rec *idemkv.Record) (out *Outcome, again bool, err error) {
-	inDoubt := func(cause error) error {
-		x.span.AddEvent("in_doubt")
-		return &InDoubtError{Tenant: x.op.Tenant, Key: x.op.Key, Record: rec, Cause: cause}
-	}
-	if x.op.Probe == nil {
-		return nil, false, inDoubt(nil)
-	}
-	found, err := x.op.Probe(ctx)
-	x.waited = 0 // the probe's own time is not the store's
-	if err != nil {
-		return nil, false, inDoubt(fmt.Errorf("probe: %w", err))
-	}
-	x.span.AddEvent("probe", trace.WithAttributes(attribute.Bool("found", found != nil)))
-	req := &idemkv.ResolveRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Outcome: idemkv.ResolveNotExecuted}
-	if found != nil {
-		raw, err := marshalResult(found)
-		if err != nil {
-			return nil, false, inDoubt(fmt.Errorf("%s, but its receipt cannot be stored: %w", byProbe, err))
-		}
-		req.Outcome, req.RemoteSystem, req.RemoteID, req.RemoteURL, req.Result = idemkv.ResolveCommitted,
-			found.RemoteSystem, found.RemoteID, found.RemoteURL, raw
-		if err := req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes}); err != nil {
-			return nil, false, inDoubt(fmt.Errorf("%s, but its receipt is invalid and was not stored: %w", byProbe, err))
-		}
-	}
-	gctx, cancel := x.graceContext(ctx)
-	defer cancel()
-	res, err := retry(gctx, x, "resolve", func(ctx context.Context) (*idemkv.ResolveResult, error) {
-		return x.store.Resolve(ctx, req)
-	})
-	switch {
-	case errors.Is(err, idemkv.ErrNotPending), errors.Is(err, idemkv.ErrNotFound):
-		// Someone settled it first: reserve again to learn how.
-		return nil, true, nil
-	case err != nil:
-		return nil, false, inDoubt(fmt.Errorf("resolving it: %w", err))
-	case res.Receipt != nil:
-		out := &Outcome{Decision: idemkv.DecisionRecover, Probed: true, Receipt: res.Receipt, Fingerprint: x.fp}
-		if rec != nil {
-			out.Fence, out.Attempts = rec.Fence, rec.Attempts
-		}
-		return out, false, nil
-	default:
-		x.span.AddEvent("released")
-		return nil, true, nil
-	}
 }
 
 func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
@@ -904,71 +792,5 @@ func (x *run) release(ctx context.Context, g grant, ferr error) error {
 	default:
 		// The tool did not run; the key stays held until its lease runs out.
 		return notExecuted(x.op, g.decision, errors.Join(ferr, fmt.Errorf("releasing the key: %w", err)))
-	}
-}
-
-// retryable reports a store error after which the same request may simply be sent
-// again: certainly not applied (unavailable, resource_exhausted), or perhaps applied
-// (outcome_unknown), which the same attempt id or fence makes safe to repeat.
-func retryable(err error) bool {
-	return errors.Is(err, idemkv.ErrUnavailable) || errors.Is(err, idemkv.ErrOutcomeUnknown) ||
-		errors.Is(err, idemkv.ErrResourceExhausted)
-}
-
-// errStoreWait is the cause of a store call cut short by the StoreWait budget.
-var errStoreWait = errors.New("store wait spent")
-
-// storeWaitError: the StoreWait budget is spent, or the caller's context ended, while
-// the store kept failing with retryable errors. Do turns it into a
-// *StoreUnavailableError before the tool ran and an *OutcomeUnknownError after.
-type storeWaitError struct {
-	what     string
-	waited   time.Duration
-	last     error
-	ctxEnded bool
-}
-
-func (e *storeWaitError) Error() string {
-	if e.ctxEnded {
-		return fmt.Sprintf("%s: the context ended after %s without an answer: %v", e.what, e.waited.Round(time.Millisecond), e.last)
-	}
-	return fmt.Sprintf("%s: no answer within %s: %v", e.what, e.waited.Round(time.Millisecond), e.last)
-}
-
-func (e *storeWaitError) Unwrap() error { return e.last }
-
-// retry calls f with the same request until it succeeds, fails with an error that is
-// not retryable, the run's StoreWait budget is spent, or ctx ends. Each call is cut
-// short when the budget runs out, so an unresponsive store cannot hold Do past it.
-func retry[T any](ctx context.Context, x *run, what string, f func(context.Context) (T, error)) (T, error) {
-	var zero T
-	last := idemkv.Errorf(idemkv.ErrUnavailable, "StoreWait was spent before this call")
-	for n := 1; ; n++ {
-		left := x.cfg.StoreWait - x.waited
-		if left <= 0 {
-			return zero, &storeWaitError{what: what, waited: x.waited, last: last}
-		}
-		cctx, cancel := context.WithTimeoutCause(ctx, left, errStoreWait)
-		start := time.Now()
-		v, err := f(cctx)
-		cut := cctx.Err() != nil && ctx.Err() == nil
-		cancel()
-		if err == nil {
-			return v, nil
-		}
-		if !retryable(err) && !cut {
-			if ctx.Err() != nil && x.waited > 0 {
-				return zero, &storeWaitError{what: what, waited: x.waited, last: err, ctxEnded: true}
-			}
-			return zero, err
-		}
-		x.waited += time.Since(start)
-		last = err
-		x.log.LogAttrs(ctx, slog.LevelDebug, "idemkv unavailable, retrying", slog.String("call", what), slog.Any(logKeyErr, err))
-		d := min(backoff(n, x.cfg.BackoffMin, x.cfg.BackoffMax), max(x.cfg.StoreWait-x.waited, 0))
-		if serr := sleep(ctx, d); serr != nil {
-			return zero, &storeWaitError{what: what, waited: x.waited, last: err, ctxEnded: true}
-		}
-		x.waited += d
 	}
 }
