@@ -202,7 +202,7 @@ func TestGateway(t *testing.T) {
 		if c["status"] != "conflict" || c["reason"] != idemkv.ReasonDifferentEffect ||
 			c["existing_fingerprint"] != meta(first, mcpgw.MetaFingerprint) ||
 			c["received_fingerprint"] == c["existing_fingerprint"] || c["existing_remote_id"] != ticket {
-			t.Fatalf("conflict %v, want SPEC section 2's shape against %s (%v)", c, meta(first, mcpgw.MetaFingerprint), ticket)
+			t.Fatalf("conflict %v, want the conflict shape of docs/protocol.md against %s (%v)", c, meta(first, mcpgw.MetaFingerprint), ticket)
 		}
 		// An explicit key reused by another tool is a conflict too.
 		third := e.call(s, "close_ticket", map[string]any{"ticket_id": ticket}, mcp.Meta{mcpgw.MetaIdempotencyKey: "conflict:INC-2:create_ticket"})

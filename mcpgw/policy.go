@@ -289,7 +289,7 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 	return c, nil
 }
 
-// Classify returns the tool class of SPEC section 4 for tool: the policy's class
+// Classify returns the tool class (docs/protocol.md, section 4) for tool: the policy's class
 // when it names one, else the annotations' verdict. readOnlyHint makes a tool read
 // only; idempotentHint makes it an idempotent mutation; anything else, including no
 // annotations at all, is a non-idempotent mutation, which is MCP's own default.

@@ -198,6 +198,71 @@ func TestMCPGatewayStreamableHTTP(t *testing.T) {
 	createTwice(t, sess, state)
 }
 
+// countingLog is a lineLog that also counts the lines holding a phrase.
+type countingLog struct {
+	*lineLog
+	phrase string
+	mu     sync.Mutex
+	n      int
+}
+
+func (c *countingLog) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.n += strings.Count(string(p), c.phrase)
+	c.mu.Unlock()
+	return c.lineLog.Write(p)
+}
+
+func (c *countingLog) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// Issue 14 point 5 as it was found: the gateway's --endpoint points at an address
+// where nothing listens. Every mutating call answers store_unavailable within
+// --store-wait (it used to hang for good), the upstream is not called, and the outage
+// is logged once.
+func TestMCPGatewayDeadEndpoint(t *testing.T) {
+	bin, ts := idemkvBinary(t), buildTicketServer(t)
+	state := filepath.Join(t.TempDir(), "tickets.json")
+	cmd := exec.Command(bin, "mcp-gateway",
+		"--upstream-cmd", ts+" --state '"+state+"'",
+		"--policy", writePolicy(t),
+		"--endpoint", freePort(t), "--store-wait", "2s", "--timeout", "1s")
+	stderr := &countingLog{lineLog: newLineLog(t, "gateway: "), phrase: "idemkv is unreachable"}
+	cmd.Stderr = stderr
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sess, err := mcp.NewClient(&mcp.Implementation{Name: "agent"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	for i := range 3 {
+		start := time.Now()
+		res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "create_ticket", Arguments: map[string]any{
+			"incident_id": "INC-1", "title": "db down", "severity": "high"}})
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// --store-wait, one --timeout, and slack for a loaded machine.
+		if code := res.Meta[mcpgw.MetaError]; !res.IsError || code != mcpgw.CodeStoreUnavailable || took > 2*time.Second+time.Second+3*time.Second {
+			t.Fatalf("call %d: %v after %s, want %s within the bound", i+1, res.Meta, took, mcpgw.CodeStoreUnavailable)
+		}
+		t.Logf("call %d: %s after %s", i+1, mcpgw.CodeStoreUnavailable, took.Round(time.Millisecond))
+	}
+	if _, err := os.Stat(state); err == nil {
+		if n := ticketCount(t, state); n != 0 {
+			t.Fatalf("the upstream created %d tickets without a reservation", n)
+		}
+	}
+	if n := stderr.count(); n != 1 {
+		t.Fatalf("the outage was logged %d times for 3 calls, want once", n)
+	}
+}
+
 func TestSplitCommand(t *testing.T) {
 	for in, want := range map[string][]string{
 		`server --state tickets.json`:       {"server", "--state", "tickets.json"},
