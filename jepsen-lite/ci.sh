@@ -17,8 +17,11 @@ status=0
 new=0
 "$bin" --nodes 3 --time "${JEPSEN_NEW_TIME:-30s}" --concurrency 12 --nemesis churn,storage,clock-jump \
 	--quiet 2s --hold 5s --binary "$out/all/idemkv" --out "$out/new" || new=$?
-if [ "$status" -eq 0 ] || { [ "$status" -eq 1 ] && [ "$new" -eq 2 ]; }; then
-	status=$new
+# Anomalies in either run (1) outrank a harness failure in either (2).
+if [ "$status" -eq 1 ] || [ "$new" -eq 1 ]; then
+	status=1
+elif [ "$status" -ne 0 ] || [ "$new" -ne 0 ]; then
+	status=2
 fi
 # The history and the idemkv binary are large; the rest is what a person reads.
 rm -f "$out/all/idemkv"
