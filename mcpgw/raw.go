@@ -96,6 +96,12 @@ func (t *tap) sent(msg jsonrpc.Message) {
 	if !ok || !req.IsCall() {
 		return
 	}
+	// Request ids start again with each new session: whatever an id meant on a
+	// session that died unanswered is forgotten when it is used again.
+	t.mu.Lock()
+	delete(t.calls, req.ID)
+	delete(t.lists, req.ID)
+	t.mu.Unlock()
 	switch req.Method {
 	case "tools/list":
 		t.mu.Lock()

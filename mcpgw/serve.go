@@ -136,9 +136,14 @@ func (p *preInitReader) Close() error {
 // such requests are small, and a larger body goes to the go-sdk untouched.
 const maxPeek = 64 << 10
 
-// HTTPHandler serves the gateway over streamable HTTP (mount it at /mcp).
+// HTTPHandler serves the gateway over streamable HTTP (mount it at /mcp). In
+// stateless mode (opts.Stateless) every request comes without a session and the
+// go-sdk treats sessions as initialized, so nothing is answered before it.
 func (g *Gateway) HTTPHandler(opts *mcp.StreamableHTTPOptions) http.Handler {
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, opts)
+	if opts != nil && opts.Stateless {
+		return h
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Header.Get("Mcp-Session-Id") != "" || r.Body == nil {
 			h.ServeHTTP(w, r)
