@@ -92,6 +92,9 @@ func (n *Node) establish(ctx context.Context) bool {
 // applyEstablish replicates and applies the establishing entry. It goes to Raft
 // directly, not through propose: no sabotage of the test build may answer it early.
 func (n *Node) applyEstablish(self *idemkv.NodeInfo) error {
+	if n.establishByBarrier() {
+		return n.raft.Barrier(n.cfg.ApplyTimeout).Error()
+	}
 	cmd := &fsm.Command{Op: fsm.OpSetNode, Node: self, Now: n.now()}
 	buf, err := cmd.AppendBinary(nil)
 	if err != nil {

@@ -72,9 +72,12 @@ func (s restoreSaboteur) Restore(rc io.ReadCloser) error {
 	return err
 }
 
-// wedgeGap is the WedgeGap sabotage of the test build: the state machine counts as
-// behind an index more than 64 entries ahead of it whatever those entries are, as
-// caughtUp once had it.
+// wedgeGap and establishByBarrier are the WedgeGap sabotage of the test build, the
+// code before the fix of issue 12's defect 1: a new leader establishes with a Raft
+// barrier, which never reaches the state machine, and the state machine counts as
+// behind an index more than 64 entries ahead of it whatever those entries are.
 func (n *Node) wedgeGap(index uint64) bool {
 	return testhooks.Sabotaged(testhooks.WedgeGap) && index > n.fsm.AppliedIndex()+64
 }
+
+func (n *Node) establishByBarrier() bool { return testhooks.Sabotaged(testhooks.WedgeGap) }

@@ -46,10 +46,11 @@ const (
 	// it failed: the replica goes on from a wiped store (issue 12, defect 2, made
 	// certain). jepsen-lite's storage nemesis must catch it.
 	SkipFailedRestore
-	// WedgeGap restores the old rule that a node whose state machine trails an index
-	// by more than 64 entries is behind, however many of them are no-ops and barriers
-	// that never reach it: reads and /readyz wedged after about 32 elections without
-	// a write (issue 12, defect 1). jepsen-lite's churn nemesis must catch it.
+	// WedgeGap restores the code before the fix of issue 12's defect 1: a new leader
+	// establishes with a barrier that never reaches the state machine, and a node whose
+	// state machine trails an index by more than 64 entries is behind, however many of
+	// them are no-ops and barriers: reads and /readyz wedged after about 32 elections
+	// without a write. jepsen-lite's churn nemesis must catch it.
 	WedgeGap
 )
 
