@@ -69,6 +69,9 @@ var familyColor = map[string]string{
 	nemesis.FamilySnapshot:   "#3182bd",
 	nemesis.FamilyClock:      "#b8860b",
 	nemesis.FamilyCombined:   "#e377c2",
+	nemesis.FamilyChurn:      "#17becf",
+	nemesis.FamilyStorage:    "#8c564b",
+	nemesis.FamilyClockJump:  "#bcbd22",
 }
 
 // WriteSVG draws throughput (top) and latency (bottom, log scale) per second, with
