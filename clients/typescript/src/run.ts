@@ -86,6 +86,8 @@ export interface Outcome {
   probed: boolean;
   /** Nothing was recorded: a read-only tool, or an unguarded run while idemkv was unreachable. */
   unrecorded: boolean;
+  /** The unguarded run: idemkv could not be reached and onStoreUnavailable let an idempotent tool run (Go's Outcome.Unguarded). */
+  unguarded: boolean;
   receipt: Receipt;
   fingerprint: string;
   fence: number;
@@ -223,7 +225,7 @@ class Attempt {
    * Runs a read-only tool, or an idempotent one unguarded: nothing is recorded, so from
    * idemkv's side the call never happened, and its error is a NotExecutedError.
    */
-  async unrecorded(fn: ToolFn): Promise<Outcome> {
+  async unrecorded(fn: ToolFn, unguarded = false): Promise<Outcome> {
     const ctx: ToolContext = { signal: this.signal ?? new AbortController().signal, tenant: this.op.tenant, key: this.op.key, tool: this.op.tool, decision: "execute", fence: 0 };
     let res: ToolResult;
     try {
@@ -232,7 +234,7 @@ class Attempt {
       throw new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(err)}`, { cause: err });
     }
     return {
-      decision: "execute", replayed: false, probed: false, unrecorded: true, fingerprint: this.fp, fence: 0, attempts: 0,
+      decision: "execute", replayed: false, probed: false, unrecorded: true, unguarded, fingerprint: this.fp, fence: 0, attempts: 0,
       receipt: {
         idempotency_key: this.op.key, effect_fingerprint: this.fp, status: "committed",
         remote_system: res.remoteSystem, remote_id: res.remoteId, remote_url: res.remoteUrl, result: res.result,
@@ -257,7 +259,7 @@ class Attempt {
         const e = this.beforeError(err);
         if (e instanceof StoreUnavailableError && this.client.settings.onStoreUnavailable === "unguarded" && this.cls === "idempotent") {
           // Opt-in: an idempotent tool may run unrecorded rather than not at all.
-          return this.unrecorded(fn);
+          return this.unrecorded(fn, true);
         }
         throw e;
       }
@@ -300,7 +302,7 @@ class Attempt {
       throw new StoredFailureError(failMessage(this.q, rec.error), rec, true, { decision: "replay", record: res.record });
     }
     return {
-      decision: "replay", replayed: true, probed: false, unrecorded: false, receipt: rec, fingerprint: this.fp,
+      decision: "replay", replayed: true, probed: false, unrecorded: false, unguarded: false, receipt: rec, fingerprint: this.fp,
       fence: res.record?.fence ?? 0, attempts: res.record?.attempts ?? 0,
     };
   }
@@ -347,7 +349,7 @@ class Attempt {
     if (probe === undefined) return this.markInDoubt(g);
     const { value, error, lost } = await this.underLease(g, probe);
     if (lost !== undefined) {
-      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${lost.message}`,
+      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`,
         { decision: g.decision, record: g.record, cause: lost });
     }
     if (error !== undefined) {
@@ -404,7 +406,7 @@ class Attempt {
         this.after());
       const receipt = answer as Receipt;
       return {
-        decision: "recover", replayed: false, probed: true, unrecorded: false, receipt, fingerprint: this.fp,
+        decision: "recover", replayed: false, probed: true, unrecorded: false, unguarded: false, receipt, fingerprint: this.fp,
         fence: res.record?.fence ?? 0, attempts: res.record?.attempts ?? 0,
       };
     } catch (err) {
@@ -431,7 +433,7 @@ class Attempt {
     const d = (cause: unknown): IdemkvErrorDetails => ({ decision: g.decision, record: g.record, cause });
     if (lost !== undefined) {
       // A newer attempt owns the key; it decides the outcome (and probes for ours).
-      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${lost.message}`, d(error ?? lost));
+      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`, d(error ?? lost));
     }
     if (error instanceof NotExecutedMark && earlier) {
       throw new OutcomeUnknownError(
@@ -522,7 +524,7 @@ class Attempt {
       throw new StoredFailureError(failMessage(this.q, receipt.error), receipt, true, { decision: g.decision, record: g.record });
     }
     return {
-      decision: g.decision, replayed: false, probed: false, unrecorded: false, receipt, fingerprint: this.fp,
+      decision: g.decision, replayed: false, probed: false, unrecorded: false, unguarded: false, receipt, fingerprint: this.fp,
       fence: g.fence, attempts: g.record?.attempts ?? 0,
     };
   }
@@ -542,7 +544,7 @@ class Attempt {
     const stored = receiptOf(rec);
     if (stored !== undefined && stored.status === "committed") {
       return {
-        decision: g.decision, replayed: false, probed: false, unrecorded: false, receipt: stored, fingerprint: this.fp,
+        decision: g.decision, replayed: false, probed: false, unrecorded: false, unguarded: false, receipt: stored, fingerprint: this.fp,
         fence: g.fence, attempts: rec.attempts,
       };
     }

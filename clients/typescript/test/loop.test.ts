@@ -290,6 +290,11 @@ describe("store unavailable", () => {
       return { ok: true };
     };
     const idem = idempotent(put, { client: dead, tenant: TENANT, tool: "put_doc", key: (a) => a.key, sideEffect: "idempotent" });
+    const outs: Outcome[] = [];
+    const watched = idempotent(put, { client: dead, tenant: TENANT, tool: "put_doc", key: (a) => a.key, sideEffect: "idempotent", onOutcome: (o) => outs.push(o) });
+    assert.deepEqual(await watched({ key: newKey("unguarded") }), { ok: true });
+    assert.equal(outs[0].unguarded, true);
+    runs = 0;
     assert.deepEqual(await idem({ key: newKey("unguarded") }), { ok: true });
     const nonIdem = idempotent(put, { client: dead, tenant: TENANT, tool: "create_ticket", key: (a) => a.key });
     await assert.rejects(nonIdem({ key: newKey("unguarded") }), StoreUnavailableError);
