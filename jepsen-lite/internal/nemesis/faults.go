@@ -34,6 +34,26 @@ const (
 	FindingTimeFrozen = "time-frozen"
 )
 
+// ErrUnhealed marks a HealAll whose every process runs and every fault is off, yet
+// the nodes did not come back as voters that agree on a leader within 90 s: the
+// system under test failed, not the harness (a replica halted for good, say).
+var ErrUnhealed = errors.New("nemesis: the cluster did not heal")
+
+// OnlyUnhealed reports whether err (from HealAll) is ErrUnhealed and nothing else.
+func OnlyUnhealed(err error) bool {
+	if err == nil || !errors.Is(err, ErrUnhealed) {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if e != nil && !errors.Is(e, ErrUnhealed) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Finding is an anomaly a fault family observed while it ran; the verdict counts it.
 type Finding struct {
 	Kind   string `json:"kind"`

@@ -583,7 +583,9 @@ func (n *Nemesis) HealAll(ctx context.Context) error {
 		_ = n.c.Terminate(i, 5*time.Second)
 		errs = append(errs, n.c.Wipe(i), n.rejoin(ctx, i))
 	}
-	errs = append(errs, n.c.WaitHealthy(ctx, 90*time.Second))
+	if err := n.c.WaitHealthy(ctx, 90*time.Second); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrUnhealed, err))
+	}
 	errs = append(errs, n.resetClocks(ctx))
 	return errors.Join(errs...)
 }
