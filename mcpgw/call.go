@@ -108,20 +108,49 @@ func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage
 	return p
 }
 
-// relay returns where the upstream's progress notifications for this call go: to the
-// agent, under the agent's own progressToken, when it sent one; nil otherwise.
-func (g *Gateway) relay(ctx context.Context, req *mcp.CallToolRequest) func(*mcp.ProgressNotificationParams) {
+// progressTo sends the progress notifications of one call to the agent that asked for
+// them (a progressToken), the gateway's own while the call waits for idemkv and the
+// upstream's while the tool runs, keeping the values increasing as MCP requires: one
+// that would not is dropped.
+type progressTo struct {
+	g     *Gateway
+	ctx   context.Context
+	sess  *mcp.ServerSession
+	token any
+
+	mu   sync.Mutex
+	sent bool
+	last float64
+}
+
+// progressFor returns where the call's progress goes; nil when the agent asked for none.
+func (g *Gateway) progressFor(ctx context.Context, req *mcp.CallToolRequest) *progressTo {
 	token := req.Params.GetProgressToken()
 	if token == nil || req.Session == nil {
 		return nil
 	}
-	return func(p *mcp.ProgressNotificationParams) {
-		q := *p
-		q.ProgressToken = token
-		if err := req.Session.NotifyProgress(ctx, &q); err != nil {
-			g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay progress", slog.Any(logKeyErr, err))
-		}
+	return &progressTo{g: g, ctx: ctx, sess: req.Session, token: token}
+}
+
+func (p *progressTo) send(q mcp.ProgressNotificationParams) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sent && q.Progress <= p.last {
+		return
 	}
+	p.sent, p.last = true, q.Progress
+	q.ProgressToken = p.token
+	if err := p.sess.NotifyProgress(p.ctx, &q); err != nil {
+		p.g.log.LogAttrs(p.ctx, slog.LevelDebug, "could not send progress", slog.Any(logKeyErr, err))
+	}
+}
+
+// relay is what Upstream.call hands the upstream's progress for the call to.
+func (p *progressTo) relay() func(*mcp.ProgressNotificationParams) {
+	if p == nil {
+		return nil
+	}
+	return func(q *mcp.ProgressNotificationParams) { p.send(*q) }
 }
 
 // waiter tells an agent that asked for progress that its call is still waiting for
@@ -134,10 +163,9 @@ type waiter struct {
 	wg      sync.WaitGroup
 }
 
-func (g *Gateway) waiting(ctx context.Context, req *mcp.CallToolRequest, key string) *waiter {
+func (g *Gateway) waiting(p *progressTo, key string) *waiter {
 	w := &waiter{started: make(chan struct{}), done: make(chan struct{})}
-	token := req.Params.GetProgressToken()
-	if token == nil || req.Session == nil {
+	if p == nil {
 		return w
 	}
 	w.wg.Go(func() {
@@ -151,11 +179,10 @@ func (g *Gateway) waiting(ctx context.Context, req *mcp.CallToolRequest, key str
 				return
 			case <-tick.C:
 			}
-			p := &mcp.ProgressNotificationParams{ProgressToken: token, Progress: float64(n),
-				Message: fmt.Sprintf("waiting for idemkv to grant key %q: another attempt holds it, or idemkv is not answering", key)}
-			if err := req.Session.NotifyProgress(ctx, p); err != nil {
-				g.log.LogAttrs(ctx, slog.LevelDebug, "could not send progress", slog.Any(logKeyErr, err))
-			}
+			// n/(n+1) grows and stays below 1, below where most tools' own
+			// progress starts, so less of theirs is dropped.
+			p.send(mcp.ProgressNotificationParams{Progress: float64(n) / float64(n+1),
+				Message: fmt.Sprintf("waiting for idemkv to grant key %q: another attempt holds it, or idemkv is not answering", key)})
 		}
 	})
 	return w
@@ -183,7 +210,7 @@ func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 }
 
 func (g *Gateway) passThrough(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.relay(ctx, req))
+	res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.progressFor(ctx, req).relay())
 	if err == nil {
 		return withRaw(res, raw), nil
 	}
@@ -224,7 +251,8 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil), nil
 	}
 	op.Effect, op.Drop = effect, r.policy.Volatile
-	w := g.waiting(ctx, req, c.key)
+	progress := g.progressFor(ctx, req)
+	w := g.waiting(progress, c.key)
 	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
 		probe := g.probe(r, c, req.Params.Meta)
 		op.Probe = func(ctx context.Context) (*client.Result, error) {
@@ -238,7 +266,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	var upstream *mcp.CallToolResult
 	fn := func(ctx context.Context) (*client.Result, error) {
 		w.granted()
-		res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), g.relay(ctx, req))
+		res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), progress.relay())
 		if err != nil {
 			var ce *callError
 			if errors.As(err, &ce) && !ce.sent {
