@@ -311,6 +311,16 @@ func (n *Nemesis) clearFault(ctx context.Context, i int, fault string) (string, 
 		if fired == 0 {
 			return detail, fmt.Errorf("nemesis: %s on %s never fired", fault, n.id(i))
 		}
+		// A node whose state machine halted on a storage error stops Raft and says so
+		// on /readyz until it is restarted on a healthy store, as its log asks the
+		// operator to: do that.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		rerr := n.c.Call(rctx, i, "GET", "/readyz", nil, nil)
+		cancel()
+		if rerr != nil && strings.Contains(rerr.Error(), "halted") {
+			detail = fmt.Sprintf("%s on %s: %d operations failed, the node halted; restarted", fault, n.id(i), fired)
+			return detail, errors.Join(n.c.Terminate(i, 10*time.Second), n.c.StartNode(i))
+		}
 		return detail, nil
 	}
 	if n.c.Running(i) && !n.c.Paused(i) {
@@ -334,6 +344,15 @@ func (n *Nemesis) snapshotInstallFails(ctx, heal context.Context, hold time.Dura
 		return "", err
 	}
 	iso, isoErr := n.isolateUntilSnapshot(ctx, heal, hold, victim)
+	// The install starts once the leader next contacts the victim; wait for the first
+	// cut read (even when the run is ending), then hold the fault.
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
+		var st testhooks.FaultState
+		if err := n.c.Call(heal, victim, "GET", testhooks.PathFaults, nil, &st); err != nil || st.Injected[testhooks.FaultSnapshotRestore] > 0 {
+			break
+		}
+		sleep(heal, 200*time.Millisecond)
+	}
 	sleep(ctx, hold)
 	detail, err := n.clearFault(heal, victim, testhooks.FaultSnapshotRestore)
 	return iso + "; " + detail, errors.Join(isoErr, err)
