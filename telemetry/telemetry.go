@@ -84,6 +84,13 @@ func Setup(ctx context.Context, service string) (shutdown func(context.Context) 
 	return tp.Shutdown, nil
 }
 
+// Exporters returns the span exporters the OTEL_* environment asks for (see Setup),
+// for a program that builds its own tracer provider and wants to honour the same
+// variables as the binary. None when nothing is configured.
+func Exporters(ctx context.Context) ([]sdktrace.SpanExporter, error) {
+	return exportersFromEnv(ctx)
+}
+
 func exportersFromEnv(ctx context.Context) ([]sdktrace.SpanExporter, error) {
 	names := os.Getenv("OTEL_TRACES_EXPORTER")
 	if names == "" {

@@ -34,6 +34,7 @@ import (
 	"github.com/idemkv/idemkv/api"
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/node"
+	"github.com/idemkv/idemkv/telemetry"
 )
 
 type options struct {
@@ -74,6 +75,13 @@ func run(ctx context.Context, opt options, out io.Writer) error {
 	}
 	p := &printer{w: out}
 
+	// The embedded node's server spans use the global provider, built from OTEL_*.
+	shutdownTracing, err := telemetry.Setup(ctx, "agent-tickets-idemkv")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = shutdownTracing(context.Background()) }()
+
 	endpoint, conversation := opt.endpoint, "conversation_9"
 	if endpoint == "" {
 		addr, stopNode, err := startNode(ctx, opt.dataDir, log)
@@ -96,7 +104,18 @@ func run(ctx context.Context, opt options, out io.Writer) error {
 	defer tickets.close()
 	p.printf("ticket API: %s\n", tickets.url)
 
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(p))
+	// The spans printed below, and wherever the standard OTEL_* variables send them
+	// (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER=otlp|console), as the idemkv
+	// binary does.
+	exporters, err := telemetry.Exporters(ctx)
+	if err != nil {
+		return err
+	}
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithSyncer(p)}
+	for _, exp := range exporters {
+		tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
+	}
+	tp := sdktrace.NewTracerProvider(tpOpts...)
 	defer func() { _ = tp.Shutdown(context.Background()) }()
 	idem, err := client.New(client.Config{
 		Endpoints:      []string{endpoint},
@@ -287,7 +306,9 @@ func startNode(ctx context.Context, dir string, log *slog.Logger) (apiAddr strin
 		cleanup()
 		return "", nil, err
 	}
-	srv := api.NewHTTPServer(cfg.APIAddr, api.New(api.Config{Store: n, Logger: log}).Handler())
+	// The embedded node's request spans go where OTEL_* says (nowhere by default), as
+	// children of the client's spans.
+	srv := api.NewHTTPServer(cfg.APIAddr, api.New(api.Config{Store: n, Logger: log, Middleware: telemetry.HTTPMiddleware}).Handler())
 	go func() { _ = srv.Serve(ln) }()
 	stop = func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
