@@ -507,6 +507,11 @@ func CheckAgents(ops []history.Op, effects map[string][]Effect, final map[string
 				status := "absent"
 				if rec != nil {
 					status = string(rec.Status)
+					if rec.Status == idemkv.StatusPending {
+						// Left pending after the redelivery: its lease (the stamped
+						// time) tells whether a frozen clock kept it alive.
+						status += fmt.Sprintf(" (fence %d, lease until %d)", rec.Fence, rec.LeaseExpiresAt)
+					}
 				}
 				add(AnomalyOrphanEffect, key, "effect %s (%s) happened; the key ended %s", e.RemoteID, e.Args, status)
 			}
