@@ -188,10 +188,10 @@ func validLease(ms int64, l Limits) error {
 	return nil
 }
 
-// Validate checks r against the limits, given the current time; on success it fills
-// the defaults: LeaseTTLMs, and TTLMs when ExpiresAt is unset. A fingerprint or an
-// effect must be present (whoever computes the fingerprint of an effect does so
-// before or after; both present must agree, which the caller checks).
+// Validate checks r against the limits, given the current time; it changes nothing
+// (EnsureDefaults fills what r leaves out). A fingerprint or an effect must be present
+// (whoever computes the fingerprint of an effect does so before or after; both present
+// must agree, which the caller checks). An effect of JSON null counts as absent.
 func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	l = l.WithDefaults()
 	if err := ValidTenant(r.Tenant); err != nil {
@@ -200,16 +200,17 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	if err := ValidKey(r.Key); err != nil {
 		return err
 	}
-	if string(r.Effect) == "null" {
-		r.Effect = nil
+	effect := r.Effect
+	if string(effect) == "null" {
+		effect = nil
 	}
-	if r.Fingerprint == "" && len(r.Effect) == 0 {
+	if r.Fingerprint == "" && len(effect) == 0 {
 		return Invalid("effect_fingerprint", "effect_fingerprint or effect is required")
 	}
 	if err := validText("effect_fingerprint", r.Fingerprint, MaxFingerprintLen, false); err != nil {
 		return err
 	}
-	if err := validJSON("effect", r.Effect); err != nil {
+	if err := validJSON("effect", effect); err != nil {
 		return err
 	}
 	if err := validText("tool", r.Tool, MaxToolLen, true); err != nil {
@@ -229,8 +230,11 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	if err := validLease(r.LeaseTTLMs, l); err != nil {
 		return err
 	}
-	if r.LeaseTTLMs == 0 {
-		r.LeaseTTLMs = l.DefaultLeaseTTL.Milliseconds()
+	// The checks below compare against the lease and TTL the request will carry once
+	// EnsureDefaults has filled them.
+	lease := r.LeaseTTLMs
+	if lease == 0 {
+		lease = l.DefaultLeaseTTL.Milliseconds()
 	}
 	ttlField := "ttl_ms"
 	var ttl int64
@@ -244,13 +248,12 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 		ttl = r.TTLMs
 	default:
 		ttl = l.DefaultTTL.Milliseconds()
-		r.TTLMs = ttl
 	}
 	if ttl < l.MinTTL.Milliseconds() || ttl > l.MaxTTL.Milliseconds() {
 		return Invalid(ttlField, "%s must put expiry between %d and %d ms from now", ttlField, l.MinTTL.Milliseconds(), l.MaxTTL.Milliseconds())
 	}
-	if ttl < r.LeaseTTLMs {
-		return Invalid(ttlField, "%s (%d ms) is shorter than the lease (%d ms)", ttlField, ttl, r.LeaseTTLMs)
+	if ttl < lease {
+		return Invalid(ttlField, "%s (%d ms) is shorter than the lease (%d ms)", ttlField, ttl, lease)
 	}
 	return nil
 }
@@ -316,7 +319,6 @@ func (r *ReleaseRequest) Validate() error {
 	return validFence(r.Fence)
 }
 
-// Validate checks r against the limits and fills the default lease.
 // Validate checks a doubt request.
 func (r *DoubtRequest) Validate() error {
 	if err := validIdentity(r.Tenant, r.Key, r.Fingerprint); err != nil {
@@ -347,6 +349,7 @@ func (r *ResolveRequest) Validate(l Limits) error {
 	}
 }
 
+// Validate checks r against the limits; EnsureDefaults fills the default lease.
 func (r *HeartbeatRequest) Validate(l Limits) error {
 	l = l.WithDefaults()
 	if err := ValidTenant(r.Tenant); err != nil {
@@ -358,19 +361,13 @@ func (r *HeartbeatRequest) Validate(l Limits) error {
 	if err := validFence(r.Fence); err != nil {
 		return err
 	}
-	if err := validLease(r.LeaseTTLMs, l); err != nil {
-		return err
-	}
-	if r.LeaseTTLMs == 0 {
-		r.LeaseTTLMs = l.DefaultLeaseTTL.Milliseconds()
-	}
-	return nil
+	return validLease(r.LeaseTTLMs, l)
 }
 
 // MaxWait bounds the long-poll of a get.
 const MaxWait = 5 * time.Minute
 
-// Validate checks r and fills the default consistency.
+// Validate checks r; EnsureDefaults fills the default consistency.
 func (r *GetRequest) Validate() error {
 	if err := ValidTenant(r.Tenant); err != nil {
 		return err
@@ -381,10 +378,10 @@ func (r *GetRequest) Validate() error {
 	if r.Wait < 0 || r.Wait > MaxWait {
 		return Invalid("wait_ms", "wait_ms must be between 0 and %d", MaxWait.Milliseconds())
 	}
-	return validConsistency(&r.Consistency)
+	return validConsistency(r.Consistency)
 }
 
-// Validate checks r and fills the default limit.
+// Validate checks r; EnsureDefaults fills the default limit and consistency.
 func (r *ListRequest) Validate() error {
 	if err := ValidTenant(r.Tenant); err != nil {
 		return err
@@ -406,17 +403,12 @@ func (r *ListRequest) Validate() error {
 	if r.Limit < 0 || r.Limit > MaxListLimit {
 		return Invalid("limit", "limit must be between 1 and %d", MaxListLimit)
 	}
-	if r.Limit == 0 {
-		r.Limit = DefaultListLimit
-	}
-	return validConsistency(&r.Consistency)
+	return validConsistency(r.Consistency)
 }
 
-func validConsistency(c *Consistency) error {
-	switch *c {
-	case "":
-		*c = Linearizable
-	case Linearizable, Stale:
+func validConsistency(c Consistency) error {
+	switch c {
+	case "", Linearizable, Stale:
 	default:
 		return Invalid("consistency", "consistency must be linearizable or stale")
 	}

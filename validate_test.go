@@ -3,6 +3,7 @@ package idemkv_test
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -10,13 +11,53 @@ import (
 	"github.com/idemkv/idemkv"
 )
 
-func TestReserveValidateFillsDefaults(t *testing.T) {
-	r := idemkv.ReserveRequest{Tenant: "acme", Key: "k", Tool: "t", Fingerprint: "sha256:x"}
+// Validate only checks: the request it accepts is byte for byte the one it was given,
+// and EnsureDefaults is the one step that fills it.
+func TestValidateChecksEnsureDefaultsFills(t *testing.T) {
+	r := idemkv.ReserveRequest{Tenant: "acme", Key: "k", Tool: "t", Fingerprint: "sha256:x", Effect: json.RawMessage("null")}
+	before := r
 	if err := r.Validate(idemkv.Limits{}, 1_000_000); err != nil {
 		t.Fatal(err)
 	}
-	if r.LeaseTTLMs != 30_000 || r.TTLMs != 86_400_000 {
-		t.Fatalf("defaults: lease %d ttl %d", r.LeaseTTLMs, r.TTLMs)
+	if !reflect.DeepEqual(r, before) {
+		t.Fatalf("Validate changed the reserve: %+v, was %+v", r, before)
+	}
+	r.EnsureDefaults(idemkv.Limits{})
+	if r.LeaseTTLMs != 30_000 || r.TTLMs != 86_400_000 || r.Effect != nil {
+		t.Fatalf("defaults: lease %d ttl %d effect %q", r.LeaseTTLMs, r.TTLMs, r.Effect)
+	}
+	// Defaults come from the limits given: the node's, not a copy.
+	own := idemkv.ReserveRequest{Tenant: "acme", Key: "k", Tool: "t", Fingerprint: "sha256:x", ExpiresAt: 9_000_000}
+	own.EnsureDefaults(idemkv.Limits{DefaultLeaseTTL: 45 * time.Second})
+	if own.LeaseTTLMs != 45_000 || own.TTLMs != 0 {
+		t.Fatalf("own defaults: lease %d ttl %d, want 45000 and no ttl beside expires_at", own.LeaseTTLMs, own.TTLMs)
+	}
+
+	hb := idemkv.HeartbeatRequest{Tenant: "acme", Key: "k", Fence: 3}
+	if err := hb.Validate(idemkv.Limits{}); err != nil || hb.LeaseTTLMs != 0 {
+		t.Fatalf("heartbeat Validate: %v, lease %d", err, hb.LeaseTTLMs)
+	}
+	hb.EnsureDefaults(idemkv.Limits{})
+	if hb.LeaseTTLMs != 30_000 {
+		t.Fatalf("heartbeat default lease %d", hb.LeaseTTLMs)
+	}
+
+	g := idemkv.GetRequest{Tenant: "acme", Key: "k"}
+	if err := g.Validate(); err != nil || g.Consistency != "" {
+		t.Fatalf("get Validate: %v, consistency %q", err, g.Consistency)
+	}
+	g.EnsureDefaults()
+	if g.Consistency != idemkv.Linearizable {
+		t.Fatalf("get default consistency %q", g.Consistency)
+	}
+
+	l := idemkv.ListRequest{Tenant: "acme"}
+	if err := l.Validate(); err != nil || l.Limit != 0 || l.Consistency != "" {
+		t.Fatalf("list Validate: %v, limit %d consistency %q", err, l.Limit, l.Consistency)
+	}
+	l.EnsureDefaults()
+	if l.Limit != idemkv.DefaultListLimit || l.Consistency != idemkv.Linearizable {
+		t.Fatalf("list defaults: limit %d consistency %q", l.Limit, l.Consistency)
 	}
 }
 

@@ -35,6 +35,10 @@ type Store interface {
 	Cluster(ctx context.Context) (*idemkv.ClusterInfo, error)
 	Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
 	Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
+	// Limits returns the limits the store enforces, defaults filled. The API checks
+	// requests against them early and fills their defaults from them; it keeps no
+	// copy of its own, so the two can never disagree.
+	Limits() idemkv.Limits
 	// Leader returns the API address of the current leader ("" if unknown) and whether
 	// this node is it.
 	Leader() (apiAddr string, isLeader bool)
@@ -64,7 +68,6 @@ type Config struct {
 	Logger *slog.Logger // default: discard
 	// Metrics default to a fresh set on their own registry.
 	Metrics *metrics.Metrics
-	Limits  idemkv.Limits
 	// Forward carries requests to the leader. Default: a client with dial and
 	// handshake timeouts, no proxy from the environment and no overall timeout (each
 	// forward gets a deadline of its own). Redirects are never followed.
@@ -90,7 +93,6 @@ type Server struct {
 	store          Store
 	log            *slog.Logger
 	metrics        *metrics.Metrics
-	limits         idemkv.Limits
 	forward        *http.Client
 	scheme         string
 	forwardTimeout time.Duration
@@ -111,7 +113,6 @@ func New(cfg Config) *Server {
 		store:          cfg.Store,
 		log:            cfg.Logger,
 		metrics:        cfg.Metrics,
-		limits:         cfg.Limits.WithDefaults(),
 		scheme:         cfg.ForwardScheme,
 		forwardTimeout: cfg.ForwardTimeout,
 		mux:            http.NewServeMux(),

@@ -402,3 +402,33 @@ func TestToolLabelsAreBounded(t *testing.T) {
 		t.Errorf("tool-0 counted %v, other %v; want 1 and %d", tools["tool-0"], tools["other"], sent-max)
 	}
 }
+
+// The API checks and fills requests with the limits the store enforces, not with a
+// copy of its own: a node configured for two-hour leases accepts a 90-minute lease,
+// and a reserve without one gets the node's default.
+func TestLimitsComeFromTheStore(t *testing.T) {
+	var got idemkv.ReserveRequest
+	fake := &FakeStore{
+		LimitsValue: idemkv.Limits{MaxLeaseTTL: 2 * time.Hour, DefaultLeaseTTL: 45 * time.Second},
+		ReserveFunc: func(_ context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+			got = *req
+			rec := pendingRecord(req.Key)
+			return &idemkv.ReserveResult{Decision: idemkv.DecisionExecute, Fence: rec.Fence, AttemptID: rec.AttemptID,
+				LeaseExpiresAt: rec.LeaseExpiresAt, Record: rec}, nil
+		},
+	}
+	n := startNode(t, fake, nil)
+
+	long := validReserve()
+	long["lease_ttl_ms"] = 90 * 60_000
+	do(t, "POST", n.url+"/v1/reserve", long, nil).object(t, http.StatusOK)
+	if got.LeaseTTLMs != 90*60_000 {
+		t.Errorf("store got lease %d, want 5400000", got.LeaseTTLMs)
+	}
+	do(t, "POST", n.url+"/v1/reserve", validReserve(), nil).object(t, http.StatusOK)
+	if got.LeaseTTLMs != 45_000 {
+		t.Errorf("store got default lease %d, want the store's 45000", got.LeaseTTLMs)
+	}
+	long["lease_ttl_ms"] = 2*3_600_000 + 1
+	do(t, "POST", n.url+"/v1/reserve", long, nil).wantError(t, http.StatusBadRequest, idemkv.CodeInvalidArgument, "lease_ttl_ms")
+}

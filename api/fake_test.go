@@ -30,6 +30,8 @@ type FakeStore struct {
 	RemoveFunc    func(context.Context, *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
 	LeaderFunc    func() (string, bool)
 	ReadyFunc     func() error
+	// LimitsValue is what Limits reports; the zero value means the defaults.
+	LimitsValue idemkv.Limits
 
 	calls atomic.Int64
 }
@@ -149,3 +151,5 @@ func (f *FakeStore) Ready() error {
 	}
 	return f.ReadyFunc()
 }
+
+func (f *FakeStore) Limits() idemkv.Limits { return f.LimitsValue.WithDefaults() }

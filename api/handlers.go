@@ -31,21 +31,31 @@ func (s *Server) routes() {
 	s.handle("POST /v1/reserve", leaderWrite(s, func(q *idemkv.ReserveRequest) error {
 		// The node validates again against the time the leader stamps on the command;
 		// this early check only spares a round trip for requests that cannot succeed.
-		return q.Validate(s.limits, idemkv.TimestampOf(time.Now()))
+		l := s.store.Limits()
+		if err := q.Validate(l, idemkv.TimestampOf(time.Now())); err != nil {
+			return err
+		}
+		q.EnsureDefaults(l)
+		return nil
 	}, s.sabotageReserve(s.store.Reserve), s.countDecision))
 	s.handle("POST /v1/commit", leaderWrite(s, func(q *idemkv.CommitRequest) error {
-		return q.Validate(s.limits)
+		return q.Validate(s.store.Limits())
 	}, s.sabotageCommit(s.store.Commit), annotateCommit))
 	s.handle("POST /v1/fail", leaderWrite(s, func(q *idemkv.FailRequest) error {
-		return q.Validate(s.limits)
+		return q.Validate(s.store.Limits())
 	}, s.store.Fail, nil))
 	s.handle("POST /v1/release", leaderWrite(s, (*idemkv.ReleaseRequest).Validate, s.store.Release, nil))
 	s.handle("POST /v1/heartbeat", leaderWrite(s, func(q *idemkv.HeartbeatRequest) error {
-		return q.Validate(s.limits)
+		l := s.store.Limits()
+		if err := q.Validate(l); err != nil {
+			return err
+		}
+		q.EnsureDefaults(l)
+		return nil
 	}, s.store.Heartbeat, nil))
 	s.handle("POST /v1/doubt", leaderWrite(s, (*idemkv.DoubtRequest).Validate, s.store.Doubt, nil))
 	s.handle("POST /v1/resolve", leaderWrite(s, func(q *idemkv.ResolveRequest) error {
-		return q.Validate(s.limits)
+		return q.Validate(s.store.Limits())
 	}, s.store.Resolve, nil))
 	s.handle(recordPattern, http.HandlerFunc(s.get))
 	s.handle("GET /v1/records/{tenant}", http.HandlerFunc(s.list))
@@ -254,6 +264,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	req.EnsureDefaults()
 	if req.Wait > 0 {
 		release, err := s.polls.acquire(r)
 		if err != nil {
@@ -297,6 +308,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	req.EnsureDefaults()
 	// A list is a linearizable read served by the leader unless the caller asks for
 	// consistency=stale, as on a get.
 	if !stale && s.forwardIfFollower(w, r, nil, 0) {

@@ -49,7 +49,7 @@ func (s *Server) sabotageReserve(call func(context.Context, *idemkv.ReserveReque
 			return call(ctx, q)
 		}
 		asked := q.LeaseTTLMs
-		q.LeaseTTLMs = max(asked/4, s.limits.MinLeaseTTL.Milliseconds())
+		q.LeaseTTLMs = max(asked/4, s.store.Limits().MinLeaseTTL.Milliseconds())
 		res, err := call(ctx, q)
 		if err != nil || (res.Decision != idemkv.DecisionExecute && res.Decision != idemkv.DecisionRecover) {
 			return res, err

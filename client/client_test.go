@@ -48,6 +48,9 @@ func (s *apiStore) Leader() (string, bool) {
 
 func (s *apiStore) Ready() error { return nil }
 
+// Limits are the defaults: memStore validates against idemkv.Limits{}.
+func (s *apiStore) Limits() idemkv.Limits { return idemkv.DefaultLimits() }
+
 func (s *apiStore) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error) {
 	s.memStore.mu.Lock()
 	defer s.memStore.mu.Unlock()

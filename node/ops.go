@@ -24,12 +24,17 @@ func (n *Node) now() idemkv.Timestamp {
 	return now
 }
 
+// Limits returns the limits this node enforces, defaults filled: the node owns them,
+// and the HTTP layer asks for them rather than keeping a copy that could disagree.
+func (n *Node) Limits() idemkv.Limits { return n.cfg.Limits }
+
 // Reserve asks for the right to run an effect (SPEC section 1).
 func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
 	r := *req
 	if err := r.Validate(n.cfg.Limits, n.now()); err != nil {
 		return nil, err
 	}
+	r.EnsureDefaults(n.cfg.Limits)
 	if len(r.Effect) > 0 {
 		fp, err := fingerprint.Of(r.Effect)
 		if err != nil {
@@ -128,6 +133,7 @@ func (n *Node) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) (*id
 	if err := r.Validate(n.cfg.Limits); err != nil {
 		return nil, err
 	}
+	r.EnsureDefaults(n.cfg.Limits)
 	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpHeartbeat, Heartbeat: &r})
 	if err != nil {
 		return nil, err
@@ -171,6 +177,7 @@ func (n *Node) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record,
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
+	r.EnsureDefaults()
 	deadline := time.Now().Add(r.Wait)
 	for {
 		rec, done, err := n.pollOnce(ctx, &r, deadline)
@@ -226,6 +233,7 @@ func (n *Node) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListR
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
+	r.EnsureDefaults()
 	if r.Consistency != idemkv.Stale {
 		if err := n.readIndex(ctx); err != nil {
 			return nil, err

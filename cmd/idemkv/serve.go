@@ -209,7 +209,6 @@ func runServe(ctx context.Context, o serveOptions) error {
 		Store:         n,
 		Logger:        logger,
 		Metrics:       cfg.Metrics,
-		Limits:        cfg.Limits,
 		Middleware:    middleware,
 		ForwardScheme: ex.forwardScheme,
 		Forward:       ex.forwardClient,

@@ -154,7 +154,7 @@ func (c *Cluster) startMember(i int, bootstrap bool) {
 		ln, err = net.Listen("tcp", m.apiAddr)
 		return err
 	})
-	h := api.New(api.Config{Store: n, Logger: cfg.Logger, Metrics: m.metrics, Limits: cfg.Limits, Middleware: c.middleware}).Handler()
+	h := api.New(api.Config{Store: n, Logger: cfg.Logger, Metrics: m.metrics, Middleware: c.middleware}).Handler()
 	srv := api.NewHTTPServer(m.apiAddr, h)
 	go func() { _ = srv.Serve(ln) }()
 	c.mu.Lock()

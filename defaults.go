@@ -1,0 +1,46 @@
+package idemkv
+
+// Defaulting is a step of its own, after Validate, as Pebble's Options.EnsureDefaults
+// and raft's ValidateConfig split them: Validate only reports, so the HTTP layer can
+// check a request without rewriting what it forwards, and the node fills the request
+// from the limits it owns (node.Config.Limits) just before proposing it. Each method
+// is idempotent and leaves every field the caller set as it was.
+
+// EnsureDefaults fills the lease and, when neither ttl_ms nor expires_at is given,
+// the TTL from l, and drops an effect of JSON null (Validate counts it as absent).
+func (r *ReserveRequest) EnsureDefaults(l Limits) {
+	l = l.WithDefaults()
+	if string(r.Effect) == "null" {
+		r.Effect = nil
+	}
+	if r.LeaseTTLMs == 0 {
+		r.LeaseTTLMs = l.DefaultLeaseTTL.Milliseconds()
+	}
+	if r.TTLMs == 0 && r.ExpiresAt == 0 {
+		r.TTLMs = l.DefaultTTL.Milliseconds()
+	}
+}
+
+// EnsureDefaults fills the lease from l.
+func (r *HeartbeatRequest) EnsureDefaults(l Limits) {
+	if r.LeaseTTLMs == 0 {
+		r.LeaseTTLMs = l.WithDefaults().DefaultLeaseTTL.Milliseconds()
+	}
+}
+
+// EnsureDefaults makes a read linearizable unless it asks for stale.
+func (r *GetRequest) EnsureDefaults() {
+	if r.Consistency == "" {
+		r.Consistency = Linearizable
+	}
+}
+
+// EnsureDefaults fills the page size (DefaultListLimit) and the consistency.
+func (r *ListRequest) EnsureDefaults() {
+	if r.Limit == 0 {
+		r.Limit = DefaultListLimit
+	}
+	if r.Consistency == "" {
+		r.Consistency = Linearizable
+	}
+}
