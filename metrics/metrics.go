@@ -30,6 +30,9 @@ type Metrics struct {
 	ApplyBatch prometheus.Histogram
 	// LeaderChanges counts observed leadership changes.
 	LeaderChanges prometheus.Counter
+	// ClockStampsClamped counts command stamps this node kept within the clock bound
+	// because its wall clock ran outside it (fsm.BoundStamp).
+	ClockStampsClamped prometheus.Counter
 	// LongPollWakeups counts long-polls woken by an entry that may have changed their
 	// record; each then takes a read index.
 	LongPollWakeups prometheus.Counter
@@ -118,6 +121,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "raft_leader_changes_total",
 			Help: "Leadership changes observed by this node.",
 		}),
+		ClockStampsClamped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "clock_stamps_clamped_total",
+			Help: "Command stamps kept within the clock bound because this node's wall clock jumped or drifted outside it.",
+		}),
 		LongPollWakeups: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "long_poll_wakeups_total",
 			Help: "Long-polls woken by an applied entry that may have changed their record.",
@@ -140,7 +147,7 @@ func New() *Metrics {
 			Help: "How long the oldest expired, unswept record has been overdue.",
 		}),
 	}
-	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.LongPollWakeups,
+	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.ClockStampsClamped, m.LongPollWakeups,
 		m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -67,7 +67,7 @@ func TestSweepScale(t *testing.T) {
 		cfg.SnapshotInterval = time.Hour
 		cfg.TrailingLogs = d.TrailingLogs
 		cfg.Sweep.Disabled = true
-		cfg.Now = clock.Now
+		cfg.Now, cfg.Monotonic = clock.Now, clock.Elapsed
 		logger = cfg.Logger
 	}))
 	n := c.Node(0)

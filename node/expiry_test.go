@@ -37,6 +37,10 @@ func (c *testClock) Now() time.Time { return c.base.Add(time.Duration(c.offset.L
 
 func (c *testClock) Advance(d time.Duration) { c.offset.Add(int64(d)) }
 
+// Elapsed is the node's monotonic clock: it moves only as Advance moves Now, so the
+// bound on stamps (fsm.BoundStamp) sees the test's time pass as real.
+func (c *testClock) Elapsed() time.Duration { return time.Duration(c.offset.Load()) }
+
 func (c *testClock) At(d time.Duration) idemkv.Timestamp { return idemkv.TimestampOf(c.base.Add(d)) }
 
 // metricValue reads a counter, a gauge, or a histogram's sample count.
@@ -101,7 +105,7 @@ func withTTL(r *idemkv.ReserveRequest, ttl time.Duration) *idemkv.ReserveRequest
 func TestEveryStatusExpires(t *testing.T) {
 	clock := newTestClock(time.Now())
 	c := testcluster.Start(t, 1, testcluster.WithConfig(func(i int, cfg *node.Config) {
-		cfg.Now = clock.Now
+		cfg.Now, cfg.Monotonic = clock.Now, clock.Elapsed
 		cfg.Sweep.Disabled = true // the test sweeps by hand, to see the state before
 	}))
 	n := c.Node(0)
@@ -228,7 +232,7 @@ func TestEveryStatusExpires(t *testing.T) {
 // next attempt recovers with a new fence, and the old attempt is fenced.
 func TestLeaseExpiryOnOneNode(t *testing.T) {
 	clock := newTestClock(time.Now())
-	c := testcluster.Start(t, 1, testcluster.WithConfig(func(i int, cfg *node.Config) { cfg.Now = clock.Now }))
+	c := testcluster.Start(t, 1, testcluster.WithConfig(func(i int, cfg *node.Config) { cfg.Now, cfg.Monotonic = clock.Now, clock.Elapsed }))
 	n := c.Node(0)
 	ctx := ctxT(t)
 	first := reserveReq("lease", "a1", "sha256:l")
@@ -277,7 +281,7 @@ func TestLeaseExpiryOnOneNode(t *testing.T) {
 func TestLeaseExpiryAcrossLeaderChangeWithClockBehind(t *testing.T) {
 	base := time.Now()
 	clocks := []*testClock{newTestClock(base), newTestClock(base), newTestClock(base)}
-	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) { cfg.Now = clocks[i].Now }))
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) { cfg.Now, cfg.Monotonic = clocks[i].Now, clocks[i].Elapsed }))
 	ctx := ctxT(t)
 	leader := c.LeaderIndex(t)
 	ahead := clocks[leader]
@@ -353,7 +357,7 @@ func TestLeaseExpiryAcrossLeaderChangeWithClockBehind(t *testing.T) {
 func TestSweeperRunsOnTheLeaderOnly(t *testing.T) {
 	clock := newTestClock(time.Now())
 	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
-		cfg.Now = clock.Now
+		cfg.Now, cfg.Monotonic = clock.Now, clock.Elapsed
 		cfg.Sweep.Interval = 20 * time.Millisecond
 		// One record per entry: a round then lasts long enough to watch its gauges.
 		cfg.Sweep.BatchLimit = 1
@@ -506,7 +510,7 @@ func grepLines(s, sub string) string {
 func TestExpiryIndexSurvivesSnapshotInstallAndRestart(t *testing.T) {
 	clock := newTestClock(time.Now())
 	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
-		cfg.Now = clock.Now
+		cfg.Now, cfg.Monotonic = clock.Now, clock.Elapsed
 		cfg.Sweep.Disabled = true // sweeps happen by hand, so the backlog is known
 	}))
 	ctx := ctxT(t)

@@ -95,7 +95,7 @@ func (n *Node) applyEstablish(self *idemkv.NodeInfo) error {
 	if n.establishByBarrier() {
 		return n.raft.Barrier(n.cfg.ApplyTimeout).Error()
 	}
-	cmd := &fsm.Command{Op: fsm.OpSetNode, Node: self, Now: n.now()}
+	cmd := &fsm.Command{Op: fsm.OpSetNode, Node: self, Now: n.stampNow()}
 	buf, err := cmd.AppendBinary(nil)
 	if err != nil {
 		return fmt.Errorf("node: encode command: %w", err)

@@ -84,6 +84,10 @@ type Config struct {
 
 	// Now is the clock the leader stamps commands with; default time.Now.
 	Now func() time.Time
+	// Monotonic measures real time for the bound on stamps (fsm.BoundStamp); default Go's
+	// monotonic clock, which wall-clock steps do not move. Tests that move Now by hand
+	// to let time pass move this with it.
+	Monotonic func() time.Duration
 
 	// PebbleFS is the filesystem under the Pebble store (default the OS's). Fault
 	// tests put an error-injecting or crash-simulating vfs.FS here.
@@ -158,6 +162,9 @@ func (c *Config) withDefaults() {
 	if c.Now == nil {
 		c.Now = d.Now
 	}
+	if c.Monotonic == nil {
+		c.Monotonic = monotonic
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -201,6 +208,8 @@ type Node struct {
 	// logs is Raft's log as Raft reads it: the cache over the (possibly wrapped) store.
 	logs *raft.LogCache
 
+	clock *stampClock
+
 	// readyTerm is the term in which this node, as leader, has applied a barrier: only
 	// then is its commit index a safe read index.
 	readyTerm atomic.Uint64
@@ -231,17 +240,18 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: data dir: %w", err)
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), metrics: cfg.Metrics}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), metrics: cfg.Metrics, clock: &stampClock{wall: cfg.Now, mono: cfg.Monotonic}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if err := n.open(); err != nil {
 		n.cancel()
 		n.closeResources()
 		return nil, err
 	}
-	n.wg.Add(3)
+	n.wg.Add(4)
 	go n.watchLeadership()
 	go n.watchPeers()
 	go n.watchHalt()
+	go n.watchClock()
 	return n, nil
 }
 
@@ -271,6 +281,9 @@ func (n *Node) open() error {
 	if n.fsm, err = fsm.New(n.store, n.metrics, n.log); err != nil {
 		return err
 	}
+	if c := n.fsm.Clock(); c != 0 {
+		n.clock.prev = c.Time()
+	}
 	// Once the log has been compacted, raft.db is mostly free pages; syncing the free
 	// list on every commit then rewrites it all each time. Without it, bbolt rebuilds
 	// the free list by a scan when it opens, which costs far less than it saves.
@@ -291,6 +304,9 @@ func (n *Node) open() error {
 		return fmt.Errorf("node: raft log cache: %w", err)
 	}
 	logs, stable, snaps := n.logs, stores.Stable, stores.Snapshots
+	if n.clock.liveAfter, err = logs.LastIndex(); err != nil {
+		return fmt.Errorf("node: raft log: %w", err)
+	}
 	if err := n.restoreIfBehind(snaps); err != nil {
 		return err
 	}

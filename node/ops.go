@@ -16,14 +16,6 @@ import (
 	"github.com/idemkv/idemkv/internal/testhooks"
 )
 
-func (n *Node) now() idemkv.Timestamp {
-	now := idemkv.TimestampOf(n.cfg.Now())
-	if c := n.fsm.Clock(); c > now {
-		return c
-	}
-	return now
-}
-
 // Limits returns the limits this node enforces, defaults filled: the node owns them,
 // and the HTTP layer asks for them rather than keeping a copy that could disagree.
 func (n *Node) Limits() idemkv.Limits { return n.cfg.Limits }
@@ -250,7 +242,7 @@ func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
 	}
-	cmd.Now = n.now()
+	cmd.Now = n.stampNow()
 	buf, err := cmd.AppendBinary(nil)
 	if err != nil {
 		return nil, fmt.Errorf("node: encode command: %w: %w", idemkv.ErrInternal, err)
