@@ -202,6 +202,22 @@ class SyncLoop(Base):
                              side_effect="idempotent")
         self.assertEqual((out.decision, out.receipt["remote_id"]), ("recover", "T-1"))
 
+    def test_idempotent_rerun_not_executed_keeps_the_key(self) -> None:
+        # The dead attempt may have run the tool; the re-run's "not executed" says
+        # nothing about it, so the key must stay pending, not be released (a release
+        # would let other arguments take the key: two effects on one key).
+        self.client.reserve(TENANT, self.key, "set_status", fingerprint=idemkv.fingerprint({"s": "done"}),
+                            lease_ttl=1)
+
+        def refuse() -> Any:
+            raise idemkv.NotExecuted("downstream refused the re-run")
+
+        with self.assertRaises(idemkv.OutcomeUnknownError):
+            self.client.do(refuse, key=self.key, tool="set_status", effect={"s": "done"}, side_effect="idempotent")
+        rec = self.client.get(TENANT, self.key)
+        self.assertIsNotNone(rec)
+        self.assertEqual(rec["status"], "pending")
+
     def test_heartbeat_keeps_the_lease(self) -> None:
         seen: list[str] = []
 

@@ -407,7 +407,7 @@ class _Loop:
     def recover(self, g: _Grant) -> Gen:
         op = self.op
         if op.side_effect == IDEMPOTENT:
-            return (yield from self.execute(g))
+            return (yield from self.execute(g, earlier=True))
         if op.probe is None:
             # Nobody can know whether the dead attempt's effect happened: mark the
             # record in doubt, so that retries stop re-leasing it, and say so.
@@ -467,7 +467,11 @@ class _Loop:
             raise _in_doubt(op.key, g.record, e) from e
         return None
 
-    def execute(self, g: _Grant) -> Gen:
+    def execute(self, g: _Grant, earlier: bool = False) -> Gen:
+        """Run the tool under g. earlier: an attempt before this one may have run it (an
+        idempotent re-execution on recover), so a "not executed" from this run says
+        nothing about that attempt: the key stays pending rather than being released,
+        since a release frees the key for other arguments."""
         op = self.op
         ran = yield _Run("tool", g.fence)
         if ran.lost is not None:
@@ -476,6 +480,11 @@ class _Loop:
         err = ran.error
         if err is None:
             return (yield from self.commit(g, self.as_result(ran.value), ran.value))
+        if isinstance(err, NotExecuted) and earlier:
+            self.span.add_event("left_pending")
+            raise OutcomeUnknownError(
+                f"idemkv: the re-run of {op.key!r} did not execute, but an earlier attempt may have: "
+                f"the record stays pending: {err}", decision=g.decision, record=g.record, cause=err) from err
         if isinstance(err, NotExecuted):
             yield from self.release(g, err)
             raise NotExecutedError(f"idemkv: {op.key!r} not executed: {err}", decision=g.decision, record=g.record,
