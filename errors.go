@@ -3,7 +3,6 @@ package idemkv
 import (
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 )
 
@@ -51,23 +50,29 @@ const (
 	CodeInternal            = "internal"
 )
 
+// The statuses are written as numbers (RFC 9110 section 15) rather than net/http's
+// constants: the root package is the core's vocabulary, and importing net/http for
+// nine integers would pull the whole HTTP stack (about 160 packages) into fsm and
+// storage. TestCoreImportsNoHTTPNorHooks keeps it out.
+const statusInternal = 500 // Internal Server Error
+
 var codes = []struct {
 	code   string
 	err    error
 	status int
 }{
-	{CodeInvalidArgument, ErrInvalidArgument, http.StatusBadRequest},
-	{CodeUnauthenticated, ErrUnauthenticated, http.StatusUnauthorized},
-	{CodePermissionDenied, ErrPermissionDenied, http.StatusForbidden},
-	{CodeNotFound, ErrNotFound, http.StatusNotFound},
-	{CodeFenced, ErrFenced, http.StatusConflict},
-	{CodeFingerprintMismatch, ErrFingerprintMismatch, http.StatusConflict},
-	{CodeNotPending, ErrNotPending, http.StatusConflict},
-	{CodePayloadTooLarge, ErrPayloadTooLarge, http.StatusRequestEntityTooLarge},
-	{CodeResourceExhausted, ErrResourceExhausted, http.StatusTooManyRequests},
-	{CodeUnavailable, ErrUnavailable, http.StatusServiceUnavailable},
-	{CodeOutcomeUnknown, ErrOutcomeUnknown, http.StatusServiceUnavailable},
-	{CodeInternal, ErrInternal, http.StatusInternalServerError},
+	{CodeInvalidArgument, ErrInvalidArgument, 400 /* Bad Request */},
+	{CodeUnauthenticated, ErrUnauthenticated, 401 /* Unauthorized */},
+	{CodePermissionDenied, ErrPermissionDenied, 403 /* Forbidden */},
+	{CodeNotFound, ErrNotFound, 404 /* Not Found */},
+	{CodeFenced, ErrFenced, 409 /* Conflict */},
+	{CodeFingerprintMismatch, ErrFingerprintMismatch, 409 /* Conflict */},
+	{CodeNotPending, ErrNotPending, 409 /* Conflict */},
+	{CodePayloadTooLarge, ErrPayloadTooLarge, 413 /* Content Too Large */},
+	{CodeResourceExhausted, ErrResourceExhausted, 429 /* Too Many Requests */},
+	{CodeUnavailable, ErrUnavailable, 503 /* Service Unavailable */},
+	{CodeOutcomeUnknown, ErrOutcomeUnknown, 503 /* Service Unavailable */},
+	{CodeInternal, ErrInternal, statusInternal},
 }
 
 // Error is an error with a wire code, a message for people and, for invalid
@@ -133,7 +138,7 @@ func HTTPStatus(code string) int {
 			return c.status
 		}
 	}
-	return http.StatusInternalServerError
+	return statusInternal
 }
 
 // AsError converts any error into the *Error that goes on the wire. Errors that wrap

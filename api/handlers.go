@@ -16,7 +16,6 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/httpx"
-	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/telemetry"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
@@ -273,8 +272,8 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		}
 		defer release()
 	}
-	linearizable := req.Consistency == idemkv.Linearizable && !testhooks.Sabotaged(testhooks.StaleReads)
-	if linearizable && s.forwardIfFollower(w, r, nil, req.Wait) {
+	sabotageRead(&req)
+	if req.Consistency == idemkv.Linearizable && s.forwardIfFollower(w, r, nil, req.Wait) {
 		return
 	}
 	rec, err := s.store.Get(r.Context(), &req)

@@ -1,11 +1,9 @@
 package fsm
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/idemkv/idemkv"
-	"github.com/idemkv/idemkv/internal/testhooks"
 )
 
 // This file is the decision table of SPEC section 1, as pure functions: no I/O, no
@@ -172,7 +170,7 @@ func checkOwner(cur *idemkv.Record, fp string, fence uint64, now idemkv.Timestam
 // nothing changes. A commit carrying the fence of a record that is already terminal gets
 // the stored outcome back, whichever it is: the first outcome wins.
 func DecideCommit(cur *idemkv.Record, req *idemkv.CommitRequest, now idemkv.Timestamp) (next *idemkv.Record, receipt *idemkv.Receipt, err error) {
-	if err := checkOwner(cur, req.Fingerprint, req.Fence, now); err != nil && !(testhooks.Sabotaged(testhooks.IgnoreFences) && errors.Is(err, idemkv.ErrFenced)) {
+	if err := checkOwner(cur, req.Fingerprint, req.Fence, now); err != nil {
 		return nil, nil, err
 	}
 	if cur.Status.Terminal() {

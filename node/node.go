@@ -27,7 +27,6 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/expiry"
 	"github.com/idemkv/idemkv/fsm"
-	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/storage"
 )
@@ -124,8 +123,9 @@ func DefaultConfig() Config {
 		RaftHandshakeTimeout: DefaultRaftHandshakeTimeout,
 		RaftIdleTimeout:      DefaultRaftIdleTimeout,
 		RaftMaxPending:       DefaultRaftMaxPending,
-		// testhooks.Now is time.Now outside the test build; jepsen-lite offsets it.
-		Now: testhooks.Now,
+		// cmd passes the test build's offset clock in; a library user gets the wall
+		// clock.
+		Now: time.Now,
 	}
 }
 

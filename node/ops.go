@@ -13,7 +13,6 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fingerprint"
 	"github.com/idemkv/idemkv/fsm"
-	"github.com/idemkv/idemkv/internal/testhooks"
 )
 
 // Limits returns the limits this node enforces, defaults filled: the node owns them,
@@ -186,7 +185,7 @@ func (n *Node) pollOnce(ctx context.Context, r *idemkv.GetRequest, deadline time
 	// Only entries that touch this record wake it: see fsm.Watch.
 	changed, stop := n.fsm.Watch(r.Tenant, r.Key)
 	defer stop()
-	if r.Consistency != idemkv.Stale && !testhooks.Sabotaged(testhooks.StaleReads) {
+	if r.Consistency != idemkv.Stale {
 		if err := n.readIndex(ctx); err != nil {
 			return nil, true, err
 		}

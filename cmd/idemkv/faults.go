@@ -5,14 +5,17 @@ import (
 	"github.com/idemkv/idemkv/node"
 )
 
-// wireTestFaults puts the test build's storage fault injectors (internal/testhooks)
-// under the node: Pebble's filesystem, Raft's log and snapshot stores. jepsen-lite
-// switches them on and off at run time. In any other build testhooks.Enabled is the
-// constant false and the node runs on its stores directly.
+// wireTestFaults puts the test build's fault injectors (internal/testhooks) under the
+// node: the clock it stamps commands with (jepsen-lite's clock nemesis offsets it),
+// Pebble's filesystem, Raft's log and snapshot stores. jepsen-lite switches them on and
+// off at run time. In any other build testhooks.Enabled is the constant false and the
+// node runs on the wall clock and its stores directly. The node itself never reads
+// the hooks: cmd passes them in.
 func wireTestFaults(cfg *node.Config) {
 	if !testhooks.Enabled {
 		return
 	}
+	cfg.Now = testhooks.Now
 	cfg.PebbleFS = testhooks.PebbleFS()
 	prev := cfg.WrapRaftStores
 	cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {

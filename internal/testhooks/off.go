@@ -2,10 +2,7 @@
 
 package testhooks
 
-import (
-	"net/http"
-	"time"
-)
+import "time"
 
 // Enabled reports whether the hooks are compiled in. In this build they are not.
 const Enabled = false
@@ -19,5 +16,5 @@ func ClockOffset() time.Duration { return 0 }
 // Sabotaged is always false in this build.
 func Sabotaged(Mode) bool { return false }
 
-// Mount registers nothing in this build: the debug endpoints do not exist.
-func Mount(*http.ServeMux, SnapshotFunc) {}
+// Mount does not exist in this build: the debug endpoints are compiled only with the
+// tag (api/debug_on.go mounts them), so this build imports no HTTP stack.

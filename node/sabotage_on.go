@@ -1,3 +1,5 @@
+//go:build idemkv_testhooks
+
 package node
 
 import (
@@ -47,23 +49,67 @@ func (n *Node) earlyAck(cmd *fsm.Command) (res *fsm.Result, handled bool, err er
 	return nil, false, nil
 }
 
-// raftFSM is the state machine as Raft sees it: the FSM itself, or in the test build
-// the FSM behind the SkipFailedRestore sabotage.
+// raftFSM is the state machine as Raft sees it: in this build the FSM behind the
+// IgnoreFences and SkipFailedRestore sabotages, which live here, at the apply seam,
+// so that fsm itself stays free of test hooks.
 func (n *Node) raftFSM() raft.FSM {
-	if !testhooks.Enabled {
-		return n.fsm
-	}
-	return restoreSaboteur{FSM: n.fsm, log: n.log}
+	return applySaboteur{FSM: n.fsm, log: n.log}
 }
 
-// restoreSaboteur answers a failed snapshot restore with success while the
-// SkipFailedRestore sabotage is on, so Raft carries on from the wiped store.
-type restoreSaboteur struct {
+// applySaboteur is the FSM as Raft drives it in the test build.
+type applySaboteur struct {
 	*fsm.FSM
 	log *slog.Logger
 }
 
-func (s restoreSaboteur) Restore(rc io.ReadCloser) error {
+// Apply and ApplyBatch apply as the FSM does. Under IgnoreFences a commit whose fence
+// is not the record's current one is rewritten to carry the current fence before the
+// FSM sees it, so the decision table accepts it: a stale holder completes someone
+// else's attempt. A commit whose record is gone, expired or of another fingerprint is
+// refused as before: the decision table checks those ahead of the fence. While the sabotage is on, entries apply one at a
+// time, so the current fence read for an entry includes every entry before it.
+func (s applySaboteur) Apply(l *raft.Log) any { return s.ApplyBatch([]*raft.Log{l})[0] }
+
+func (s applySaboteur) ApplyBatch(logs []*raft.Log) []any {
+	if !testhooks.Sabotaged(testhooks.IgnoreFences) {
+		return s.FSM.ApplyBatch(logs)
+	}
+	out := make([]any, len(logs))
+	for i, l := range logs {
+		out[i] = s.FSM.ApplyBatch([]*raft.Log{s.ignoreFence(l)})[0]
+	}
+	return out
+}
+
+// ignoreFence returns l, or a copy of it whose commit carries the record's fence.
+func (s applySaboteur) ignoreFence(l *raft.Log) *raft.Log {
+	if l.Type != raft.LogCommand {
+		return l
+	}
+	cmd, err := fsm.DecodeCommand(l.Data)
+	if err != nil || cmd.Op != fsm.OpCommit {
+		return l
+	}
+	cur, err := s.FSM.Get(cmd.Commit.Tenant, cmd.Commit.Key, cmd.Now)
+	if err != nil || cur.Fence == cmd.Commit.Fence {
+		return l
+	}
+	c := *cmd.Commit
+	c.Fence = cur.Fence
+	cmd.Commit = &c
+	data, err := cmd.AppendBinary(nil)
+	if err != nil {
+		return l
+	}
+	s.log.Warn("sabotage ignore-fences: accepting a commit with fence", "fence", cmd.Commit.Fence, "current", cur.Fence)
+	cp := *l
+	cp.Data = data
+	return &cp
+}
+
+// Restore answers a failed snapshot restore with success while the SkipFailedRestore
+// sabotage is on, so Raft carries on from the wiped store.
+func (s applySaboteur) Restore(rc io.ReadCloser) error {
 	err := s.FSM.Restore(rc)
 	if err != nil && testhooks.Sabotaged(testhooks.SkipFailedRestore) {
 		s.log.Error("sabotage skip-failed-restore: reporting a failed restore as done", "err", err)

@@ -1,3 +1,5 @@
+//go:build idemkv_testhooks
+
 package api
 
 import (
@@ -12,8 +14,8 @@ import (
 
 // The sabotage modes of the test build that live at the API seam (internal/testhooks).
 // jepsen-lite switches them on to show that its checkers catch each way a server can
-// break a guarantee; in a production build testhooks.Sabotaged is the constant false
-// and every function here does nothing.
+// break a guarantee. They are compiled only with the tag; sabotage_off.go holds the
+// no-ops of every other build, which does not import internal/testhooks.
 
 // recordWrite reports whether path is a write to a record (not a membership change,
 // which the harness itself needs while the nodes are sabotaged).
@@ -77,5 +79,14 @@ func (s *Server) sabotageCommit(call func(context.Context, *idemkv.CommitRequest
 			return nil, err
 		}
 		return nil, idemkv.Errorf(idemkv.ErrUnavailable, "sabotage orphan-effects")
+	}
+}
+
+// sabotageRead turns a linearizable read into a stale one under StaleReads: the node
+// answers from its local state, neither forwarding to the leader nor asking it for a
+// read index. This is the one place the sabotage is checked.
+func sabotageRead(req *idemkv.GetRequest) {
+	if testhooks.Sabotaged(testhooks.StaleReads) {
+		req.Consistency = idemkv.Stale
 	}
 }

@@ -1,0 +1,27 @@
+//go:build !idemkv_testhooks
+
+package node
+
+import (
+	"github.com/hashicorp/raft"
+
+	"github.com/idemkv/idemkv/fsm"
+)
+
+// The sabotages of the apply seam exist only in the test build (sabotage_on.go); in
+// this build each is a constant no-op the compiler removes, and node does not import
+// internal/testhooks.
+
+// earlyAck never answers a write here: every write waits for Raft.
+func (n *Node) earlyAck(*fsm.Command) (res *fsm.Result, handled bool, err error) {
+	return nil, false, nil
+}
+
+// raftFSM is the state machine as Raft sees it: the FSM itself.
+func (n *Node) raftFSM() raft.FSM { return n.fsm }
+
+// wedgeGap is always false here.
+func (n *Node) wedgeGap(uint64) bool { return false }
+
+// establishByBarrier is always false here: a new leader establishes with a command.
+func (n *Node) establishByBarrier() bool { return false }
