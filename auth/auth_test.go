@@ -16,18 +16,8 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
 	"github.com/idemkv/idemkv/auth"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, nil))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
 
 const (
 	acmeToken  = "idk_acme-agents-token"
@@ -159,7 +149,7 @@ func newAuthenticator(t *testing.T) *auth.Authenticator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := auth.New(f, testLogger(t))
+	a, err := auth.New(f, testlog.NewLevel(t, "", slog.LevelInfo))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +227,7 @@ func TestReloadRotatesTokensAndKeepsThemOnABadFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte(yamlFile()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, err := auth.Load(path, testLogger(t))
+	a, err := auth.Load(path, testlog.NewLevel(t, "", slog.LevelInfo))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/telemetry"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
@@ -92,7 +93,7 @@ type testNode struct {
 func startNode(t *testing.T, mem *memStore) *testNode {
 	t.Helper()
 	n := &testNode{store: &apiStore{memStore: mem}}
-	h := api.New(api.Config{Store: n.store, Logger: testLogger(t)}).Handler()
+	h := api.New(api.Config{Store: n.store, Logger: testlog.New(t)}).Handler()
 	n.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n.count.Add(1)
 		n.mu.Lock()
@@ -124,7 +125,7 @@ func (n *testNode) requests() []*http.Request {
 func newClient(t *testing.T, cfg Config) *Client {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
+		cfg.Logger = testlog.New(t)
 	}
 	if cfg.BackoffMin == 0 {
 		cfg.BackoffMin, cfg.BackoffMax = time.Millisecond, 5*time.Millisecond
@@ -532,7 +533,7 @@ func TestTraceContinuesOnTheServer(t *testing.T) {
 		otel.SetTextMapPropagator(prevProp)
 	})
 	store := &apiStore{memStore: newMemStore()}
-	srv := httptest.NewServer(api.New(api.Config{Store: store, Logger: testLogger(t), Middleware: telemetry.HTTPMiddleware}).Handler())
+	srv := httptest.NewServer(api.New(api.Config{Store: store, Logger: testlog.New(t), Middleware: telemetry.HTTPMiddleware}).Handler())
 	t.Cleanup(srv.Close)
 	store.self = strings.TrimPrefix(srv.URL, "http://")
 

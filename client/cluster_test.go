@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/fingerprint"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/node"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
@@ -87,17 +87,6 @@ type env struct {
 	api     *ticketAPI
 }
 
-func logger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tlog struct{ t testing.TB }
-
-func (w tlog) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 func startEnv(t *testing.T, n int) *env {
 	t.Helper()
 	c := testcluster.Start(t, n)
@@ -105,7 +94,7 @@ func startEnv(t *testing.T, n int) *env {
 	cl, err := client.New(client.Config{
 		Endpoints:      c.Endpoints(),
 		Timeout:        3 * time.Second,
-		Logger:         logger(t),
+		Logger:         testlog.New(t),
 		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)),
 		Propagator:     propagation.TraceContext{},
 		Run: client.RunConfig{
@@ -222,7 +211,7 @@ func TestProductionGrade(t *testing.T) {
 		key := "conversation_9:approval_19:create_ticket"
 		op := createTicket(key, "Outage Z")
 		// The runtime's call into idemkv times out after the commit landed.
-		lossy, err := client.NewRunner(lostCommitAnswer{e.client}, client.RunConfig{Logger: logger(t), CommitGrace: time.Second})
+		lossy, err := client.NewRunner(lostCommitAnswer{e.client}, client.RunConfig{Logger: testlog.New(t), CommitGrace: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -431,7 +420,7 @@ func TestProductionGrade(t *testing.T) {
 
 	t.Run("Do runs against an in-process node", func(t *testing.T) {
 		leader := e.cluster.Node(e.cluster.LeaderIndex(t))
-		r, err := client.NewRunner(leader, client.RunConfig{Logger: logger(t)})
+		r, err := client.NewRunner(leader, client.RunConfig{Logger: testlog.New(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

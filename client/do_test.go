@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fingerprint"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
 
@@ -61,7 +62,7 @@ func newEnv(t *testing.T) *testEnv {
 	rec := tracetest.NewSpanRecorder()
 	store := newMemStore()
 	cfg := RunConfig{
-		Logger:         testLogger(t),
+		Logger:         testlog.New(t),
 		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)),
 		BackoffMin:     time.Millisecond,
 		BackoffMax:     10 * time.Millisecond,

@@ -3,10 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/idemkv/idemkv"
@@ -250,16 +247,4 @@ func (m *memStore) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Rec
 		}
 		t.Stop()
 	}
-}
-
-// testLogger sends slog output to t.Log.
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tbWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tbWriter struct{ t testing.TB }
-
-func (w tbWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

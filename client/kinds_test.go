@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
 
 // TestEveryDoErrorHasExactlyOneKind walks every way Do can fail and checks that the
@@ -18,7 +19,7 @@ func TestEveryDoErrorHasExactlyOneKind(t *testing.T) {
 	toolErr := errors.New("POST /tickets: context deadline exceeded")
 	unavailable := func(string, int) error { return idemkv.Errorf(idemkv.ErrUnavailable, "no leader") }
 	short := func(e *testEnv) *Runner {
-		r, err := NewRunner(e.store, RunConfig{Logger: testLogger(t), StoreWait: 300 * time.Millisecond,
+		r, err := NewRunner(e.store, RunConfig{Logger: testlog.New(t), StoreWait: 300 * time.Millisecond,
 			BackoffMin: time.Millisecond, BackoffMax: 20 * time.Millisecond, CommitGrace: time.Second})
 		if err != nil {
 			t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
 
 // TestDoRetriesOutcomeUnknownAsTheSameAttempt: the store answers outcome_unknown
@@ -40,7 +41,7 @@ func TestDoRetriesOutcomeUnknownAsTheSameAttempt(t *testing.T) {
 		fences = append(fences, r.Fence)
 		mu.Unlock()
 	}}
-	runner, err := NewRunner(spy, RunConfig{Logger: testLogger(t)})
+	runner, err := NewRunner(spy, RunConfig{Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestDoStoreUnavailableKeepsTheAttempt(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := NewRunner(e.store, RunConfig{Logger: testLogger(t), StoreWait: 200 * time.Millisecond,
+	r, err := NewRunner(e.store, RunConfig{Logger: testlog.New(t), StoreWait: 200 * time.Millisecond,
 		BackoffMin: time.Millisecond, BackoffMax: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
 
 // TestDoStoreWaitWithQuorumLost: two of three nodes are down, so no write can commit.
@@ -20,7 +21,7 @@ func TestDoStoreWaitWithQuorumLost(t *testing.T) {
 	cl, err := client.New(client.Config{
 		Endpoints:  c.Endpoints(),
 		Timeout:    2 * time.Second,
-		Logger:     logger(t),
+		Logger:     testlog.New(t),
 		StoreWait:  storeWait,
 		BackoffMax: 100 * time.Millisecond,
 	})
@@ -31,7 +32,7 @@ func TestDoStoreWaitWithQuorumLost(t *testing.T) {
 	unguarded, err := client.New(client.Config{
 		Endpoints:          c.Endpoints(),
 		Timeout:            2 * time.Second,
-		Logger:             logger(t),
+		Logger:             testlog.New(t),
 		StoreWait:          storeWait,
 		OnStoreUnavailable: client.Unguarded,
 	})

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/metrics"
 )
 
@@ -83,17 +82,6 @@ func (s *store) counts() (expired, proposals, backlogs int) {
 	return s.expired, s.proposals, s.backlogs
 }
 
-type tLogWriter struct{ tb testing.TB }
-
-func (w tLogWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-func testLogger(tb testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tLogWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
 func value(tb testing.TB, c prometheus.Metric) float64 {
 	tb.Helper()
 	var m dto.Metric
@@ -160,7 +148,7 @@ func TestRoundSweepsUntilTheBacklogIsGone(t *testing.T) {
 	st := &store{}
 	st.set(2500, t0, t0+5000)
 	m := metrics.New()
-	s := New(Config{BatchLimit: 1000}, st.proposer(), m, testLogger(t))
+	s := New(Config{BatchLimit: 1000}, st.proposer(), m, testlog.New(t))
 	if err := s.Round(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +171,7 @@ func TestRoundSweepsUntilTheBacklogIsGone(t *testing.T) {
 func TestRoundWithNothingToSweepRecordsNoDuration(t *testing.T) {
 	st := &store{}
 	m := metrics.New()
-	s := New(Config{}, st.proposer(), m, testLogger(t))
+	s := New(Config{}, st.proposer(), m, testlog.New(t))
 	if err := s.Round(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +197,7 @@ func TestRoundStopsAtTheFirstError(t *testing.T) {
 		}
 		return inner(ctx, limit)
 	}
-	s := New(Config{BatchLimit: 100}, p, m, testLogger(t))
+	s := New(Config{BatchLimit: 100}, p, m, testlog.New(t))
 	err := s.Round(context.Background())
 	if !errors.Is(err, idemkv.ErrUnavailable) {
 		t.Fatalf("round error = %v, want one wrapping ErrUnavailable", err)
@@ -233,7 +221,7 @@ func TestRoundStopsWhenItsContextEnds(t *testing.T) {
 		cancel() // leadership lost while the entry was in flight
 		return inner(c, limit)
 	}
-	s := New(Config{BatchLimit: 10}, p, metrics.New(), testLogger(t))
+	s := New(Config{BatchLimit: 10}, p, metrics.New(), testlog.New(t))
 	if err := s.Round(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("round error = %v, want context.Canceled", err)
 	}
@@ -247,7 +235,7 @@ func TestRoundStopsWhenItsContextEnds(t *testing.T) {
 func TestRunProposesOnlyWhenThereIsABacklog(t *testing.T) {
 	st := &store{}
 	m := metrics.New()
-	s := New(Config{Interval: time.Millisecond, BatchLimit: 7}, st.proposer(), m, testLogger(t))
+	s := New(Config{Interval: time.Millisecond, BatchLimit: 7}, st.proposer(), m, testlog.New(t))
 	running(t, s)
 	eventually(t, "backlog checked repeatedly", func() error {
 		if _, _, b := st.counts(); b < 20 {
@@ -288,7 +276,7 @@ func TestRunReportsTheBacklogAndClearsItOnStop(t *testing.T) {
 		return 0, false, idemkv.ErrNotLeader
 	}
 	st.set(1234, t0, t0+90_500)
-	stop := running(t, New(Config{Interval: time.Millisecond}, p, m, testLogger(t)))
+	stop := running(t, New(Config{Interval: time.Millisecond}, p, m, testlog.New(t)))
 	eventually(t, "gauges show the backlog", func() error {
 		if b, o := value(t, m.SweepBacklog), value(t, m.OldestOverdue); b != 1234 || o != 90.5 {
 			return fmt.Errorf("backlog %v, oldest overdue %v s", b, o)
@@ -306,7 +294,7 @@ func TestRunRetriesAfterAFailedRound(t *testing.T) {
 	st.set(40, t0, t0+1)
 	st.failNext = fmt.Errorf("applying: %w", idemkv.ErrUnavailable)
 	m := metrics.New()
-	running(t, New(Config{Interval: time.Millisecond, BatchLimit: 100}, st.proposer(), m, testLogger(t)))
+	running(t, New(Config{Interval: time.Millisecond, BatchLimit: 100}, st.proposer(), m, testlog.New(t)))
 	eventually(t, "swept after the failure", func() error {
 		if left, _, _ := st.counts(); left != 0 {
 			return fmt.Errorf("%d left", left)
@@ -324,7 +312,7 @@ func TestRunRetriesAfterAFailedRound(t *testing.T) {
 func TestDisabledSweeperDoesNothing(t *testing.T) {
 	st := &store{}
 	st.set(5, t0, t0+1)
-	s := New(Config{Disabled: true, Interval: time.Millisecond}, st.proposer(), metrics.New(), testLogger(t))
+	s := New(Config{Disabled: true, Interval: time.Millisecond}, st.proposer(), metrics.New(), testlog.New(t))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -351,13 +339,13 @@ func TestPauseKeepsTheRoundToItsShare(t *testing.T) {
 		{0.25, 10 * time.Millisecond, 30 * time.Millisecond},
 		{0.8, 8 * time.Millisecond, 2 * time.Millisecond},
 	} {
-		s := New(Config{Share: c.share}, (&store{}).proposer(), metrics.New(), testLogger(t))
+		s := New(Config{Share: c.share}, (&store{}).proposer(), metrics.New(), testlog.New(t))
 		if got := s.pauseAfter(c.took); got != c.want {
 			t.Errorf("share %.2f, entry of %s: pause %s, want %s", c.share, c.took, got, c.want)
 		}
 	}
 	for _, share := range []float64{0, -1, 1.5} {
-		if got := New(Config{Share: share}, nil, metrics.New(), testLogger(t)).cfg.Share; got != DefaultConfig().Share {
+		if got := New(Config{Share: share}, nil, metrics.New(), testlog.New(t)).cfg.Share; got != DefaultConfig().Share {
 			t.Errorf("share %v became %v, want the default %v", share, got, DefaultConfig().Share)
 		}
 	}
@@ -374,7 +362,7 @@ func TestRoundPausesBetweenEntries(t *testing.T) {
 		time.Sleep(entry)
 		return inner(ctx, limit)
 	}
-	s := New(Config{BatchLimit: 10, Share: 0.5}, p, metrics.New(), testLogger(t))
+	s := New(Config{BatchLimit: 10, Share: 0.5}, p, metrics.New(), testlog.New(t))
 	start := time.Now()
 	if err := s.Round(context.Background()); err != nil {
 		t.Fatal(err)
@@ -386,7 +374,7 @@ func TestRoundPausesBetweenEntries(t *testing.T) {
 	}
 
 	st.set(1000, t0, t0)
-	slow := New(Config{BatchLimit: 10, Share: 0.001}, p, metrics.New(), testLogger(t))
+	slow := New(Config{BatchLimit: 10, Share: 0.001}, p, metrics.New(), testlog.New(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- slow.Round(ctx) }()
@@ -419,7 +407,7 @@ func TestLongRoundRefreshesTheGauges(t *testing.T) {
 		return inner(ctx, limit)
 	}
 	m := metrics.New()
-	s := New(Config{Interval: time.Millisecond, BatchLimit: 1, Share: 1}, p, m, testLogger(t))
+	s := New(Config{Interval: time.Millisecond, BatchLimit: 1, Share: 1}, p, m, testlog.New(t))
 	if err := s.Round(context.Background()); err != nil {
 		t.Fatal(err)
 	}

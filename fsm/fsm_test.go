@@ -16,21 +16,11 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/storage"
 	dto "github.com/prometheus/client_model/go"
 )
-
-type tLogWriter struct{ tb testing.TB }
-
-func (w tLogWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-func testLogger(tb testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tLogWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
 
 // harness is an FSM on a real Pebble store, with a log index counter.
 type harness struct {
@@ -45,7 +35,7 @@ type harness struct {
 
 func openHarness(tb testing.TB, dir string) *harness {
 	tb.Helper()
-	logger := testLogger(tb)
+	logger := testlog.New(tb)
 	if _, ok := tb.(*testing.B); ok {
 		logger = slog.New(slog.DiscardHandler)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/storage"
 )
@@ -121,7 +122,7 @@ func TestStorageReadErrorHalts(t *testing.T) {
 		}
 		return nil
 	}))
-	logger := testLogger(t)
+	logger := testlog.New(t)
 	st, err := storage.OpenWith(dir, logger, storage.Options{FS: fs})
 	if err != nil {
 		t.Fatal(err)

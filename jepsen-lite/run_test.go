@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv/internal/testhooks"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/cluster"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/nemesis"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/progress"
@@ -46,10 +47,6 @@ func testBinary(t *testing.T) string {
 	return binary
 }
 
-type logWriter struct{ t *testing.T }
-
-func (w logWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
-
 func runHarness(t *testing.T, mutate func(*config)) (*summary, error) {
 	t.Helper()
 	cfg := defaultConfig()
@@ -58,7 +55,7 @@ func runHarness(t *testing.T, mutate func(*config)) (*summary, error) {
 	cfg.Time = 20 * time.Second
 	cfg.Concurrency = 12
 	cfg.Quiet, cfg.Hold = 2*time.Second, 5*time.Second
-	cfg.Progress = logWriter{t}
+	cfg.Progress = testlog.NewWriter(t, "")
 	mutate(&cfg)
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
 
 func newTestTarget(t *testing.T, endpoints ...string) *HTTPTarget {
@@ -146,7 +147,7 @@ func TestHTTPTargetKeepsAConnectionPerWorker(t *testing.T) {
 	tgt := newTestTarget(t, api.addr())
 	const workers, ops = 4, 2000
 	rep, err := Run(t.Context(), Config{Target: tgt, Name: "idemkv", Concurrency: workers, Ops: ops,
-		Duration: time.Minute, Warmup: -1, Keys: 20, Logger: testLogger(t)})
+		Duration: time.Minute, Warmup: -1, Keys: 20, Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

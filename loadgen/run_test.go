@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
 
 // funcTarget is a Target whose methods are fields, for answers memStore never gives.
@@ -52,7 +53,7 @@ func TestRunFollowsMixProportions(t *testing.T) {
 	mix := Mix{New: 50, Replay: 30, Conflict: 15, InProgress: 5}
 	const ops = 20_000
 	rep, err := Run(t.Context(), Config{Target: store, Name: "mem", Concurrency: 4, Ops: ops,
-		Duration: time.Minute, Warmup: -1, Keys: 100, HotKeys: 3, Mix: mix, Logger: testLogger(t)})
+		Duration: time.Minute, Warmup: -1, Keys: 100, HotKeys: 3, Mix: mix, Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestRunFollowsMixProportions(t *testing.T) {
 func TestRunLeavesWarmupOutOfTheReport(t *testing.T) {
 	store := newMemStore()
 	rep, err := Run(t.Context(), Config{Target: store, Concurrency: 2, Ops: 500, Duration: time.Minute,
-		Warmup: 100 * time.Millisecond, Mix: Mix{New: 1}, Logger: testLogger(t)})
+		Warmup: 100 * time.Millisecond, Mix: Mix{New: 1}, Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestRunCountsWrongDecisionsAndStoreErrors(t *testing.T) {
 		},
 	}
 	rep, err := Run(t.Context(), Config{Target: target, Concurrency: 1, Ops: 300, Duration: time.Minute,
-		Warmup: -1, Mix: Mix{New: 1}, Logger: testLogger(t)})
+		Warmup: -1, Mix: Mix{New: 1}, Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func TestRunFailsWhenSetupGetsAnotherDecision(t *testing.T) {
 		commit: func(context.Context, *Commit) error { return nil },
 	}
 	_, err := Run(t.Context(), Config{Target: target, Concurrency: 2, Warmup: -1, HotKeys: 2,
-		Mix: Mix{InProgress: 1}, Logger: testLogger(t)})
+		Mix: Mix{InProgress: 1}, Logger: testlog.New(t)})
 	if !errors.Is(err, errUnexpected) {
 		t.Fatalf("Run = %v, want the unexpected decision of setup", err)
 	}
@@ -186,7 +187,7 @@ func TestRunStopsAtDurationAndWhenCancelled(t *testing.T) {
 	}
 	start := time.Now()
 	rep, err := Run(t.Context(), Config{Target: slow, Concurrency: 3, Duration: 200 * time.Millisecond,
-		Warmup: -1, Mix: Mix{New: 1}, Logger: testLogger(t)})
+		Warmup: -1, Mix: Mix{New: 1}, Logger: testlog.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +238,7 @@ func TestRunPrintsProgress(t *testing.T) {
 		}
 		_, err := Run(t.Context(), Config{Target: paced, Name: "mem", Concurrency: 2,
 			Duration: 500 * time.Millisecond, Warmup: 150 * time.Millisecond, Keys: 10, Mix: Mix{New: 1, Replay: 1},
-			Progress: &out, ProgressInterval: 50 * time.Millisecond, ProgressTTY: tty, Logger: testLogger(t)})
+			Progress: &out, ProgressInterval: 50 * time.Millisecond, ProgressTTY: tty, Logger: testlog.New(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

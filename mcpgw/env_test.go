@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -68,38 +69,6 @@ func ticketServer(t *testing.T) string {
 	return serverBin
 }
 
-// logWriter sends lines to t.Log until the test ends; processes and background
-// goroutines may write after that, which testing would not allow.
-type logWriter struct {
-	mu     sync.Mutex
-	t      testing.TB
-	prefix string
-	done   bool
-}
-
-func newLogWriter(t testing.TB, prefix string) *logWriter {
-	w := &logWriter{t: t, prefix: prefix}
-	t.Cleanup(func() {
-		w.mu.Lock()
-		w.done = true
-		w.mu.Unlock()
-	})
-	return w
-}
-
-func (w *logWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(w.prefix + strings.TrimRight(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func testLogger(t testing.TB, prefix string) *slog.Logger {
-	return slog.New(slog.NewTextHandler(newLogWriter(t, prefix), &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
 // env is a gateway in front of a real ticketserver process, backed by a real idemkv
 // node, served over streamable HTTP on loopback.
 type env struct {
@@ -136,7 +105,7 @@ func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 	e.tenant = policy.Tenant
 	idem, err := client.New(client.Config{
 		Endpoints:      cluster.Endpoints(),
-		Logger:         testLogger(t, "client: "),
+		Logger:         testlog.NewLevel(t, "client: ", slog.LevelDebug),
 		TracerProvider: o.tp,
 		Propagator:     propagation.TraceContext{},
 		Run:            client.RunConfig{PollWait: 2 * time.Second, BackoffMax: 200 * time.Millisecond},
@@ -147,7 +116,7 @@ func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 	t.Cleanup(func() { idem.Close() })
 	e.idem = idem
 
-	stderr := newLogWriter(t, "ticketserver: ")
+	stderr := testlog.NewWriter(t, "ticketserver: ")
 	args := []string{"--state", e.state, "--crash-after-create", e.crash, "--delay", o.delay.String()}
 	up := mcpgw.NewUpstream(func() mcp.Transport {
 		e.mu.Lock()
@@ -160,13 +129,13 @@ func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 		e.procs = append(e.procs, cmd)
 		cmd.Stderr = stderr
 		return &mcp.CommandTransport{Command: cmd, TerminateDuration: 2 * time.Second}
-	}, &mcp.Implementation{Name: "idemkv-mcp-gateway-test"}, testLogger(t, "upstream: "))
+	}, &mcp.Implementation{Name: "idemkv-mcp-gateway-test"}, testlog.NewLevel(t, "upstream: ", slog.LevelDebug))
 
 	cfg := mcpgw.DefaultConfig()
 	cfg.Upstream = up
 	cfg.Runner = idem
 	cfg.Policy = policy
-	cfg.Logger = testLogger(t, "gateway: ")
+	cfg.Logger = testlog.NewLevel(t, "gateway: ", slog.LevelDebug)
 	cfg.TracerProvider = o.tp
 	cfg.Propagator = propagation.TraceContext{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -3,6 +3,7 @@ package mcpgw_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/fingerprint"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -45,7 +47,7 @@ func inMemoryUpstream(ctx context.Context, t *testing.T, upstream *mcp.Server) *
 		sessions = append(sessions, ss)
 		mu.Unlock()
 		return c
-	}, &mcp.Implementation{Name: "gw"}, testLogger(t, "upstream: "))
+	}, &mcp.Implementation{Name: "gw"}, testlog.NewLevel(t, "upstream: ", slog.LevelDebug))
 	t.Cleanup(func() {
 		_ = up.Close()
 		mu.Lock()
@@ -69,7 +71,7 @@ func inProcess(t *testing.T, upstream *mcp.Server, runner mcpgw.Runner, policy s
 		t.Fatal(err)
 	}
 	cfg := mcpgw.DefaultConfig()
-	cfg.Upstream, cfg.Runner, cfg.Policy, cfg.Logger = up, runner, p, testLogger(t, "gateway: ")
+	cfg.Upstream, cfg.Runner, cfg.Policy, cfg.Logger = up, runner, p, testlog.NewLevel(t, "gateway: ", slog.LevelDebug)
 	cfg.Propagator = propagation.TraceContext{}
 	if tp != nil {
 		cfg.TracerProvider = tp

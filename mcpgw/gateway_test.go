@@ -20,6 +20,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -55,7 +56,7 @@ func TestGateway(t *testing.T) {
 		viaGateway := e.connect("agent")
 		direct := mcp.NewClient(&mcp.Implementation{Name: "direct"}, nil)
 		cmd := exec.Command(ticketServer(t), "--state", e.state)
-		cmd.Stderr = newLogWriter(t, "direct ticketserver: ")
+		cmd.Stderr = testlog.NewWriter(t, "direct ticketserver: ")
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		ds, err := direct.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)

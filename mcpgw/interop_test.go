@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -140,7 +142,7 @@ func newGW(t *testing.T, cluster *testcluster.Cluster, transport func() mcp.Tran
 	}
 	ccfg := client.Config{
 		Endpoints:  o.endpoints,
-		Logger:     testLogger(t, "client: "),
+		Logger:     testlog.NewLevel(t, "client: ", slog.LevelDebug),
 		Propagator: propagation.TraceContext{},
 		Run:        client.RunConfig{PollWait: 2 * time.Second, BackoffMax: 200 * time.Millisecond},
 	}
@@ -155,10 +157,10 @@ func newGW(t *testing.T, cluster *testcluster.Cluster, transport func() mcp.Tran
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { idem.Close() })
-	up := mcpgw.NewUpstream(transport, &mcp.Implementation{Name: "idemkv-mcp-gateway-test"}, testLogger(t, "upstream: "))
+	up := mcpgw.NewUpstream(transport, &mcp.Implementation{Name: "idemkv-mcp-gateway-test"}, testlog.NewLevel(t, "upstream: ", slog.LevelDebug))
 	t.Cleanup(func() { _ = up.Close() })
 	cfg := mcpgw.DefaultConfig()
-	cfg.Upstream, cfg.Runner, cfg.Policy, cfg.Logger = up, idem, policy, testLogger(t, "gateway: ")
+	cfg.Upstream, cfg.Runner, cfg.Policy, cfg.Logger = up, idem, policy, testlog.NewLevel(t, "gateway: ", slog.LevelDebug)
 	if o.gwCfg != nil {
 		o.gwCfg(&cfg)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -28,7 +29,7 @@ func serveM3Stdio() error { return m3server.ServeStdio(newM3Upstream().srv) }
 
 // stdioUpstream starts the test binary itself as the mark3labs upstream process.
 func stdioUpstream(t *testing.T) func() mcp.Transport {
-	stderr := newLogWriter(t, "m3 upstream: ")
+	stderr := testlog.NewWriter(t, "m3 upstream: ")
 	return func() mcp.Transport {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), m3StdioEnv+"=1")

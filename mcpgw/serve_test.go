@@ -17,6 +17,7 @@ import (
 	m3 "github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -65,7 +66,7 @@ func postRaw(t *testing.T, url, body string) rpcError {
 func TestRequestsBeforeInitialize(t *testing.T) {
 	cluster := testcluster.Start(t, 1)
 	up := newM3Upstream()
-	log := lines{testLogger(t, "gateway: ").Handler(), &sync.Mutex{}, map[string]int{}}
+	log := lines{testlog.NewLevel(t, "gateway: ", slog.LevelDebug).Handler(), &sync.Mutex{}, map[string]int{}}
 	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t)), gwOptions{policy: "tenant: preinit\n",
 		gwCfg: func(c *mcpgw.Config) { c.Logger = slog.New(log) }})
 	want := map[string]int64{"server/discover": -32601, "tools/list": -32600}

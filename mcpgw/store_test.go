@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -53,7 +54,7 @@ func (l lines) count(prefix string) int {
 func TestStoreUnreachableEndsWithinTheBound(t *testing.T) {
 	cluster := testcluster.Start(t, 1)
 	const storeWait = 2 * time.Second
-	log := lines{testLogger(t, "gateway: ").Handler(), &sync.Mutex{}, map[string]int{}}
+	log := lines{testlog.NewLevel(t, "gateway: ", slog.LevelDebug).Handler(), &sync.Mutex{}, map[string]int{}}
 	up := newM3Upstream()
 	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t)), gwOptions{
 		policy: "tenant: outage\n",

@@ -3,6 +3,7 @@ package mcpgw_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/mcpgw"
 )
 
@@ -38,7 +40,7 @@ func TestToolListFollowsUpstream(t *testing.T) {
 
 	up := inMemoryUpstream(ctx, t, upstream)
 	cfg := mcpgw.DefaultConfig()
-	cfg.Upstream, cfg.Runner, cfg.Logger = up, failRunner{t}, testLogger(t, "gateway: ")
+	cfg.Upstream, cfg.Runner, cfg.Logger = up, failRunner{t}, testlog.NewLevel(t, "gateway: ", slog.LevelDebug)
 	gw, err := mcpgw.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

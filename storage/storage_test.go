@@ -7,18 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
-
-type tLogWriter struct{ tb testing.TB }
-
-func (w tLogWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
 
 // openStore opens a store that t's cleanup closes; reopen tests close it earlier
 // with the returned function.
@@ -29,7 +22,7 @@ func openStore(t *testing.T, dir string) *Store {
 
 func openClosable(t *testing.T, dir string) (*Store, func()) {
 	t.Helper()
-	s, err := Open(dir, slog.New(slog.NewTextHandler(tLogWriter{t}, nil)))
+	s, err := Open(dir, testlog.NewLevel(t, "", slog.LevelInfo))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,11 +12,12 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
 
 func openOn(t *testing.T, fs vfs.FS, dir string) *Store {
 	t.Helper()
-	s, err := OpenWith(dir, slog.New(slog.NewTextHandler(tLogWriter{t}, nil)), Options{FS: fs, CacheBytes: 1 << 20})
+	s, err := OpenWith(dir, testlog.NewLevel(t, "", slog.LevelInfo), Options{FS: fs, CacheBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -132,6 +132,11 @@ func parsePeerAddresses(list []string) (map[string]string, error) {
 	return out, nil
 }
 
+// The node is the API's store. Checked here, in a file of every build, because api must
+// not import node (it stays free of Raft and Pebble) and a test-only check would not run
+// in the binary's build.
+var _ api.Store = (*node.Node)(nil)
+
 // runServe runs a node until ctx ends (SIGINT or SIGTERM), then shuts down in order:
 // leadership handed over, API drained, node closed.
 func runServe(ctx context.Context, o serveOptions) error {

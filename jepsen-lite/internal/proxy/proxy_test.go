@@ -4,20 +4,13 @@ import (
 	"bufio"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/idemkv/idemkv/internal/testlog"
 )
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
 // echoServer answers every line with the same line.
 func echoServer(t *testing.T) string {
@@ -44,7 +37,7 @@ func echoServer(t *testing.T) string {
 
 func startLink(t *testing.T) *Link {
 	t.Helper()
-	l, err := Listen("127.0.0.1:0", echoServer(t), testLogger(t))
+	l, err := Listen("127.0.0.1:0", echoServer(t), testlog.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
