@@ -48,9 +48,8 @@ type Store interface {
 
 // Headers idemkv adds to HTTP traffic.
 const (
-	// HeaderLeader carries the API address of the leader on every answer, so that
-	// clients can go straight to it.
-	HeaderLeader = "Idemkv-Leader"
+	// HeaderLeader is idemkv.HeaderLeader, named here for the API's readers.
+	HeaderLeader = idemkv.HeaderLeader
 	// HeaderForwarded marks a request a follower forwarded to the leader. A node that
 	// is not the leader answers such a request with unavailable instead of forwarding it
 	// again, so that two nodes with different ideas of the leader cannot loop.

@@ -172,5 +172,5 @@ func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
 // WriteError answers r with err in the API's error shape and the status of its code,
 // for middleware that must answer before the API does (authentication).
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	(&Server{log: slog.New(slog.DiscardHandler)}).writeError(w, r, err)
+	writeError(slog.New(slog.DiscardHandler), w, r, err)
 }

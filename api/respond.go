@@ -41,11 +41,17 @@ func answer[T any](s *Server, w http.ResponseWriter, r *http.Request, v *T, err 
 }
 
 func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
+	writeJSON(s.log, w, r, status, v)
+}
+
+// writeJSON, writeError and writeErrorStatus are free functions of a logger, so that
+// WriteError (for middleware outside any Server) needs no Server to answer.
+func writeJSON(log *slog.Logger, w http.ResponseWriter, r *http.Request, status int, v any) {
 	// Marshal before writing anything, so that a value that cannot be encoded becomes a
 	// clean 500 instead of half a body behind a 200.
 	b, err := json.Marshal(v)
 	if err != nil {
-		s.writeError(w, r, fmt.Errorf("api: encoding the answer: %w", err))
+		writeError(log, w, r, fmt.Errorf("api: encoding the answer: %w", err))
 		return
 	}
 	h := w.Header()
@@ -55,7 +61,7 @@ func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	if _, err := w.Write(append(b, '\n')); err != nil {
-		s.log.LogAttrs(r.Context(), slog.LevelDebug, "writing the answer failed",
+		log.LogAttrs(r.Context(), slog.LevelDebug, "writing the answer failed",
 			slog.String(logKeyPath, r.URL.Path), slog.Any(logKeyErr, err))
 	}
 }
@@ -63,6 +69,10 @@ func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v
 // writeError writes err with the status of its wire code. Errors that wrap no sentinel
 // are logged and leave the node as a generic internal error.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(s.log, w, r, err)
+}
+
+func writeError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
 	if idemkv.CodeOf(err) == idemkv.CodeInternal &&
 		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		// The outcome of a write cut short is unknown, and every write is safe to retry:
@@ -79,16 +89,20 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	case status >= http.StatusInternalServerError:
 		level = slog.LevelInfo
 	}
-	s.log.LogAttrs(r.Context(), level, "request failed",
+	log.LogAttrs(r.Context(), level, "request failed",
 		slog.String(logKeyMethod, r.Method), slog.String(logKeyPath, r.URL.Path),
 		slog.String(logKeyCode, e.Code), slog.Any(logKeyErr, err))
-	s.writeErrorStatus(w, r, status, e)
+	writeErrorStatus(log, w, r, status, e)
 }
 
 // writeErrorStatus is the one place an error body is written. Only a route that exists
 // for other methods (405) uses a status other than that of the code.
 func (s *Server) writeErrorStatus(w http.ResponseWriter, r *http.Request, status int, e *idemkv.Error) {
-	s.writeJSON(w, r, status, errorBody{Error: e})
+	writeErrorStatus(s.log, w, r, status, e)
+}
+
+func writeErrorStatus(log *slog.Logger, w http.ResponseWriter, r *http.Request, status int, e *idemkv.Error) {
+	writeJSON(log, w, r, status, errorBody{Error: e})
 }
 
 // unmatched answers a request no route takes, in the error shape of the API rather

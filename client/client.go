@@ -81,8 +81,9 @@ import (
 	"github.com/idemkv/idemkv"
 )
 
-// HeaderLeader is the answer header that names the leader's API address.
-const HeaderLeader = "Idemkv-Leader"
+// HeaderLeader is the answer header that names the leader's API address
+// (idemkv.HeaderLeader, the one definition server and client share).
+const HeaderLeader = idemkv.HeaderLeader
 
 // ScopeName is the instrumentation scope of the client's spans.
 const ScopeName = "github.com/idemkv/idemkv/client"
