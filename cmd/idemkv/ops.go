@@ -23,6 +23,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
 	"github.com/idemkv/idemkv/auth"
+	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/node"
 	"github.com/idemkv/idemkv/storage"
 )
@@ -81,8 +82,8 @@ it to the client), the second its hash (put it in the token file).
 	return cmd
 }
 
-// opsClient speaks to individual nodes: the operator commands need answers from a
-// given node (status) or streams (backup), which the client package does not offer.
+// opsClient streams a backup from one node, which the client package does not offer
+// (its calls decode JSON answers); status, members and join use the client package.
 type opsClient struct {
 	hc        *http.Client
 	token     string
@@ -156,18 +157,6 @@ func (c *opsClient) send(ctx context.Context, method, endpoint, path string, bod
 		return nil, fmt.Errorf("%s: %w", endpoint, e.Error)
 	}
 	return nil, fmt.Errorf("%s: %s: %s", endpoint, resp.Status, bytes.TrimSpace(raw))
-}
-
-func (c *opsClient) call(ctx context.Context, method, endpoint, path string, body, out any) error {
-	resp, err := c.send(ctx, method, endpoint, path, body)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("%s: decoding the answer: %w", endpoint, err)
-	}
-	return nil
 }
 
 // each tries f on the endpoints in turn and moves on only when a node is unreachable
@@ -374,7 +363,7 @@ leader hands leadership over before it stops.`,
 		Short: "Add a node as a voter (a new node started with --join does this itself)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return membersChange(cmd, &cf, "/v1/cluster/join", &join)
+			return cf.run(cmd, func(ctx context.Context, c *client.Client) (any, error) { return c.Join(ctx, &join) })
 		},
 	}
 	add.Flags().StringVar(&join.ID, "id", "", "node ID")
@@ -386,7 +375,7 @@ leader hands leadership over before it stops.`,
 		Short: "Remove a node from the cluster (graceful leave: remove, then stop it)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return membersChange(cmd, &cf, "/v1/cluster/remove", &rm)
+			return cf.run(cmd, func(ctx context.Context, c *client.Client) (any, error) { return c.Remove(ctx, &rm) })
 		},
 	}
 	remove.Flags().StringVar(&rm.ID, "id", "", "node ID")
@@ -400,35 +389,8 @@ leader hands leadership over before it stops.`,
 	return cmd
 }
 
-func membersChange(cmd *cobra.Command, cf *clientFlags, path string, body any) error {
-	c, err := newOpsClient(cf)
-	if err != nil {
-		return err
-	}
-	var info idemkv.ClusterInfo
-	if err := c.each(func(ep string) error {
-		return c.call(cmd.Context(), http.MethodPost, ep, path, body, &info)
-	}); err != nil {
-		return err
-	}
-	return printJSON(cmd.OutOrStdout(), &info)
-}
-
 // NodeStatus is one line of idemkv status: a node as it sees itself.
-type NodeStatus struct {
-	ID           string `json:"id"`
-	APIAddr      string `json:"api_addr"`
-	RaftAddr     string `json:"raft_addr"`
-	Suffrage     string `json:"suffrage"`
-	Role         string `json:"role,omitempty"`
-	Term         uint64 `json:"term,omitempty"`
-	CommitIndex  uint64 `json:"commit_index,omitempty"`
-	AppliedIndex uint64 `json:"applied_index,omitempty"`
-	// Lag is how many entries the node has yet to apply of those the leader knows
-	// committed.
-	Lag   *uint64 `json:"lag,omitempty"`
-	Error string  `json:"error,omitempty"`
-}
+type NodeStatus = client.NodeStatus
 
 func newStatusCommand() *cobra.Command {
 	var cf clientFlags
@@ -441,11 +403,12 @@ commit index and applied index. Lag is the leader's commit index minus the node'
 applied index. Nodes that do not answer are shown with the error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newOpsClient(&cf)
+			c, err := cf.client()
 			if err != nil {
 				return err
 			}
-			nodes, err := clusterStatus(cmd.Context(), c)
+			defer c.Close()
+			nodes, err := c.Status(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -458,52 +421,6 @@ applied index. Nodes that do not answer are shown with the error.`,
 	cf.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
-}
-
-func clusterStatus(ctx context.Context, c *opsClient) ([]NodeStatus, error) {
-	var members idemkv.ClusterInfo
-	if err := c.each(func(ep string) error {
-		return c.call(ctx, http.MethodGet, ep, "/v1/cluster", nil, &members)
-	}); err != nil {
-		return nil, err
-	}
-	out := make([]NodeStatus, len(members.Nodes))
-	var leaderCommit uint64
-	leaderKnown := false
-	for i, m := range members.Nodes {
-		s := NodeStatus{ID: m.ID, APIAddr: m.APIAddr, RaftAddr: m.RaftAddr, Suffrage: m.Suffrage}
-		if m.APIAddr == "" {
-			s.Error = "no API address registered yet"
-			out[i] = s
-			continue
-		}
-		var own idemkv.ClusterInfo
-		if err := c.call(ctx, http.MethodGet, m.APIAddr, "/v1/cluster", nil, &own); err != nil {
-			s.Error = err.Error()
-			out[i] = s
-			continue
-		}
-		for _, self := range own.Nodes {
-			if self.ID == m.ID {
-				s.Role = self.State
-			}
-		}
-		s.Term, s.CommitIndex, s.AppliedIndex = own.Term, own.CommitIndex, own.AppliedIndex
-		if s.Role == "leader" {
-			leaderCommit, leaderKnown = own.CommitIndex, true
-		}
-		out[i] = s
-	}
-	for i := range out {
-		if leaderKnown && out[i].Error == "" {
-			lag := uint64(0)
-			if leaderCommit > out[i].AppliedIndex {
-				lag = leaderCommit - out[i].AppliedIndex
-			}
-			out[i].Lag = &lag
-		}
-	}
-	return out, nil
 }
 
 func printStatus(w io.Writer, nodes []NodeStatus) error {

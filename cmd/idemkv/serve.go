@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/expiry"
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/metrics"
@@ -245,7 +244,18 @@ func runServe(ctx context.Context, o serveOptions) error {
 	go func() {
 		defer close(joinDone)
 		if len(o.join) > 0 {
-			joinCluster(joinCtx, logger, o.join, ex.joinClient, ex.forwardScheme, idemkv.JoinRequest{
+			seeds := make([]string, len(o.join))
+			for i, m := range o.join {
+				seeds[i] = ex.forwardScheme + "://" + m
+			}
+			// The join client carries the peer TLS and the join token itself.
+			jc, err := client.New(client.Config{Endpoints: seeds, HTTPClient: ex.joinClient, Timeout: 15 * time.Second, Logger: logger})
+			if err != nil {
+				logger.Error("cannot join", "err", err)
+				return
+			}
+			defer jc.Close()
+			_, _ = jc.JoinCluster(joinCtx, &idemkv.JoinRequest{
 				ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr,
 			})
 		}
@@ -273,50 +283,6 @@ func runServe(ctx context.Context, o serveOptions) error {
 		return err
 	}
 	logger.Info("stopped")
-	return nil
-}
-
-// joinCluster asks members, in turn, to add this node until one of them (or the leader
-// it forwards to) says yes.
-func joinCluster(ctx context.Context, logger *slog.Logger, members []string, hc *http.Client, scheme string, req idemkv.JoinRequest) {
-	body, _ := json.Marshal(req)
-	backoff := 200 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		for _, m := range members {
-			url := scheme + "://" + m + "/v1/cluster/join"
-			err := postJSON(ctx, hc, url, body)
-			if err == nil {
-				logger.Info("joined the cluster", "via", m)
-				return
-			}
-			logger.Warn("join attempt failed; retrying", "via", m, "attempt", attempt, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
-	}
-}
-
-func postJSON(ctx context.Context, hc *http.Client, url string, body []byte) error {
-	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
-	}
 	return nil
 }
 
