@@ -94,6 +94,10 @@ func touched(cmd *Command) (k recordKey, all bool) {
 		return recordKey{cmd.Release.Tenant, cmd.Release.Key}, false
 	case OpHeartbeat:
 		return recordKey{cmd.Heartbeat.Tenant, cmd.Heartbeat.Key}, false
+	case OpDoubt:
+		return recordKey{cmd.Doubt.Tenant, cmd.Doubt.Key}, false
+	case OpResolve:
+		return recordKey{cmd.Resolve.Tenant, cmd.Resolve.Key}, false
 	case OpSetNode, OpRemoveNode:
 		return recordKey{}, false
 	}
