@@ -22,10 +22,8 @@ const (
 	logKeyLeader = "leader"
 )
 
-// errorBody is the wire shape of every error: {"error":{"code","message","field"}}.
-type errorBody struct {
-	Error *idemkv.Error `json:"error"`
-}
+// errorBody is the wire shape of every error (idemkv.ErrorBody, its one owner).
+type errorBody = idemkv.ErrorBody
 
 // answer writes v, or err when the store failed. A store that returns neither is a bug
 // that must not reach the wire as "null".

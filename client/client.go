@@ -458,11 +458,8 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 // that errors.Is finds the same sentinel on both sides of the wire.
 func decodeError(resp *http.Response) error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var body struct {
-		Error *idemkv.Error `json:"error"`
-	}
-	if json.Unmarshal(data, &body) == nil && body.Error != nil && body.Error.Code != "" {
-		return body.Error
+	if e := idemkv.ParseErrorBody(data); e != nil {
+		return e
 	}
 	// Not idemkv's answer: a proxy or a load balancer in between. Gateways that
 	// could not reach a node mean "try another"; anything else is not ours to read.

@@ -190,22 +190,21 @@ func (t *HTTPTarget) do(ctx context.Context, method, url string, body []byte, in
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
 	}()
-	if leader := resp.Header.Get("Idemkv-Leader"); leader != "" && !strings.HasSuffix(*t.base.Load(), leader) {
+	if leader := resp.Header.Get(idemkv.HeaderLeader); leader != "" && !strings.HasSuffix(*t.base.Load(), leader) {
 		l := baseURL(leader)
 		t.base.Store(&l)
 	}
 	if resp.StatusCode/100 != 2 {
-		var wire struct {
-			Error *idemkv.Error `json:"error"`
-		}
-		if json.NewDecoder(resp.Body).Decode(&wire) != nil || wire.Error == nil {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		e := idemkv.ParseErrorBody(data)
+		if e == nil {
 			code := idemkv.CodeInternal
 			if resp.StatusCode == http.StatusServiceUnavailable {
 				code = idemkv.CodeUnavailable
 			}
 			return &idemkv.Error{Code: code, Message: fmt.Sprintf("%s %s: HTTP %d", method, url, resp.StatusCode)}
 		}
-		return wire.Error
+		return e
 	}
 	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
 		return idemkv.Errorf(idemkv.ErrInternal, "%s %s: decode answer: %v", method, url, err)
