@@ -304,4 +304,57 @@ func TestContainerCluster(t *testing.T) {
 		Tool: "create_ticket", Effect: json.RawMessage(`{"n":2}`)}, &fresh); err != nil || fresh.Decision != idemkv.DecisionExecute || fresh.Fence <= first.Fence {
 		t.Fatalf("a write after the failover: %+v %v", fresh, err)
 	}
+	phase("wrote after the failover")
+
+	// The whole cluster recreated on a new network: `down` (volumes kept) and `up` on
+	// another subnet give every container a new IP. Raft addresses are names in the
+	// configuration (n1:7421, never a resolved IP), so the nodes find each other again
+	// without any address override.
+	info = idemkv.ClusterInfo{}
+	if err := admin.json(survivors[0], http.MethodGet, "/v1/cluster", nil, &info); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range info.Nodes {
+		if n.RaftAddr != n.ID+":7421" {
+			t.Fatalf("%s's Raft address in the configuration is %q, want the advertised name %s:7421", n.ID, n.RaftAddr, n.ID)
+		}
+	}
+	oldSubnet := strings.TrimSpace(run(t, time.Minute, nil, "docker", "network", "inspect", "-f",
+		"{{range .IPAM.Config}}{{.Subnet}}{{end}}", project+"_default"))
+	subnet := "172.30.213.0/24"
+	if strings.HasPrefix(oldSubnet, "172.30.") {
+		subnet = "172.31.213.0/24"
+	}
+	override := filepath.Join(work, "new-network.yml")
+	if err := os.WriteFile(override, []byte("version: \"3.8\"\nnetworks:\n  default:\n    ipam:\n      config:\n        - subnet: "+subnet+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, 3*time.Minute, env, dc[0], dcArgs("down", "-t", "20")...)
+	phase("down, volumes kept (network " + oldSubnet + ")")
+	run(t, 3*time.Minute, env, dc[0], append(append(dc[1:], "-p", project, "-f", composeFile, "-f", override), "up", "-d")...)
+	phase("up again on " + subnet)
+	for _, s := range []string{"n1", "n2", "n3"} {
+		c.ports[s] = strings.TrimSpace(run(t, time.Minute, env, dc[0], dcArgs("port", s, "7420")...))
+	}
+	for _, s := range []string{"n1", "n2", "n3"} {
+		var again idemkv.ReserveResult
+		eventually(t, 2*time.Minute, "replay through "+s+" on the new network", func() error {
+			if err := c.json(s, http.MethodPost, "/v1/reserve", reserve, &again); err != nil {
+				return err
+			}
+			if again.Decision != idemkv.DecisionReplay || again.Receipt == nil || again.Receipt.RemoteID != "LIN-1842" {
+				return fmt.Errorf("answer %+v", again)
+			}
+			return nil
+		})
+	}
+	var moved idemkv.ReserveResult
+	eventually(t, time.Minute, "a write on the new network", func() error {
+		return c.json("n2", http.MethodPost, "/v1/reserve", idemkv.ReserveRequest{Tenant: "acme", Key: "after-new-network",
+			Tool: "create_ticket", Effect: json.RawMessage(`{"n":3}`), AttemptID: "new-network-1"}, &moved)
+	})
+	if moved.Decision != idemkv.DecisionExecute || moved.Fence <= fresh.Fence {
+		t.Fatalf("a write on the new network: %+v", moved)
+	}
+	phase("replayed and wrote on the new network")
 }
