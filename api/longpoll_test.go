@@ -18,7 +18,7 @@ import (
 type keyedCaller string
 
 func (keyedCaller) Allow(api.Operation, string) error { return nil }
-func (c keyedCaller) LimitKey() string              { return string(c) }
+func (c keyedCaller) LimitKey() string                { return string(c) }
 
 // TestLongPollsAreCapped: nothing bounded long-polls, and 2,000 of them held 2,000 file
 // descriptors (issue 13, defect 8). Beyond the per-token and per-node caps the answer

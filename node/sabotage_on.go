@@ -3,15 +3,18 @@
 package node
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 
 	"github.com/hashicorp/raft"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
 	"github.com/idemkv/idemkv/internal/testhooks"
+	"github.com/idemkv/idemkv/storage"
 )
 
 // earlyAck is the EarlyAck sabotage of the test build (internal/testhooks): it answers
@@ -108,14 +111,44 @@ func (s applySaboteur) ignoreFence(l *raft.Log) *raft.Log {
 }
 
 // Restore answers a failed snapshot restore with success while the SkipFailedRestore
-// sabotage is on, so Raft carries on from the wiped store.
+// sabotage is on, and puts the state machine where the code before issue 12's defect 2
+// left it: an empty store at applied index 0 that goes on applying (it restores an
+// empty snapshot, which also lifts the halt a failed restore now causes).
 func (s applySaboteur) Restore(rc io.ReadCloser) error {
 	err := s.FSM.Restore(rc)
 	if err != nil && testhooks.Sabotaged(testhooks.SkipFailedRestore) {
-		s.log.Error("sabotage skip-failed-restore: reporting a failed restore as done", "err", err)
+		s.log.Error("sabotage skip-failed-restore: reporting a failed restore as done, on an empty store", "err", err)
+		empty, eerr := emptySnapshot()
+		if eerr == nil {
+			eerr = s.FSM.Restore(io.NopCloser(bytes.NewReader(empty)))
+		}
+		if eerr != nil {
+			s.log.Error("sabotage skip-failed-restore: could not wipe the store", "err", eerr)
+		}
 		return nil
 	}
 	return err
+}
+
+// emptySnapshot is the snapshot stream of a store with nothing in it.
+func emptySnapshot() ([]byte, error) {
+	dir, err := os.MkdirTemp("", "idemkv-empty-snapshot-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	st, err := storage.Open(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	sn := st.NewSnapshot()
+	defer sn.Close()
+	var buf bytes.Buffer
+	if _, err := sn.WriteTo(&buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // wedgeGap and establishByBarrier are the WedgeGap sabotage of the test build, the
