@@ -7,7 +7,7 @@ import (
 )
 
 // The sentinel errors of idemkv. Every error the server returns wraps exactly one of
-// them; each has one wire code (SPEC section 2) and one HTTP status. The client maps a
+// them; each has one wire code (docs/protocol.md section 2) and one HTTP status. The client maps a
 // wire code back to the same sentinel, so errors.Is works on both sides of the wire.
 var (
 	ErrInvalidArgument     = errors.New("idemkv: invalid argument")
@@ -34,7 +34,7 @@ var (
 	ErrNotLeader = fmt.Errorf("idemkv: not the leader: %w", ErrUnavailable)
 )
 
-// Wire codes, in the order of SPEC section 2.
+// Wire codes, in the order of docs/protocol.md section 2.
 const (
 	CodeInvalidArgument     = "invalid_argument"
 	CodeUnauthenticated     = "unauthenticated"

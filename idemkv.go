@@ -24,7 +24,7 @@ const (
 // Terminal reports whether no further transition can happen from s.
 func (s Status) Terminal() bool { return s == StatusCommitted || s == StatusFailed }
 
-// Decision is the answer to a reserve (SPEC section 1).
+// Decision is the answer to a reserve (docs/protocol.md section 1).
 type Decision string
 
 const (
@@ -74,7 +74,7 @@ func (ts *Timestamp) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// Record is the stored state of one idempotency key (SPEC section 1).
+// Record is the stored state of one idempotency key (docs/protocol.md section 1).
 type Record struct {
 	Tenant         string    `json:"tenant"`
 	Key            string    `json:"idempotency_key"`
@@ -119,7 +119,7 @@ type ErrorInfo struct {
 }
 
 // Receipt is what a replay returns: the outcome of a terminal record in the shape of
-// SPEC section 2. Status is committed or failed.
+// docs/protocol.md section 2. Status is committed or failed.
 type Receipt struct {
 	Key          string          `json:"idempotency_key"`
 	Fingerprint  string          `json:"effect_fingerprint"`
@@ -168,7 +168,7 @@ func (r *Record) Clone() *Record {
 	return &c
 }
 
-// Conflict explains why a reserve was refused (SPEC section 2).
+// Conflict explains why a reserve was refused (docs/protocol.md section 2).
 type Conflict struct {
 	Status              string `json:"status"` // always "conflict"
 	Reason              string `json:"reason"`

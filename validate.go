@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 )
 
-// Fixed limits of SPEC sections 1 and 2.
+// Fixed limits of docs/protocol.md sections 1 and 2.
 const (
 	MaxTenantLen      = 128
 	MaxKeyLen         = 512
@@ -42,7 +42,7 @@ type Limits struct {
 	MaxTTL          time.Duration // 30 days
 }
 
-// DefaultLimits returns the limits of SPEC section 2.
+// DefaultLimits returns the limits of docs/protocol.md section 2.
 func DefaultLimits() Limits {
 	return Limits{
 		MaxPayloadBytes: 64 << 10,

@@ -1,4 +1,4 @@
-// Package api is idemkv's HTTP/JSON server (SPEC section 2): it decodes and validates
+// Package api is idemkv's HTTP/JSON server (docs/protocol.md section 2): it decodes and validates
 // requests, hands them to a Store, writes the answers and errors in their wire shapes,
 // and forwards writes and linearizable reads that reach a follower to the leader.
 //

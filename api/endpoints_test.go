@@ -49,7 +49,7 @@ func TestReserveExecuteShape(t *testing.T) {
 		t.Errorf("record %v", rec)
 	}
 
-	// The store got the request as sent, with the defaults of SPEC section 2 filled.
+	// The store got the request as sent, with the defaults of docs/protocol.md section 2 filled.
 	if got.Tenant != testTenant || got.Key != testKey || got.Tool != testTool || got.Actor != "agent-7" || got.Fingerprint != testFP {
 		t.Errorf("store got %+v", got)
 	}

@@ -244,7 +244,7 @@ func object(t *testing.T, what string, v any) map[string]any {
 	return m
 }
 
-// Fixtures in the shapes of SPEC section 2.
+// Fixtures in the shapes of docs/protocol.md section 2.
 const (
 	testTenant = "acme"
 	testKey    = "conversation_9:approval_17:create_ticket"

@@ -208,7 +208,7 @@ func (c *Client) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv
 	return &out, nil
 }
 
-// Do runs a tool call through the whole loop of SPEC section 4; see Runner.Do.
+// Do runs a tool call through the whole loop of docs/protocol.md section 4; see Runner.Do.
 func (c *Client) Do(ctx context.Context, op Op, fn Func) (*Outcome, error) {
 	return c.runner.Do(ctx, op, fn)
 }

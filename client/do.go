@@ -35,7 +35,7 @@ type Store interface {
 	Resolve(ctx context.Context, req *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
 }
 
-// Class says what a retry of a tool may do to the world (SPEC section 4).
+// Class says what a retry of a tool may do to the world (docs/protocol.md section 4).
 type Class string
 
 const (
@@ -258,7 +258,7 @@ type run struct {
 	waited time.Duration
 }
 
-// Do runs fn at most once for op's key, across retries, workers and crashes (SPEC
+// Do runs fn at most once for op's key, across retries, workers and crashes (docs/protocol.md
 // section 4):
 //
 //   - replay: the tool does not run; the stored receipt comes back (Replayed), or

@@ -1,4 +1,4 @@
-// Package fingerprint computes effect fingerprints (SPEC section 5):
+// Package fingerprint computes effect fingerprints (docs/protocol.md section 5):
 // "sha256:" + hex(sha256(JCS(effect))), where JCS is the RFC 8785 JSON
 // Canonicalization Scheme.
 //

@@ -6,7 +6,7 @@ import (
 	"github.com/idemkv/idemkv"
 )
 
-// This file is the decision table of SPEC section 1, as pure functions: no I/O, no
+// This file is the decision table of docs/protocol.md section 1, as pure functions: no I/O, no
 // clock. The state machine feeds them the stored record, the request, the stamped time
 // and the Raft index, and stores what they return. Nothing else in idemkv decides.
 //
@@ -121,7 +121,7 @@ func conflictOf(cur *idemkv.Record, req *idemkv.ReserveRequest) *idemkv.Conflict
 	return c
 }
 
-// leaseTTL and requestedExpiry fall back to the SPEC defaults so that a command whose
+// leaseTTL and requestedExpiry fall back to the protocol defaults so that a command whose
 // defaults were not filled still yields a sane record instead of one that is born
 // expired.
 func leaseTTL(ms int64) idemkv.Timestamp {

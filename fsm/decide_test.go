@@ -58,7 +58,7 @@ func failedRec() *idemkv.Record {
 	})
 }
 
-// TestDecide has one row per row of the reserve table in SPEC section 1, then the
+// TestDecide has one row per row of the reserve table in docs/protocol.md section 1, then the
 // variants around each boundary.
 func TestDecide(t *testing.T) {
 	const index = 42

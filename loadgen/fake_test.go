@@ -86,7 +86,7 @@ func (m *memStore) Commit(_ context.Context, c *Commit) error {
 
 func (m *memStore) Close() error { return nil }
 
-// fakeAPI serves memStore as the reserve, commit and cluster endpoints of SPEC
+// fakeAPI serves memStore as the reserve, commit and cluster endpoints of docs/protocol.md
 // section 2, naming leader as the leader (itself when empty).
 type fakeAPI struct {
 	store  *memStore

@@ -28,7 +28,7 @@ type HTTPConfig struct {
 	Timeout time.Duration
 }
 
-// HTTPTarget drives an idemkv cluster through its HTTP API (SPEC section 2). It sends
+// HTTPTarget drives an idemkv cluster through its HTTP API (docs/protocol.md section 2). It sends
 // every request to the leader, as the Go client does, and follows the Idemkv-Leader
 // header when leadership moves. It never retries: a failed request is the store's
 // answer and is counted, so the figures hide nothing.

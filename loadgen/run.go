@@ -273,7 +273,7 @@ func (r *runner) setup(ctx context.Context, workers []*worker) error {
 }
 
 // holdPending reserves key for an attempt that never finishes within the run: the
-// longest lease the SPEC allows.
+// longest lease the protocol allows.
 func (r *runner) holdPending(ctx context.Context, key string) error {
 	res, err := r.cfg.Target.Reserve(ctx, &Reserve{Key: key, Tool: r.cfg.Tool, Fingerprint: fingerprint(key),
 		AttemptID: key + "/holder", LeaseTTLMs: time.Hour.Milliseconds()})

@@ -17,7 +17,7 @@ import (
 // called from many workers at once. Errors wrap the root package's sentinels
 // (idemkv.ErrFenced, idemkv.ErrFingerprintMismatch, idemkv.ErrUnavailable …).
 type Target interface {
-	// Reserve asks for the right to run the effect of r (SPEC section 1).
+	// Reserve asks for the right to run the effect of r (docs/protocol.md section 1).
 	Reserve(ctx context.Context, r *Reserve) (Reservation, error)
 	// Commit stores the receipt of the effect that res allowed.
 	Commit(ctx context.Context, c *Commit) error

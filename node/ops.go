@@ -19,7 +19,7 @@ import (
 // and the HTTP layer asks for them rather than keeping a copy that could disagree.
 func (n *Node) Limits() idemkv.Limits { return n.cfg.Limits }
 
-// Reserve asks for the right to run an effect (SPEC section 1).
+// Reserve asks for the right to run an effect (docs/protocol.md section 1).
 func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
 	r := *req
 	if err := r.Validate(n.cfg.Limits, n.now()); err != nil {

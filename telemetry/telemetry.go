@@ -1,4 +1,4 @@
-// Package telemetry sets up OpenTelemetry tracing for the idemkv binary (SPEC section
+// Package telemetry sets up OpenTelemetry tracing for the idemkv binary (docs/protocol.md section
 // 6): a tracer provider configured by the standard OTEL_* environment variables, the
 // W3C trace-context propagator, and a server span per API request.
 //
@@ -27,7 +27,7 @@ import (
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
 
-// The attribute keys of SPEC section 6, for code that already imports telemetry.
+// The attribute keys of docs/protocol.md section 6, for code that already imports telemetry.
 const (
 	ToolName        = semconv.ToolName
 	ToolSideEffect  = semconv.ToolSideEffect

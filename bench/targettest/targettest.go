@@ -1,5 +1,5 @@
 // Package targettest checks that a loadgen.Target keeps the compare-and-set semantics
-// of SPEC section 1, so that the peers in the comparison do the same job as idemkv.
+// of docs/protocol.md section 1, so that the peers in the comparison do the same job as idemkv.
 // Each target's tests call Run against a real server.
 package targettest
 

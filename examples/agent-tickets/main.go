@@ -4,7 +4,7 @@
 // two workers, a confused planner reuses an approval's key with other arguments, and
 // a tool with no probe dies with its outcome unknown, which an operator settles.
 //
-// It prints every decision with the span attributes of SPEC section 6, then the
+// It prints every decision with the span attributes of docs/protocol.md section 6, then the
 // ticket API's own count: one ticket per approved operation. By default it runs an
 // embedded single node of its own; --endpoint points it at a running idemkv.
 package main
@@ -357,7 +357,7 @@ func (p *printer) printf(format string, args ...any) {
 	fmt.Fprintf(p.w, format, args...)
 }
 
-// spanKeys are printed in the order of SPEC section 6.
+// spanKeys are printed in the order of docs/protocol.md section 6.
 var spanKeys = []string{
 	"agent.tool.name", "agent.tool.side_effect", "agent.idempotency.key", "agent.idempotency.fingerprint",
 	"agent.idempotency.decision", "agent.idempotency.receipt.remote_id", "idemkv.tenant", "idemkv.fence",

@@ -107,7 +107,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// The error shape matches SPEC section 2 so that one decoder reads every error.
+// The error shape matches docs/protocol.md section 2 so that one decoder reads every error.
 func writeError(w http.ResponseWriter, status int, code string, err error) {
 	writeJSON(w, status, map[string]any{"error": &idemkv.Error{Code: code, Message: err.Error()}})
 }

@@ -1,4 +1,4 @@
-// Package semconv names the span attributes of SPEC section 6, so that the client's
+// Package semconv names the span attributes of docs/protocol.md section 6, so that the client's
 // tool-call spans and the server's request spans speak the same vocabulary.
 //
 // It depends on the OpenTelemetry API only (never the SDK or an exporter): the light
@@ -11,7 +11,7 @@ import (
 	"github.com/idemkv/idemkv"
 )
 
-// Attribute keys of SPEC section 6.
+// Attribute keys of docs/protocol.md section 6.
 const (
 	ToolName        = attribute.Key("agent.tool.name")
 	ToolSideEffect  = attribute.Key("agent.tool.side_effect")
@@ -23,7 +23,7 @@ const (
 	Fence           = attribute.Key("idemkv.fence")
 )
 
-// Attributes beyond SPEC section 6 that make a span self-explaining: a conflict
+// Attributes beyond docs/protocol.md section 6 that make a span self-explaining: a conflict
 // names the receipt it collided with, a replay says so.
 const (
 	ToolClass                   = attribute.Key("agent.tool.class")

@@ -1,4 +1,4 @@
-// Package model is the sequential specification of one idemkv record (SPEC section 1)
+// Package model is the sequential specification of one idemkv record (docs/protocol.md section 1)
 // for the porcupine linearizability checker, and the checks that run over a register
 // history: linearizability per key, and a clock that never runs backwards.
 //

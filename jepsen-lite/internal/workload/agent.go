@@ -17,7 +17,7 @@ import (
 	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
 )
 
-// Tool classes of SPEC section 4 as the agent workload uses them.
+// Tool classes of docs/protocol.md section 4 as the agent workload uses them.
 const (
 	ClassIdempotent     = "idempotent_mutation"
 	ClassProbe          = "non_idempotent_mutation+probe"
@@ -248,7 +248,7 @@ func (a *Agent) newOp(n int, r *mrand.Rand) AgentOp {
 	return op
 }
 
-// deliver runs the production loop of SPEC section 4 for one delivery and records it
+// deliver runs the production loop of docs/protocol.md section 4 for one delivery and records it
 // as one operation of the history.
 func (a *Agent) deliver(ctx context.Context, worker int, process *int, op AgentOp) {
 	a.deliverAs(ctx, worker, process, op, false)

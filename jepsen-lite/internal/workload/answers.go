@@ -11,7 +11,7 @@ import (
 	"github.com/idemkv/idemkv"
 )
 
-// BadAnswer is an answer that broke SPEC section 2 (a 500, an undecodable body),
+// BadAnswer is an answer that broke docs/protocol.md section 2 (a 500, an undecodable body),
 // whichever workload got it.
 type BadAnswer struct {
 	Kind   string `json:"kind"`
@@ -23,7 +23,7 @@ type BadAnswer struct {
 
 // checkTransport reads every answer whole and notes those that no correct node gives:
 // a 500 (internal) or an error code the API never answers, and a body that is not the
-// JSON SPEC section 2 promises. It hands the caller the same bytes, so the client on
+// JSON docs/protocol.md section 2 promises. It hands the caller the same bytes, so the client on
 // top decides as it always does; the checker counts the note as an anomaly. Timeouts
 // and broken connections are transport failures, not answers: they pass unnoted.
 type checkTransport struct {

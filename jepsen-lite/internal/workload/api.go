@@ -1,7 +1,7 @@
 // Package workload holds the workloads of jepsen-lite: the register workload, whose
 // history porcupine checks, and the agent workload, whose simulated workers run the
 // reserve → execute → commit loop against a simulated downstream service. Both speak
-// the HTTP API of SPEC section 2 to real nodes.
+// the HTTP API of docs/protocol.md section 2 to real nodes.
 package workload
 
 import (
@@ -70,7 +70,7 @@ type result struct {
 	anomaly string
 }
 
-// Anomaly kinds of answers that break SPEC section 2 whatever the history.
+// Anomaly kinds of answers that break docs/protocol.md section 2 whatever the history.
 const (
 	// AnomalyServerError: a 500 (internal), or an error code the endpoint never answers.
 	AnomalyServerError = "server-error"
