@@ -91,42 +91,34 @@ func ReserveAttributes(req *idemkv.ReserveRequest, res *idemkv.ReserveResult) []
 // validated or decided: a request refused with a 4xx still says which tenant, key and
 // effect it was about. Unknown types give nothing.
 func RequestAttributes(req any) []attribute.KeyValue {
-	var attrs []attribute.KeyValue
-	add := func(k attribute.Key, v string) {
-		if v != "" {
-			attrs = append(attrs, k.String(v))
-		}
-	}
-	fence := func(f uint64) {
-		if f != 0 {
-			attrs = append(attrs, FenceValue(f))
-		}
-	}
 	switch r := req.(type) {
 	case *idemkv.ReserveRequest:
 		return ReserveAttributes(r, nil)
 	case *idemkv.CommitRequest:
-		add(Tenant, r.Tenant)
-		add(IdempotencyKey, r.Key)
-		add(Fingerprint, r.Fingerprint)
-		fence(r.Fence)
+		return namedAttributes(r.Tenant, r.Key, r.Fingerprint, r.Fence)
 	case *idemkv.FailRequest:
-		add(Tenant, r.Tenant)
-		add(IdempotencyKey, r.Key)
-		add(Fingerprint, r.Fingerprint)
-		fence(r.Fence)
+		return namedAttributes(r.Tenant, r.Key, r.Fingerprint, r.Fence)
 	case *idemkv.ReleaseRequest:
-		add(Tenant, r.Tenant)
-		add(IdempotencyKey, r.Key)
-		add(Fingerprint, r.Fingerprint)
-		fence(r.Fence)
+		return namedAttributes(r.Tenant, r.Key, r.Fingerprint, r.Fence)
 	case *idemkv.HeartbeatRequest:
-		add(Tenant, r.Tenant)
-		add(IdempotencyKey, r.Key)
-		fence(r.Fence)
+		return namedAttributes(r.Tenant, r.Key, "", r.Fence)
 	case *idemkv.GetRequest:
-		add(Tenant, r.Tenant)
-		add(IdempotencyKey, r.Key)
+		return namedAttributes(r.Tenant, r.Key, "", 0)
+	}
+	return nil
+}
+
+// namedAttributes are the attributes of what a request names; empty values and a
+// zero fence are left out.
+func namedAttributes(tenant, key, fingerprint string, fence uint64) []attribute.KeyValue {
+	var attrs []attribute.KeyValue
+	for _, kv := range []attribute.KeyValue{Tenant.String(tenant), IdempotencyKey.String(key), Fingerprint.String(fingerprint)} {
+		if kv.Value.AsString() != "" {
+			attrs = append(attrs, kv)
+		}
+	}
+	if fence != 0 {
+		attrs = append(attrs, FenceValue(fence))
 	}
 	return attrs
 }
