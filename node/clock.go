@@ -62,7 +62,7 @@ func (c *stampClock) observe(clock idemkv.Timestamp, index uint64) {
 // bound is fsm.BoundStamp from the anchor, or the wall clock (never behind prev) while
 // unanchored.
 func (c *stampClock) bound(now time.Duration, wall time.Time) (time.Time, bool) {
-	if !c.anchored {
+	if !c.anchored || unboundedClock() {
 		if wall.Before(c.prev) {
 			return c.prev, false
 		}

@@ -25,3 +25,6 @@ func (n *Node) wedgeGap(uint64) bool { return false }
 
 // establishByBarrier is always false here: a new leader establishes with a command.
 func (n *Node) establishByBarrier() bool { return false }
+
+// unboundedClock is always false here: stamps stay within fsm.BoundStamp's band.
+func unboundedClock() bool { return false }

@@ -160,3 +160,8 @@ func (n *Node) wedgeGap(index uint64) bool {
 }
 
 func (n *Node) establishByBarrier() bool { return testhooks.Sabotaged(testhooks.WedgeGap) }
+
+// unboundedClock is the UnboundedClock sabotage of the test build, the code before the
+// fix of issue 12's defect 5: stamps follow the wall clock wherever it jumps (never
+// behind the previous stamp).
+func unboundedClock() bool { return testhooks.Sabotaged(testhooks.UnboundedClock) }

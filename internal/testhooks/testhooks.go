@@ -52,6 +52,11 @@ const (
 	// them are no-ops and barriers: reads and /readyz wedged after about 32 elections
 	// without a write. jepsen-lite's churn nemesis must catch it.
 	WedgeGap
+	// UnboundedClock restores the code before the fix of issue 12's defect 5: a node
+	// stamps commands with its wall clock however far it jumped, so a leader minutes
+	// ahead drags the state machine's clock along and, once reset, leases stop
+	// running out. jepsen-lite's clock-jump nemesis must catch it.
+	UnboundedClock
 )
 
 var modeNames = []struct {
@@ -67,6 +72,7 @@ var modeNames = []struct {
 	{OrphanEffects, "orphan-effects"},
 	{SkipFailedRestore, "skip-failed-restore"},
 	{WedgeGap, "wedge-gap"},
+	{UnboundedClock, "unbounded-clock"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -155,7 +161,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {
