@@ -26,6 +26,10 @@ func TestJSONLogsAreJSONAllOfThem(t *testing.T) {
 	p.env = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100"}
 	p.start()
 	e.waitReady(t, p)
+	// A request with a span (health probes make none), for the exporter to send.
+	if a := e.req(t, http.MethodGet, p.httpAddr, "/v1/cluster", e.tokens["admin"], nil); a.status != http.StatusOK {
+		t.Fatalf("cluster: %d %s %v", a.status, a.body, a.err)
+	}
 
 	// A client that is not TLS at all: net/http logs a handshake error.
 	conn, err := net.Dial("tcp", p.httpAddr)
