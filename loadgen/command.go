@@ -29,6 +29,7 @@ type benchOptions struct {
 	json         bool
 	fsyncDir     string
 	fsyncSamples int
+	spread       bool
 }
 
 // NewBenchCommand returns `idemkv bench`: it drives a running cluster with the agent
@@ -46,7 +47,8 @@ another attempt holds), at the given mix, concurrency and duration. It prints
 throughput and p50/p90/p99/p99.9 latency per kind, and the machine's fsync latency
 for comparison.`,
 		Example: `  idemkv bench --endpoints 127.0.0.1:7420 --concurrency 64 --duration 30s
-  idemkv bench --mix new=100 --concurrency 1 --json`,
+  idemkv bench --mix new=100 --concurrency 1 --json
+  idemkv bench --endpoints 127.0.0.1:7420,127.0.0.1:7430,127.0.0.1:7440 --spread --mix replay=100`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
@@ -69,6 +71,7 @@ for comparison.`,
 	f.BoolVar(&o.json, "json", false, "print the report as JSON")
 	f.StringVar(&o.fsyncDir, "fsync-dir", "", "directory to measure fsync latency in, ideally the data dir (default: the temp dir)")
 	f.IntVar(&o.fsyncSamples, "fsync-samples", 200, "fsync probe samples (0: no probe)")
+	f.BoolVar(&o.spread, "spread", false, "keep each worker on one of --endpoints in turn instead of sending every request to the leader")
 	return cmd
 }
 
@@ -91,7 +94,7 @@ func runBench(ctx context.Context, o benchOptions, stdout, stderr io.Writer) err
 		s := h.Summarize()
 		fsync = &s
 	}
-	target, err := NewHTTPTarget(ctx, HTTPConfig{Endpoints: o.endpoints, Tenant: o.tenant, Token: o.token, Conns: o.concurrency})
+	target, err := NewHTTPTarget(ctx, HTTPConfig{Endpoints: o.endpoints, Tenant: o.tenant, Token: o.token, Conns: o.concurrency, Pinned: o.spread})
 	if err != nil {
 		return err
 	}

@@ -77,3 +77,19 @@ func TestBenchCommandRejectsBadInput(t *testing.T) {
 		t.Errorf("nothing listening: %v, want unavailable", err)
 	}
 }
+
+func TestBenchCommandSpread(t *testing.T) {
+	store := newMemStore()
+	leader, follower := newFakeAPI(t, store), newFakeAPI(t, store)
+	addr := leader.addr()
+	follower.leader.Store(&addr)
+	_, stderr, err := runCommand(t, "--endpoints", leader.addr()+","+follower.addr(), "--spread", "--concurrency", "4",
+		"--ops", "400", "--warmup", "0", "--mix", "replay=1", "--keys", "20", "--fsync-samples", "0")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr)
+	}
+	// 20 commits and 400 replays, spread over the two nodes by worker.
+	if l, f := leader.served("/v1/reserve"), follower.served("/v1/reserve"); l < 150 || f < 150 || l+f != 420 {
+		t.Errorf("leader served %d reserves, follower %d; want about 210 each", l, f)
+	}
+}

@@ -99,6 +99,8 @@ type fakeAPI struct {
 	requests map[string]int
 	// seen keeps the last reserve body, to check what goes on the wire.
 	lastReserve atomic.Pointer[idemkv.ReserveRequest]
+	// attempts keeps the attempt IDs of the reserves served.
+	attempts []string
 }
 
 func newFakeAPI(t *testing.T, store *memStore) *fakeAPI {
@@ -117,6 +119,9 @@ func newFakeAPI(t *testing.T, store *memStore) *fakeAPI {
 			return
 		}
 		f.lastReserve.Store(&req)
+		f.mu.Lock()
+		f.attempts = append(f.attempts, req.AttemptID)
+		f.mu.Unlock()
 		res, err := store.Reserve(r.Context(), &Reserve{Key: req.Key, Tool: req.Tool, Fingerprint: req.Fingerprint, AttemptID: req.AttemptID})
 		if err != nil {
 			writeErr(w, err)
@@ -141,7 +146,11 @@ func newFakeAPI(t *testing.T, store *memStore) *fakeAPI {
 		writeJSON(w, http.StatusOK, idemkv.Receipt{Key: req.Key, Fingerprint: req.Fingerprint,
 			Status: idemkv.StatusCommitted, RemoteSystem: req.RemoteSystem, RemoteID: req.RemoteID})
 	})
-	f.srv = httptest.NewUnstartedServer(mux)
+	// Every answer names the leader, as the real API's do.
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(idemkv.HeaderLeader, f.leaderAddr())
+		mux.ServeHTTP(w, r)
+	}))
 	f.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			f.conns.Add(1)
@@ -165,6 +174,12 @@ func (f *fakeAPI) count(r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.requests[r.URL.Path]++
+}
+
+func (f *fakeAPI) reserveAttempts() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.attempts...)
 }
 
 func (f *fakeAPI) served(path string) int {

@@ -26,12 +26,18 @@ type HTTPConfig struct {
 	Conns int
 	// Timeout bounds one request (default 10 s).
 	Timeout time.Duration
+	// Pinned keeps worker w (see Worker) on Endpoints[w % len(Endpoints)] and never
+	// follows the leader: a runtime that talks to the node nearest to it. A follower
+	// forwards to the leader what it does not answer itself. A request that carries no
+	// worker goes to the next endpoint in turn.
+	Pinned bool
 }
 
 // HTTPTarget drives an idemkv cluster through its HTTP API (docs/protocol.md section 2). It sends
 // every request to the leader, as the Go client does, and follows the Idemkv-Leader
-// header when leadership moves. It never retries: a failed request is the store's
-// answer and is counted, so the figures hide nothing.
+// header when leadership moves; or, Pinned, each worker's to one node. It never
+// retries: a failed request is the store's answer and is counted, so the figures hide
+// nothing.
 type HTTPTarget struct {
 	cfg    HTTPConfig
 	http   *http.Client
@@ -69,7 +75,11 @@ func NewHTTPTarget(ctx context.Context, cfg HTTPConfig) (*HTTPTarget, error) {
 	}
 	t := &HTTPTarget{cfg: cfg, http: &http.Client{Transport: tr, Timeout: cfg.Timeout}}
 	t.base.Store(&cfg.Endpoints[0])
-	if err := t.findLeader(ctx); err != nil {
+	find := t.findLeader
+	if cfg.Pinned {
+		find = t.checkNodes
+	}
+	if err := find(ctx); err != nil {
 		tr.CloseIdleConnections()
 		return nil, err
 	}
@@ -105,7 +115,21 @@ func (t *HTTPTarget) findLeader(ctx context.Context) error {
 	return fmt.Errorf("loadgen: no leader among %v: %w", t.cfg.Endpoints, last)
 }
 
-// Leader returns the base URL requests go to.
+// checkNodes makes sure every endpoint answers and knows a leader to forward to.
+func (t *HTTPTarget) checkNodes(ctx context.Context) error {
+	for _, ep := range t.cfg.Endpoints {
+		var info idemkv.ClusterInfo
+		if err := t.do(ctx, http.MethodGet, ep+"/v1/cluster", nil, &info); err != nil {
+			return fmt.Errorf("loadgen: %s: %w", ep, err)
+		}
+		if info.Leader.APIAddr == "" {
+			return idemkv.Errorf(idemkv.ErrUnavailable, "loadgen: %s knows no leader", ep)
+		}
+	}
+	return nil
+}
+
+// Leader returns the base URL requests go to (when Pinned, the leader last named).
 func (t *HTTPTarget) Leader() string { return *t.base.Load() }
 
 type reserveAnswer struct {
@@ -156,6 +180,9 @@ func (t *HTTPTarget) write(ctx context.Context, path string, body, into any) err
 	if err != nil {
 		return idemkv.Errorf(idemkv.ErrInternal, "encode %s: %v", path, err)
 	}
+	if t.cfg.Pinned {
+		return t.do(ctx, http.MethodPost, t.pinned(ctx)+path, b, into)
+	}
 	cur := t.base.Load()
 	err = t.do(ctx, http.MethodPost, *cur+path, b, into)
 	if err != nil && idemkv.CodeOf(err) == idemkv.CodeUnavailable && ctx.Err() == nil {
@@ -164,6 +191,16 @@ func (t *HTTPTarget) write(ctx context.Context, path string, body, into any) err
 		t.base.CompareAndSwap(cur, &ep)
 	}
 	return err
+}
+
+// pinned returns the node of the worker whose request ctx carries.
+func (t *HTTPTarget) pinned(ctx context.Context) string {
+	eps := t.cfg.Endpoints
+	w, ok := Worker(ctx)
+	if !ok {
+		w = int(t.next.Add(1))
+	}
+	return eps[w%len(eps)]
 }
 
 func (t *HTTPTarget) do(ctx context.Context, method, url string, body []byte, into any) error {

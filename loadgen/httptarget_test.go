@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,6 +77,49 @@ func TestHTTPTargetGoesToTheLeader(t *testing.T) {
 	}
 	if l, f := leader.served("/v1/reserve"), follower.served("/v1/reserve"); l != 10 || f != 0 {
 		t.Errorf("leader served %d reserves, follower %d; want 10 and 0", l, f)
+	}
+}
+
+func TestHTTPTargetPinnedKeepsEachWorkerOnItsNode(t *testing.T) {
+	// One store behind three nodes, as a cluster is: what one node commits, the others
+	// replay. Every answer names the first as the leader.
+	store := newMemStore()
+	nodes := []*fakeAPI{newFakeAPI(t, store), newFakeAPI(t, store), newFakeAPI(t, store)}
+	leader := nodes[0].addr()
+	for _, n := range nodes[1:] {
+		n.leader.Store(&leader)
+	}
+	tgt, err := NewHTTPTarget(t.Context(), HTTPConfig{Endpoints: []string{nodes[0].addr(), nodes[1].addr(), nodes[2].addr()},
+		Tenant: "acme", Conns: 6, Pinned: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tgt.Close() })
+	const workers = 6
+	rep, err := Run(t.Context(), Config{Target: tgt, Name: "idemkv", Concurrency: workers, Ops: 600, Duration: time.Minute,
+		Warmup: -1, Keys: 30, Mix: Mix{Replay: 1}, RunID: "run", Logger: testlog.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Errors != 0 || rep.Kind("replay").Ops == 0 {
+		t.Fatalf("errors %d, kinds %+v", rep.Errors, rep.Kinds)
+	}
+	// Replays carry attempt IDs run/a/<worker>/<seq>: worker w must only reach node w%3.
+	for i, n := range nodes {
+		replays := 0
+		for _, a := range n.reserveAttempts() {
+			w, ok := strings.CutPrefix(a, "run/a/")
+			if !ok {
+				continue
+			}
+			replays++
+			if id, _, _ := strings.Cut(w, "/"); id != strconv.Itoa(i) && id != strconv.Itoa(i+3) {
+				t.Errorf("node %d served worker %s's replay", i, id)
+			}
+		}
+		if replays == 0 {
+			t.Errorf("node %d served no replay", i)
+		}
 	}
 }
 

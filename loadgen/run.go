@@ -133,6 +133,17 @@ func (c Config) Validate() error {
 // say): the store got the decision table wrong, or another run touched the keys.
 var errUnexpected = errors.New("unexpected decision")
 
+// workerKey carries, in the context of each operation, the index of the worker that
+// runs it, so that a target can keep each worker on one node (HTTPConfig.Pinned).
+type workerKey struct{}
+
+// Worker returns the index of the worker whose operation ctx belongs to, if Run
+// started it.
+func Worker(ctx context.Context) (int, bool) {
+	w, ok := ctx.Value(workerKey{}).(int)
+	return w, ok
+}
+
 // worker is the state one goroutine keeps across phases; only it touches it.
 type worker struct {
 	id    int
@@ -243,14 +254,15 @@ func (r *runner) setup(ctx context.Context, workers []*worker) error {
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() {
+			wctx := context.WithValue(ctx, workerKey{}, w.id)
 			for ctx.Err() == nil {
 				i := int(next.Add(1) - 1)
 				var err error
 				switch {
 				case i < len(r.seeds):
-					err = r.commitNew(ctx, r.seeds[i], nil)
+					err = r.commitNew(wctx, r.seeds[i], nil)
 				case i < len(r.seeds)+len(r.hot):
-					err = r.holdPending(ctx, r.hot[i-len(r.seeds)])
+					err = r.holdPending(wctx, r.hot[i-len(r.seeds)])
 				default:
 					return
 				}
@@ -297,11 +309,12 @@ func (r *runner) phase(ctx context.Context, workers []*worker, d time.Duration, 
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		wg.Go(func() {
+			wctx := context.WithValue(ctx, workerKey{}, w.id)
 			for ctx.Err() == nil {
 				if ops > 0 && r.started.Add(1) > ops {
 					return
 				}
-				r.one(ctx, w)
+				r.one(wctx, w)
 			}
 		})
 	}
