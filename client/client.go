@@ -55,9 +55,7 @@ package client
 import (
 	"bytes"
 	"context"
-	cryptorand "crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -498,13 +496,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// NewAttemptID returns a random attempt id. Do sends one per attempt so that a
-// reserve retried after a lost answer is recognised as the same attempt.
-func NewAttemptID() string {
-	var b [12]byte
-	_, _ = cryptorand.Read(b[:])
-	return "att_" + hex.EncodeToString(b[:])
-}
+// NewAttemptID returns a random attempt id (idemkv.NewAttemptID, the one generator the
+// node uses too). Do sends one per attempt so that a reserve retried after a lost
+// answer is recognised as the same attempt. Kept here so a runtime needs only client.
+func NewAttemptID() string { return idemkv.NewAttemptID() }
 
 func escapeSegment(s string) string {
 	e := url.PathEscape(s)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -139,6 +140,15 @@ func TestSingleNodeLifecycle(t *testing.T) {
 		Effect: json.RawMessage(`{"a":1, "b":2}`), AttemptID: "e1"})
 	if err != nil || same.Decision != idemkv.DecisionExecute || same.Fence != eff.Fence {
 		t.Fatalf("same effect in another key order: %v %+v", err, same)
+	}
+	// A caller that sends no attempt id gets one made up by the same generator the
+	// client uses, so server-made and client-made ids look alike.
+	made, err := n.Reserve(ctx, reserveReq("k3", "", "sha256:cc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(made.AttemptID, idemkv.AttemptIDPrefix) || made.Record.AttemptID != made.AttemptID {
+		t.Fatalf("server-made attempt id: answer %q, record %q, want the %q shape", made.AttemptID, made.Record.AttemptID, idemkv.AttemptIDPrefix)
 	}
 }
 

@@ -2,8 +2,6 @@ package node
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -38,7 +36,7 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 		r.Effect = nil
 	}
 	if r.AttemptID == "" {
-		r.AttemptID = newAttemptID()
+		r.AttemptID = idemkv.NewAttemptID()
 	}
 	// A decision that changes nothing (replay, conflict, in_progress) is answered
 	// from a linearizable read, without a log append. The local state only picks the
@@ -431,10 +429,4 @@ func (n *Node) caughtUp(index uint64) bool {
 		}
 	}
 	return true
-}
-
-func newAttemptID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

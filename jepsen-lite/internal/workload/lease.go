@@ -117,7 +117,7 @@ func (w *Lease) step(ctx context.Context, c *leaseClient) {
 	lease := w.cfg.LeaseMin + time.Duration(c.r.Int64N(int64(w.cfg.LeaseMax-w.cfg.LeaseMin)+1))
 	lease = lease.Truncate(time.Millisecond)
 	req := idemkv.ReserveRequest{Tenant: Tenant, Key: key, Tool: leaseTool, Actor: fmt.Sprintf("lease-%d", c.id),
-		Fingerprint: leaseFP, AttemptID: newID(), LeaseTTLMs: lease.Milliseconds(), TTLMs: w.cfg.TTL.Milliseconds()}
+		Fingerprint: leaseFP, AttemptID: idemkv.NewAttemptID(), LeaseTTLMs: lease.Milliseconds(), TTLMs: w.cfg.TTL.Milliseconds()}
 	// A reserve whose answer was lost is asked again with the same attempt id, twice.
 	for try := 0; try < 3 && ctx.Err() == nil; try++ {
 		out, r := w.call(ctx, c, history.FReserve, key, history.Input{Tool: leaseTool, Fingerprint: leaseFP, AttemptID: req.AttemptID},

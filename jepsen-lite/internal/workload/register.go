@@ -2,8 +2,6 @@ package workload
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
@@ -167,7 +165,7 @@ func (w *Register) step(ctx context.Context, c *registerClient) {
 			fp = RegisterOtherFP
 		}
 		w.reserve(ctx, c, key, idemkv.ReserveRequest{Tenant: Tenant, Key: key, Tool: registerTool,
-			Actor: fmt.Sprintf("client-%d", c.id), Fingerprint: fp, AttemptID: newID(),
+			Actor: fmt.Sprintf("client-%d", c.id), Fingerprint: fp, AttemptID: idemkv.NewAttemptID(),
 			LeaseTTLMs: RegisterLease.Milliseconds()})
 	case n < 80:
 		w.get(ctx, c, key)
@@ -327,10 +325,4 @@ func (w *Register) FinalReads(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-func newID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
