@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
@@ -88,7 +88,7 @@ func restoreIndexGap(sinceBackup time.Duration) uint64 {
 	return floor + uint64(secs*perSecond)
 }
 
-// keyCurrentTerm is where Raft keeps its current term in the stable store (raft.db).
+// keyCurrentTerm is where Raft keeps its current term in the stable store.
 // Raft does not export the name; TestBackupWhileWritingThenRestoreLosesNothing fails if it changes.
 var keyCurrentTerm = []byte("CurrentTerm")
 
@@ -114,6 +114,9 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	case cfg.DataDir == "":
 		return nil, errors.New("node: restore: a data dir is required")
 	}
+	if err := checkRaftLog(cfg.RaftLog, cfg.RaftWALSegmentBytes); err != nil {
+		return nil, err
+	}
 	advertise, err := restoreAddress(cfg.RaftAdvertiseOrAddr())
 	if err != nil {
 		return nil, err
@@ -132,12 +135,16 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 		if err == nil {
 			return
 		}
-		for _, name := range []string{"pebble", "raft.db", "snapshots"} {
+		for _, name := range []string{"pebble", boltLogFile, walLogDir, "snapshots", raftLogMarker} {
 			if rmErr := os.RemoveAll(filepath.Join(cfg.DataDir, name)); rmErr != nil {
 				err = errors.Join(err, rmErr)
 			}
 		}
 	}()
+	backend, err := chooseRaftLog(cfg.DataDir, cfg.RaftLog)
+	if err != nil {
+		return nil, err
+	}
 	logger := cfg.Logger.With("node", cfg.ID)
 	st, err := storage.OpenWith(filepath.Join(cfg.DataDir, "pebble"), logger, storage.Options{CacheBytes: cfg.CacheBytes})
 	if err != nil {
@@ -171,11 +178,11 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	if err := writeRestoreSnapshot(cfg, logger, f, advertise, continuesAt, term); err != nil {
 		return nil, err
 	}
-	if err := setCurrentTerm(cfg.DataDir, term); err != nil {
+	if err := setCurrentTerm(cfg, backend, newHCLogger(logger), term); err != nil {
 		return nil, err
 	}
 	records := int(st.RecordCount())
-	logger.Info("restored a backup", "index", index, "term", term, "continues_at", continuesAt, "records", records, "raft_addr", advertise)
+	logger.Info("restored a backup", "index", index, "term", term, "continues_at", continuesAt, "records", records, "raft_addr", advertise, "raft_log", backend)
 	return &RestoreInfo{Index: index, Term: term, ContinuesAt: continuesAt, Records: records}, nil
 }
 
@@ -216,13 +223,13 @@ func writeRestoreSnapshot(cfg Config, logger *slog.Logger, f *fsm.FSM, addr raft
 	return nil
 }
 
-func setCurrentTerm(dataDir string, term uint64) error {
-	bolt, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dataDir, "raft.db")})
+func setCurrentTerm(cfg Config, backend string, hlog hclog.Logger, term uint64) error {
+	s, err := openRaftLog(cfg.DataDir, backend, cfg.RaftWALSegmentBytes, hlog)
 	if err != nil {
-		return fmt.Errorf("node: restore: raft log: %w", err)
+		return fmt.Errorf("node: restore: %w", err)
 	}
-	if err := bolt.SetUint64(keyCurrentTerm, term); err != nil {
-		return errors.Join(fmt.Errorf("node: restore: set term: %w", err), bolt.Close())
+	if err := s.SetUint64(keyCurrentTerm, term); err != nil {
+		return errors.Join(fmt.Errorf("node: restore: set term: %w", err), s.Close())
 	}
-	return bolt.Close()
+	return s.Close()
 }

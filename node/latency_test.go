@@ -79,3 +79,61 @@ func BenchmarkReserveOneClient(b *testing.B) {
 		b.ReportMetric(mean[metric], unit)
 	}
 }
+
+// BenchmarkRaftLogOneClient compares the Raft log backends: one client reserves new
+// keys, in turn on a cluster of each backend (in process, real disk and TCP), so that
+// whatever else loads the machine falls on both alike. It reports each backend's
+// p50/p99 and the ratio of the p50s (wal/bolt), beside the data dir's fsync p50.
+//
+//	go test -run '^$' -bench RaftLogOneClient -benchtime 2000x ./node/
+func BenchmarkRaftLogOneClient(b *testing.B) {
+	for _, nodes := range []int{1, 3} {
+		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
+			leaders := map[string]*node.Node{}
+			var dir string
+			for _, backend := range node.RaftLogs {
+				c := testcluster.Start(b, nodes, testcluster.WithConfig(func(i int, cfg *node.Config) {
+					// Production timeouts and snapshots, so no election or snapshot lands
+					// in the measurement.
+					d := node.DefaultConfig()
+					cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout = d.HeartbeatTimeout, d.ElectionTimeout, d.LeaderLeaseTimeout
+					cfg.SnapshotThreshold, cfg.TrailingLogs, cfg.SnapshotInterval = d.SnapshotThreshold, d.TrailingLogs, d.SnapshotInterval
+					cfg.RaftLog = backend
+				}))
+				leader := c.LeaderIndex(b)
+				leaders[backend], dir = c.Node(leader), c.DataDir(leader)
+			}
+			fsync, err := loadgen.ProbeFsync(dir, 200)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := ctxT(b)
+			hists := map[string]*loadgen.Histogram{}
+			for _, backend := range node.RaftLogs {
+				hists[backend] = &loadgen.Histogram{}
+			}
+			b.ResetTimer()
+			for i := range b.N {
+				for _, backend := range node.RaftLogs {
+					t0 := time.Now()
+					res, err := leaders[backend].Reserve(ctx, reserveReq(fmt.Sprintf("one-%d", i), "a", "sha256:b"))
+					if err != nil {
+						b.Fatal(err)
+					}
+					if res.Decision != idemkv.DecisionExecute {
+						b.Fatalf("reserve of a new key on %s answered %s", backend, res.Decision)
+					}
+					hists[backend].Record(time.Since(t0))
+				}
+			}
+			b.StopTimer()
+			ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+			for _, backend := range node.RaftLogs {
+				b.ReportMetric(ms(hists[backend].Quantile(0.5)), backend+"-p50-ms")
+				b.ReportMetric(ms(hists[backend].Quantile(0.99)), backend+"-p99-ms")
+			}
+			b.ReportMetric(float64(hists[node.RaftLogWAL].Quantile(0.5))/float64(hists[node.RaftLogBolt].Quantile(0.5)), "wal/bolt-p50")
+			b.ReportMetric(ms(fsync.Quantile(0.5)), "fsync-p50-ms")
+		})
+	}
+}

@@ -36,14 +36,22 @@ func (l failingLog) StoreLogs(es []*raft.Log) error {
 // TestRaftLogWriteFaultsUnderLoad: appends to Raft's log fail, on the leader (which
 // steps down and fails the writes it had not stored) and on followers (which refuse
 // the entries), in short bursts on a random node while four clients commit. No
-// acknowledged commit may be lost and every replica must end in the same state.
+// acknowledged commit may be lost and every replica must end in the same state, on
+// each Raft log backend.
 func TestRaftLogWriteFaultsUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a load run of several seconds")
 	}
+	for _, backend := range node.RaftLogs {
+		t.Run(backend, func(t *testing.T) { raftLogWriteFaults(t, backend) })
+	}
+}
+
+func raftLogWriteFaults(t *testing.T, backend string) {
 	on := []*atomic.Bool{new(atomic.Bool), new(atomic.Bool), new(atomic.Bool)}
 	var failed atomic.Int64
 	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.RaftLog = backend
 		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
 			s.Log = failingLog{LogStore: s.Log, on: on[i], failed: &failed}
 			return s

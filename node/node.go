@@ -21,8 +21,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/expiry"
@@ -35,8 +33,15 @@ import (
 type Config struct {
 	// ID names the node in the cluster; it must never change for a data dir.
 	ID string
-	// DataDir holds the Raft log (raft.db), snapshots and the Pebble store.
+	// DataDir holds the Raft log, snapshots and the Pebble store.
 	DataDir string
+	// RaftLog is the Raft log backend, RaftLogBolt or RaftLogWAL. Empty means the one
+	// the data dir already holds, or DefaultRaftLog for a new data dir. A data dir
+	// keeps its backend: naming the other one fails Open with ErrRaftLogMismatch.
+	RaftLog string
+	// RaftWALSegmentBytes sizes the segment files of the wal backend (default
+	// DefaultRaftWALSegmentBytes); a change applies to segments created after it.
+	RaftWALSegmentBytes int
 	// RaftAddr is the address the Raft transport listens on.
 	RaftAddr string
 	// RaftAdvertise is the address peers dial; default RaftAddr.
@@ -119,6 +124,7 @@ func DefaultConfig() Config {
 		SnapshotInterval:     2 * time.Minute,
 		TrailingLogs:         10240,
 		MaxAppendEntries:     512,
+		RaftWALSegmentBytes:  DefaultRaftWALSegmentBytes,
 		ApplyTimeout:         10 * time.Second,
 		RaftHandshakeTimeout: DefaultRaftHandshakeTimeout,
 		RaftIdleTimeout:      DefaultRaftIdleTimeout,
@@ -159,6 +165,9 @@ func (c *Config) withDefaults() {
 	if c.MaxAppendEntries == 0 {
 		c.MaxAppendEntries = d.MaxAppendEntries
 	}
+	if c.RaftWALSegmentBytes == 0 {
+		c.RaftWALSegmentBytes = d.RaftWALSegmentBytes
+	}
 	if c.Now == nil {
 		c.Now = d.Now
 	}
@@ -188,6 +197,9 @@ func (c Config) Validate() error {
 	case c.LeaderLeaseTimeout > c.HeartbeatTimeout && c.HeartbeatTimeout != 0:
 		return errors.New("node: the leader lease must not exceed the heartbeat timeout")
 	}
+	if err := checkRaftLog(c.RaftLog, c.RaftWALSegmentBytes); err != nil {
+		return err
+	}
 	return c.Limits.Validate()
 }
 
@@ -204,7 +216,9 @@ type Node struct {
 	fsm       *fsm.FSM
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
-	boltStore *raftboltdb.BoltStore
+	// raftLog is the Raft log and stable store opened in the data dir, closed by the
+	// node even when WrapRaftStores put others in front of it.
+	raftLog raftLogStore
 	// logs is Raft's log as Raft reads it: the cache over the (possibly wrapped) store.
 	logs *raft.LogCache
 
@@ -284,21 +298,23 @@ func (n *Node) open() error {
 	if c := n.fsm.Clock(); c != 0 {
 		n.clock.prev = c.Time()
 	}
-	// Once the log has been compacted, raft.db is mostly free pages; syncing the free
-	// list on every commit then rewrites it all each time. Without it, bbolt rebuilds
-	// the free list by a scan when it opens, which costs far less than it saves.
-	boltOpts := &bbolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType}
-	if n.boltStore, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.DataDir, "raft.db"), BoltOptions: boltOpts}); err != nil {
-		return fmt.Errorf("node: raft log: %w", err)
-	}
 	hlog := newHCLogger(n.log)
+	backend, err := chooseRaftLog(n.cfg.DataDir, n.cfg.RaftLog)
+	if err != nil {
+		return err
+	}
+	if n.raftLog, err = openRaftLog(n.cfg.DataDir, backend, n.cfg.RaftWALSegmentBytes, hlog); err != nil {
+		return err
+	}
+	n.log.Info("raft log opened", "backend", backend)
 	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(n.cfg.DataDir, 2, hlog)
 	if err != nil {
 		return fmt.Errorf("node: snapshot store: %w", err)
 	}
-	stores := RaftStores{Log: n.boltStore, Stable: n.boltStore, Snapshots: fileSnaps}
+	stores := RaftStores{Log: n.raftLog, Stable: n.raftLog, Snapshots: fileSnaps}
 	if n.cfg.WrapRaftStores != nil {
 		stores = n.cfg.WrapRaftStores(stores)
+		stores.Log = keepMonotonic(n.raftLog, stores.Log)
 	}
 	if n.logs, err = raft.NewLogCache(1024, stores.Log); err != nil {
 		return fmt.Errorf("node: raft log cache: %w", err)
@@ -468,8 +484,8 @@ func (n *Node) closeResources() error {
 	if n.transport != nil {
 		errs = append(errs, n.transport.Close())
 	}
-	if n.boltStore != nil {
-		errs = append(errs, n.boltStore.Close())
+	if n.raftLog != nil {
+		errs = append(errs, n.raftLog.Close())
 	}
 	if n.fsm != nil {
 		errs = append(errs, n.fsm.Close())
