@@ -332,6 +332,7 @@ above every restored one. Then join the other nodes to it as usual (--join).
 	fl := cmd.Flags()
 	fl.StringVar(&from, "from", "", "backup file (from idemkv backup)")
 	fl.StringVar(&cfg.DataDir, "data-dir", "", "data dir to seed; must be empty or absent")
+	fl.StringVar(&cfg.RaftLog, "raft-log", "", raftLogUsage)
 	fl.StringVar(&cfg.ID, "id", "", "ID of the node that will serve the data dir")
 	fl.StringVar(&cfg.RaftAddr, "raft-addr", cfg.RaftAddr, "the node's --raft-addr")
 	fl.StringVar(&cfg.RaftAdvertise, "advertise-raft-addr", "", "the node's --advertise-raft-addr, if it has one")

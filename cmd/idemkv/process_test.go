@@ -19,6 +19,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/freeport"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/node"
 )
 
 // The tests in this file run the real binary as separate processes and kill them with
@@ -56,6 +57,7 @@ type proc struct {
 	*opsProc
 	dataDir string
 	join    string
+	raftLog string // --raft-log, if set
 }
 
 func freePort(t *testing.T) string {
@@ -84,6 +86,9 @@ func (p *proc) start() {
 		"--snapshot-threshold", "64", "--trailing-logs", "32", "--snapshot-interval", "200ms")
 	if p.join != "" {
 		p.args = append(p.args, "--join", p.join)
+	}
+	if p.raftLog != "" {
+		p.args = append(p.args, "--raft-log", p.raftLog)
 	}
 	p.opsProc.start()
 }
@@ -189,60 +194,72 @@ func checkRecords(t *testing.T, endpoint string, acked map[string]string) {
 }
 
 func TestSIGKILLSingleNodeLosesNothing(t *testing.T) {
-	p := newProc(t, "n1", "")
-	p.start()
-	p.waitReady()
-	acked := writeRecords(t, p.httpAddr, 120)
-	p.kill()
-	p.start()
-	p.waitReady()
-	checkRecords(t, p.httpAddr, acked)
-	if !strings.Contains(p.logText(), "idemkv serving") {
-		t.Fatalf("restarted node did not log its start")
+	for _, backend := range node.RaftLogs {
+		t.Run(backend, func(t *testing.T) {
+			p := newProc(t, "n1", "")
+			p.raftLog = backend
+			p.start()
+			p.waitReady()
+			acked := writeRecords(t, p.httpAddr, 120)
+			p.kill()
+			p.start()
+			p.waitReady()
+			checkRecords(t, p.httpAddr, acked)
+			if !strings.Contains(p.logText(), "idemkv serving") {
+				t.Fatalf("restarted node did not log its start")
+			}
+		})
 	}
 }
 
 func TestSIGKILLWholeClusterLosesNothing(t *testing.T) {
-	n1 := newProc(t, "n1", "")
-	n1.start()
-	n1.waitReady()
-	n2 := newProc(t, "n2", n1.httpAddr)
-	n3 := newProc(t, "n3", n1.httpAddr)
-	n2.start()
-	n3.start()
-	procs := []*proc{n1, n2, n3}
-	waitFor(t, 30*time.Second, "three voters", func() error {
-		code, raw := call(t, http.MethodGet, n1.httpAddr, "/v1/cluster", nil)
-		var info idemkv.ClusterInfo
-		if code != 200 || json.Unmarshal(raw, &info) != nil {
-			return fmt.Errorf("cluster: %d %s", code, raw)
-		}
-		if len(info.Nodes) != 3 {
-			return fmt.Errorf("%d nodes", len(info.Nodes))
-		}
-		for _, ni := range info.Nodes {
-			if ni.APIAddr == "" {
-				return fmt.Errorf("node %s has no API address yet", ni.ID)
+	for _, backend := range node.RaftLogs {
+		t.Run(backend, func(t *testing.T) {
+			n1 := newProc(t, "n1", "")
+			n2 := newProc(t, "n2", n1.httpAddr)
+			n3 := newProc(t, "n3", n1.httpAddr)
+			procs := []*proc{n1, n2, n3}
+			for _, p := range procs {
+				p.raftLog = backend
 			}
-		}
-		return nil
-	})
-	for _, p := range procs {
-		p.waitReady()
-	}
-	// Write through a follower as well: it forwards to the leader.
-	acked := writeRecords(t, n2.httpAddr, 100)
-	for _, p := range procs {
-		p.kill()
-	}
-	for _, p := range procs {
-		p.start()
-	}
-	for _, p := range procs {
-		p.waitReady()
-	}
-	for _, p := range procs {
-		checkRecords(t, p.httpAddr, acked)
+			n1.start()
+			n1.waitReady()
+			n2.start()
+			n3.start()
+			waitFor(t, 30*time.Second, "three voters", func() error {
+				code, raw := call(t, http.MethodGet, n1.httpAddr, "/v1/cluster", nil)
+				var info idemkv.ClusterInfo
+				if code != 200 || json.Unmarshal(raw, &info) != nil {
+					return fmt.Errorf("cluster: %d %s", code, raw)
+				}
+				if len(info.Nodes) != 3 {
+					return fmt.Errorf("%d nodes", len(info.Nodes))
+				}
+				for _, ni := range info.Nodes {
+					if ni.APIAddr == "" {
+						return fmt.Errorf("node %s has no API address yet", ni.ID)
+					}
+				}
+				return nil
+			})
+			for _, p := range procs {
+				p.waitReady()
+			}
+			// Write through a follower as well: it forwards to the leader.
+			acked := writeRecords(t, n2.httpAddr, 100)
+			for _, p := range procs {
+				p.kill()
+			}
+			for _, p := range procs {
+				p.start()
+			}
+			for _, p := range procs {
+				p.waitReady()
+			}
+			for _, p := range procs {
+				checkRecords(t, p.httpAddr, acked)
+			}
+		})
 	}
 }
 
@@ -266,4 +283,43 @@ func TestSIGTERMShutsDownCleanly(t *testing.T) {
 	if !strings.Contains(p.logText(), "stopped") {
 		t.Fatalf("no clean stop in the logs")
 	}
+}
+
+// TestServeKeepsTheDataDirsRaftLog: serve without --raft-log restarts on the backend the
+// data dir holds; with the other one it refuses to start, naming both and the
+// migration procedure, and leaves the data dir as it was.
+func TestServeKeepsTheDataDirsRaftLog(t *testing.T) {
+	p := newProc(t, "n1", "")
+	p.start()
+	p.waitReady()
+	acked := writeRecords(t, p.httpAddr, 10)
+	if err := p.signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	marker, err := os.ReadFile(filepath.Join(p.dataDir, "raft-log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := strings.TrimSpace(string(marker))
+	other := node.RaftLogWAL
+	if have == node.RaftLogWAL {
+		other = node.RaftLogBolt
+	}
+
+	refused := &opsProc{t: t, id: "n1-" + other, args: append(fastServeArgs(p.id, p.dataDir, p.httpAddr, p.raftAddr), "--raft-log", other)}
+	if err := refused.run(30 * time.Second); err == nil {
+		t.Fatalf("serve --raft-log %s on a %s data dir started", other, have)
+	}
+	for _, want := range []string{`"` + have + `"`, `"` + other + `"`, "docs/operations.md"} {
+		if !strings.Contains(refused.output(), want) {
+			t.Fatalf("the refusal does not say %s:\n%s", want, refused.output())
+		}
+	}
+	if strings.Contains(refused.output(), "idemkv serving") {
+		t.Fatalf("the refused node served:\n%s", refused.output())
+	}
+
+	p.start()
+	p.waitReady()
+	checkRecords(t, p.httpAddr, acked)
 }

@@ -67,6 +67,8 @@ asks the cluster to add it and retries until it is in.
 	f := cmd.Flags()
 	f.StringVar(&o.node.ID, "id", o.node.ID, "node ID, unique in the cluster and fixed for a data dir")
 	f.StringVar(&o.node.DataDir, "data-dir", o.node.DataDir, "directory for the Raft log, snapshots and the Pebble store")
+	f.StringVar(&o.node.RaftLog, "raft-log", "", raftLogUsage)
+	f.IntVar(&o.node.RaftWALSegmentBytes, "raft-wal-segment-bytes", o.node.RaftWALSegmentBytes, "size of the wal backend's segment files; compaction frees the log's disk space a segment at a time")
 	f.StringVar(&o.httpAddr, "http-addr", o.node.APIAddr, "address the HTTP API listens on")
 	f.StringVar(&o.node.RaftAddr, "raft-addr", o.node.RaftAddr, "address Raft listens on")
 	f.StringVar(&o.advertiseHTTP, "advertise-http-addr", "", "API address clients and peers use to reach this node (default --http-addr)")
@@ -103,6 +105,10 @@ asks the cluster to add it and retries until it is in.
 	o.extra.register(cmd)
 	return cmd
 }
+
+// raftLogUsage is --raft-log's help, for serve and restore.
+var raftLogUsage = fmt.Sprintf("Raft log backend: %s (default: the one the data dir holds; a new data dir gets %s). "+
+	"A data dir keeps its backend; see docs/operations.md to move a node to the other", strings.Join(node.RaftLogs, " or "), node.DefaultRaftLog)
 
 func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
