@@ -95,6 +95,8 @@ did not apply or showed no effect counts as a harness failure).`,
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the nemesis schedule (0: from the clock)")
 	f.StringVar(&cfg.Binary, "binary", "", "use this idemkv binary (built with -tags idemkv_testhooks) instead of building one")
 	f.StringVar(&cfg.Root, "root", cfg.Root, "module root to build idemkv from")
+	f.StringVar(&cfg.RaftLog, "raft-log", "", "every node's Raft log backend, bolt or wal (default: idemkv serve's)")
+	f.IntVar(&cfg.RaftWALSegmentBytes, "raft-wal-segment-bytes", cfg.RaftWALSegmentBytes, "every node's wal segment size: small, so that compaction deletes segments and a node cut off needs a snapshot")
 	return cmd
 }
 

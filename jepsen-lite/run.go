@@ -50,6 +50,12 @@ type config struct {
 	// Raft tuning of every node: fast elections, and snapshots small and often so
 	// that a node cut off for a few seconds needs one.
 	SnapshotThreshold, TrailingLogs uint64
+	// RaftLog is every node's --raft-log ("": idemkv serve's default).
+	RaftLog string
+	// RaftWALSegmentBytes is every node's --raft-wal-segment-bytes: small, so that
+	// compaction deletes wal segments and a node cut off needs a snapshot, as with
+	// bolt (raft-wal serves compacted entries from a segment it still keeps).
+	RaftWALSegmentBytes int
 
 	// Recovery states how fast write throughput must come back after each heal.
 	Recovery progress.Config
@@ -61,7 +67,7 @@ type config struct {
 func defaultConfig() config {
 	return config{Nodes: 3, Time: 60 * time.Second, Concurrency: 16, Out: "jepsen-out", Quiet: 5 * time.Second,
 		Hold: 8 * time.Second, Slots: 8, OpTimeout: 3 * time.Second, Root: ".",
-		SnapshotThreshold: 256, TrailingLogs: 128, Recovery: progress.DefaultConfig(), Progress: os.Stderr}
+		SnapshotThreshold: 256, TrailingLogs: 128, RaftWALSegmentBytes: 64 << 10, Recovery: progress.DefaultConfig(), Progress: os.Stderr}
 }
 
 // summary is summary.json.
@@ -73,6 +79,7 @@ type summary struct {
 	Nemesis     []string                  `json:"nemesis"`
 	Sabotage    []string                  `json:"sabotage"`
 	Seed        uint64                    `json:"seed"`
+	RaftLog     string                    `json:"raft_log,omitempty"`
 	Ops         map[string]map[string]int `json:"ops"`
 	Outcomes    map[string]map[string]int `json:"outcomes"`
 	// Faults counts the faults that applied and showed their effect.
@@ -135,13 +142,17 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.Sabotage != 0 {
 		env = append(env, testhooks.EnvSabotage+"="+cfg.Sabotage.String())
 	}
+	serveFlags := []string{"--heartbeat-timeout", "500ms", "--election-timeout", "500ms", "--leader-lease-timeout", "250ms",
+		"--snapshot-threshold", fmt.Sprint(cfg.SnapshotThreshold), "--trailing-logs", fmt.Sprint(cfg.TrailingLogs),
+		"--snapshot-interval", "1s", "--raft-wal-segment-bytes", fmt.Sprint(cfg.RaftWALSegmentBytes),
+		// The short-lease workload leases for 1-2 s and keeps records 3 s; the
+		// early-recover sabotage stores a quarter of a 1 s lease.
+		"--min-lease-ttl", "250ms", "--min-ttl", "2s"}
+	if cfg.RaftLog != "" {
+		serveFlags = append(serveFlags, "--raft-log", cfg.RaftLog)
+	}
 	c, err := cluster.New(cluster.Config{Binary: bin, Dir: nodesDir, Nodes: cfg.Nodes, Env: env, Logger: logger,
-		ServeFlags: []string{"--heartbeat-timeout", "500ms", "--election-timeout", "500ms", "--leader-lease-timeout", "250ms",
-			"--snapshot-threshold", fmt.Sprint(cfg.SnapshotThreshold), "--trailing-logs", fmt.Sprint(cfg.TrailingLogs),
-			"--snapshot-interval", "1s",
-			// The short-lease workload leases for 1-2 s and keeps records 3 s; the
-			// early-recover sabotage stores a quarter of a 1 s lease.
-			"--min-lease-ttl", "250ms", "--min-ttl", "2s"}})
+		ServeFlags: serveFlags})
 	if err != nil {
 		return err
 	}
@@ -349,7 +360,7 @@ func (s *summary) add(kind, key, detail string) {
 
 func summarize(cfg config, ops []history.Op, faults []nemesis.Fault, now int64) *summary {
 	s := &summary{Nodes: cfg.Nodes, Seconds: time.Duration(now).Seconds(), Concurrency: cfg.Concurrency,
-		Nemesis: cfg.Families, Sabotage: cfg.Sabotage.Names(), Seed: cfg.Seed,
+		Nemesis: cfg.Families, Sabotage: cfg.Sabotage.Names(), Seed: cfg.Seed, RaftLog: cfg.RaftLog,
 		Ops: map[string]map[string]int{}, Outcomes: map[string]map[string]int{}, Faults: map[string]int{},
 		FaultLog: faults, Anomalies: map[string]int{}, Effects: map[string]int{}}
 	if s.Nemesis == nil {
