@@ -3,6 +3,7 @@ package idemkv
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -122,6 +123,26 @@ func ValidKey(key string) error {
 		return Invalid("idempotency_key", "idempotency_key must be printable UTF-8")
 	}
 	return nil
+}
+
+// ClipText makes s a text field the server stores (printable UTF-8, at most max bytes)
+// instead of one it refuses: an invalid byte becomes U+FFFD, any other unprintable rune
+// (a newline from errors.Join, a tab, a control byte) a space, and the end is cut at a
+// rune boundary. It lives beside the check it must satisfy so the two cannot drift; the
+// client and the MCP gateway use it for the text they pass on from elsewhere (error
+// messages, client and server names).
+func ClipText(s string, max int) string {
+	s = strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
+	for len(s) > max {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+	}
+	return s
 }
 
 func printable(s string) bool {

@@ -173,3 +173,28 @@ func TestLeaseMillisecondsCheckedBeforeConverting(t *testing.T) {
 		t.Error("a max TTL beyond the ceiling was accepted")
 	}
 }
+
+// What ClipText gives back, the validator accepts: the client and the gateway rely on it
+// to pass on text they did not write (multi-line errors, odd client names).
+func TestClipTextSatisfiesTheValidator(t *testing.T) {
+	inputs := []string{
+		"plain",
+		"line one\nline two\ttabbed\r\x00\x7f",
+		"bad utf-8: \xff\xfe end",
+		strings.Repeat("é", idemkv.MaxKeyLen), // 2 bytes a rune: the cut must fall between runes
+		strings.Repeat("x", idemkv.MaxKeyLen-1) + "€",
+		"\u2028separator\u200bzero-width",
+	}
+	for _, in := range inputs {
+		got := idemkv.ClipText(in, idemkv.MaxKeyLen)
+		if err := idemkv.ValidKey(got); err != nil {
+			t.Errorf("ClipText(%q) = %q, refused: %v", in, got, err)
+		}
+		if idemkv.ValidKey(in) == nil && got != in {
+			t.Errorf("ClipText(%q) = %q, changed text that was fine", in, got)
+		}
+	}
+	if got := idemkv.ClipText("a\nb", 10); got != "a b" {
+		t.Errorf(`ClipText("a\nb") = %q, want "a b"`, got)
+	}
+}

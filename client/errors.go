@@ -4,10 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/idemkv/idemkv"
 )
@@ -260,28 +257,11 @@ func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
 
 func (e *PermanentError) info() idemkv.ErrorInfo {
-	code := printable(e.Code, idemkv.MaxErrorCodeLen)
+	code := idemkv.ClipText(e.Code, idemkv.MaxErrorCodeLen)
 	if code == "" {
 		code = DefaultFailureCode
 	}
-	return idemkv.ErrorInfo{Code: code, Message: printable(e.Err.Error(), idemkv.MaxErrorMsgLen), Details: e.Details}
-}
-
-// printable makes s acceptable to the server, which stores printable UTF-8 only:
-// errors often span lines (errors.Join), and that must not make the failure
-// unstorable.
-func printable(s string, max int) string {
-	s = strings.Map(func(r rune) rune {
-		if !unicode.IsPrint(r) {
-			return ' '
-		}
-		return r
-	}, strings.ToValidUTF8(s, "\uFFFD"))
-	for len(s) > max {
-		_, size := utf8.DecodeLastRuneInString(s)
-		s = s[:len(s)-size]
-	}
-	return s
+	return idemkv.ErrorInfo{Code: code, Message: idemkv.ClipText(e.Err.Error(), idemkv.MaxErrorMsgLen), Details: e.Details}
 }
 
 // NotExecuted marks an error after which the effect certainly did not happen (the

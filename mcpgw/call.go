@@ -10,8 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -364,30 +362,15 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 // actorOf names who runs the attempt: _meta's actor, or the MCP client's name.
 func actorOf(req *mcp.CallToolRequest) string {
 	if s, ok := req.Params.Meta[MetaActor].(string); ok {
-		return clip(s, idemkv.MaxActorLen)
+		return idemkv.ClipText(s, idemkv.MaxActorLen)
 	}
 	if req.Session == nil {
 		return ""
 	}
 	if p := req.Session.InitializeParams(); p != nil && p.ClientInfo != nil {
-		return clip(p.ClientInfo.Name, idemkv.MaxActorLen)
+		return idemkv.ClipText(p.ClientInfo.Name, idemkv.MaxActorLen)
 	}
 	return ""
-}
-
-// clip makes s printable and at most max bytes, as idemkv stores text fields.
-func clip(s string, max int) string {
-	s = strings.Map(func(r rune) rune {
-		if !unicode.IsPrint(r) {
-			return ' '
-		}
-		return r
-	}, strings.ToValidUTF8(s, "\uFFFD"))
-	for len(s) > max {
-		_, size := utf8.DecodeLastRuneInString(s)
-		s = s[:len(s)-size]
-	}
-	return s
 }
 
 // effectOf is the object idemkv fingerprints: the policy's effect fields, or every
@@ -420,14 +403,14 @@ func (g *Gateway) receipt(r *rule, key string, res *mcp.CallToolResult, raw json
 	sc := structured(res, raw)
 	if p := r.policy.RemoteID; p != "" {
 		if v, ok := lookupPath(sc, p); ok {
-			if s, err := scalarString(v); err == nil && s != "" && len(s) <= idemkv.MaxRemoteLen && clip(s, idemkv.MaxRemoteLen) == s {
+			if s, err := scalarString(v); err == nil && s != "" && len(s) <= idemkv.MaxRemoteLen && idemkv.ClipText(s, idemkv.MaxRemoteLen) == s {
 				out.RemoteID = s
 			}
 		}
 	}
 	if p := r.policy.RemoteURL; p != "" {
 		if v, ok := lookupPath(sc, p); ok {
-			if s, err := scalarString(v); err == nil && len(s) <= idemkv.MaxRemoteLen && clip(s, idemkv.MaxRemoteLen) == s {
+			if s, err := scalarString(v); err == nil && len(s) <= idemkv.MaxRemoteLen && idemkv.ClipText(s, idemkv.MaxRemoteLen) == s {
 				out.RemoteURL = s
 			}
 		}

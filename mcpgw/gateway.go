@@ -293,7 +293,7 @@ func remoteSystem(fromPolicy string, info *mcp.InitializeResult) string {
 		return fromPolicy
 	}
 	if info != nil && info.ServerInfo != nil && info.ServerInfo.Name != "" {
-		return clip(info.ServerInfo.Name, idemkv.MaxRemoteLen)
+		return idemkv.ClipText(info.ServerInfo.Name, idemkv.MaxRemoteLen)
 	}
 	return "mcp"
 }
