@@ -10,11 +10,11 @@ package api
 import (
 	"context"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/httpx"
 	"github.com/idemkv/idemkv/metrics"
 )
 
@@ -129,7 +129,7 @@ func New(cfg Config) *Server {
 	if s.forwardTimeout <= 0 {
 		s.forwardTimeout = DefaultForwardTimeout
 	}
-	fwd := defaultForwardClient()
+	fwd := &http.Client{Transport: httpx.NodeTransport(nil)}
 	if cfg.Forward != nil {
 		c := *cfg.Forward
 		fwd = &c
@@ -152,22 +152,6 @@ func New(cfg Config) *Server {
 
 // Handler returns the handler of every endpoint.
 func (s *Server) Handler() http.Handler { return s.handler }
-
-func defaultForwardClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
-		// Node-to-node traffic must not go through a proxy configured for the outside.
-		Proxy: nil,
-		DialContext: (&net.Dialer{
-			Timeout:   5 * time.Second,
-			KeepAlive: 30 * time.Second,
-		}).DialContext,
-		MaxIdleConns:          100,
-		MaxIdleConnsPerHost:   32,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   5 * time.Second,
-		ExpectContinueTimeout: time.Second,
-	}}
-}
 
 // NewHTTPServer returns an *http.Server for h with timeouts that bound slow clients
 // while still letting the longest long-poll (idemkv.MaxWait) finish.

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/idemkv/idemkv/auth"
+	"github.com/idemkv/idemkv/internal/httpx"
 	"github.com/idemkv/idemkv/node"
 )
 
@@ -108,17 +109,7 @@ func (e *serveExtras) setup(ctx context.Context, cfg *node.Config, logger *slog.
 		logger.Warn("bearer tokens cross the network in clear text: set --tls-cert and --tls-key", "http_addr", apiAddr)
 	}
 
-	fwd := &http.Transport{
-		// Node-to-node traffic must not go through a proxy configured for the outside.
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          100,
-		MaxIdleConnsPerHost:   32,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   5 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		TLSClientConfig:       clientTLS,
-	}
+	fwd := httpx.NodeTransport(clientTLS)
 	x.forwardClient = &http.Client{Transport: fwd}
 	x.joinClient = &http.Client{Timeout: 15 * time.Second, Transport: bearer{token: token, next: fwd}}
 	x.closers = append(x.closers, fwd.CloseIdleConnections)
