@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# Runs the same agent workload against a three-node idemkv cluster, a three-member etcd
-# cluster and a PostgreSQL server, all on loopback on this machine, all durable (fsync
-# on; PostgreSQL synchronous_commit=on), and writes the comparison as JSON, Markdown and
-# a PNG chart.
+# Runs the same agent workload against idemkv, etcd and PostgreSQL, all on loopback on
+# this machine, all durable (every acknowledged write fsynced), and writes the
+# comparison as JSON, Markdown and a PNG chart. It leads with like-for-like pairings:
+#
+#   three idemkv nodes   vs  a PostgreSQL primary with two quorum-synchronous standbys
+#                            (synchronous_standby_names 'ANY 1 (s1, s2)', synchronous_commit on)
+#   one idemkv node      vs  one PostgreSQL server (fsync on, synchronous_commit on)
+#   three idemkv nodes   vs  a three-member etcd cluster
+#
+# and runs each idemkv size once per Raft log backend (RAFT_LOGS), so the backends
+# are compared in the same run.
 #
 #   bench/run.sh [compare flags…]   the comparison (see `go run . -h` in bench/)
-#   bench/run.sh test               start etcd and PostgreSQL, run the bench module's tests
-#   bench/run.sh up                 start all three and wait (Ctrl-C stops them)
+#   bench/run.sh test               start etcd and both PostgreSQL setups, run the bench module's tests
+#   bench/run.sh up                 start everything and wait (Ctrl-C stops it)
 #   bench/run.sh scale COUNTS [--clients N] [--duration D] [--warmup D] [--rounds R]
 #                      [--settle-max SECS]
 #                                   idemkv alone: reserve latency against COUNTS stored
 #                                   records (e.g. 10000,10000000), each on a three-node
 #                                   cluster restored from a seeded backup (see README.md)
 #
-# Environment: BENCH_DIR (data dirs; default a fresh dir under /var/tmp, removed at
-# exit unless KEEP=1), BENCH_OUT (results; default bench/results), SEED_CACHE (scale's
-# seeded backups, kept across runs; default /var/tmp/idemkv-bench-seeds).
+# Environment: IDEMKV_BIN (an idemkv binary to measure instead of building this
+# checkout's), RAFT_LOGS (idemkv's Raft log backends to run, each passed to `idemkv
+# serve --raft-log`; default "bolt wal", or bolt alone, without the flag, when the
+# binary has no --raft-log), BENCH_DIR (data dirs; default a fresh dir under /var/tmp,
+# removed at exit unless KEEP=1), BENCH_OUT (results; default bench/results),
+# SEED_CACHE (scale's seeded backups, kept across runs; default
+# /var/tmp/idemkv-bench-seeds).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -61,9 +72,11 @@ install() {
 # Ports: well away from the defaults, so a system service of the same name never clashes.
 ETCD_CLIENT=(23791 23792 23793)
 ETCD_PEER=(23801 23802 23803)
-PG_PORT=25432
-IDEMKV_HTTP=(27420 27430 27440)
-IDEMKV_RAFT=(27421 27431 27441)
+PG_PORT=25432                     # the single server
+PG_SYNC_PORTS=(25442 25443 25444) # the primary, standby s1, standby s2
+# The idemkv cluster started k-th (from 0) gives node i HTTP port IDEMKV_BASE+100k+10i
+# and the Raft port above it.
+IDEMKV_BASE=27420
 # The scale mode's clusters get their own ports, so that it can run beside a comparison.
 SCALE_HTTP=(26420 26430 26440)
 SCALE_RAFT=(26421 26431 26441)
@@ -126,47 +139,209 @@ start_etcd() {
 	log "etcd $(etcd --version | head -1 | awk '{print $3}') up: $ETCD_ENDPOINTS"
 }
 
-start_postgres() {
-	local bin
-	bin=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -1)
-	local as=()
-	mkdir -p "$dir/pg" "$dir/pgsock"
+# pg_setup finds PostgreSQL's programs. PostgreSQL refuses to run as root: as root,
+# its servers and tools run as the postgres user.
+pg_setup() {
+	PG_BIN=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -1)
+	pg_as=()
+	mkdir -p "$dir/pgsock"
 	if [ "$(id -u)" = 0 ]; then
-		# PostgreSQL refuses to run as root.
-		chown postgres: "$dir/pg" "$dir/pgsock"
+		chown postgres: "$dir/pgsock"
 		chmod 755 "$dir"
-		as=(runuser -u postgres --)
+		pg_as=(runuser -u postgres --)
 	fi
-	"${as[@]}" "$bin/initdb" -D "$dir/pg" -U postgres --auth=trust >"$dir/initdb.log" 2>&1
-	"${as[@]}" "$bin/postgres" -D "$dir/pg" -p "$PG_PORT" -k "$dir/pgsock" \
-		-c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on \
-		-c max_connections=400 -c shared_buffers=256MB \
-		>"$dir/postgres.log" 2>&1 &
-	pids+=($!)
-	wait_for 60 postgres "$bin/pg_isready" -h 127.0.0.1 -p "$PG_PORT"
-	# runuser may not pass a signal on: stop the postmaster itself too.
-	pids+=("$(head -1 "$dir/pg/postmaster.pid")")
-	PG_DSN="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable"
-	log "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') up: port $PG_PORT"
 }
 
-start_idemkv() {
-	log "building idemkv"
-	(cd "$here/.." && go build -o "$dir/idemkv" ./cmd/idemkv)
-	local i join=()
-	for i in 0 1 2; do
-		local id="n$((i + 1))"
-		"$dir/idemkv" serve --id "$id" --data-dir "$dir/idemkv-$id" \
-			--http-addr "127.0.0.1:${IDEMKV_HTTP[$i]}" --raft-addr "127.0.0.1:${IDEMKV_RAFT[$i]}" \
-			--log-level warn --pprof "${join[@]}" >"$dir/idemkv-$id.log" 2>&1 &
-		pids+=($!)
-		wait_for 60 "idemkv $id" curl -fsS "http://127.0.0.1:${IDEMKV_HTTP[$i]}/readyz"
-		join=(--join "127.0.0.1:${IDEMKV_HTTP[0]}")
+# pg_dir NAME makes the empty data dir NAME for the user the servers run as.
+pg_dir() {
+	mkdir -p "$dir/$1"
+	chmod 700 "$dir/$1"
+	if [ "$(id -u)" = 0 ]; then chown postgres: "$dir/$1"; fi
+}
+
+# pg_start NAME PORT starts the server of data dir NAME on PORT, durable as the
+# comparison needs, and waits until it accepts connections.
+pg_start() {
+	local name=$1 port=$2
+	"${pg_as[@]}" "$PG_BIN/postgres" -D "$dir/$name" -p "$port" -k "$dir/pgsock" \
+		-c listen_addresses=127.0.0.1 -c fsync=on -c synchronous_commit=on \
+		-c max_connections=400 -c shared_buffers=256MB \
+		>"$dir/$name.log" 2>&1 &
+	pids+=($!)
+	wait_for 60 "PostgreSQL $name" "$PG_BIN/pg_isready" -h 127.0.0.1 -p "$port"
+	# runuser may not pass a signal on: stop the postmaster itself too.
+	pids+=("$(head -1 "$dir/$name/postmaster.pid")")
+}
+
+psql_at() {
+	local port=$1
+	shift
+	"$PG_BIN/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -XAtq "$@"
+}
+
+start_postgres() {
+	pg_dir pg
+	"${pg_as[@]}" "$PG_BIN/initdb" -D "$dir/pg" -U postgres --auth=trust >"$dir/initdb-pg.log" 2>&1
+	pg_start pg "$PG_PORT"
+	PG_DSN="postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable"
+	log "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') up: one server, port $PG_PORT"
+}
+
+# pg_quorum: the primary commits with synchronous_commit on, waiting for any one of
+# s1 and s2, and both stream with sync_state quorum.
+pg_quorum() {
+	local p=${PG_SYNC_PORTS[0]}
+	[ "$(psql_at "$p" -c 'SHOW synchronous_standby_names')" = "ANY 1 (s1, s2)" ] &&
+		[ "$(psql_at "$p" -c 'SHOW synchronous_commit')" = on ] &&
+		[ "$(psql_at "$p" -c "SELECT string_agg(application_name || ':' || state || ':' || sync_state, ',' ORDER BY application_name) FROM pg_stat_replication")" = "s1:streaming:quorum,s2:streaming:quorum" ]
+}
+
+# start_postgres_sync starts a primary and two streaming standbys, s1 and s2, cloned
+# with pg_basebackup -R (each with a replication slot and its application_name in
+# primary_conninfo), then makes commits wait for either standby's flush, and checks
+# that both stream in quorum.
+start_postgres_sync() {
+	local p=${PG_SYNC_PORTS[0]} i
+	pg_dir pg-primary
+	"${pg_as[@]}" "$PG_BIN/initdb" -D "$dir/pg-primary" -U postgres --auth=trust >"$dir/initdb-pg-primary.log" 2>&1
+	pg_start pg-primary "$p"
+	for i in 1 2; do
+		pg_dir "pg-s$i"
+		if ! "${pg_as[@]}" "$PG_BIN/pg_basebackup" -d "host=127.0.0.1 port=$p user=postgres application_name=s$i" \
+			-D "$dir/pg-s$i" -R -X stream -C -S "s$i" --checkpoint=fast >"$dir/pg_basebackup-s$i.log" 2>&1; then
+			log "pg_basebackup of standby s$i failed; its log is in $dir"
+			exit 1
+		fi
+		if ! grep -q "application_name=s$i" "$dir/pg-s$i/postgresql.auto.conf"; then
+			log "standby s$i: pg_basebackup -R wrote no application_name=s$i into primary_conninfo:"
+			cat "$dir/pg-s$i/postgresql.auto.conf" >&2
+			exit 1
+		fi
+		pg_start "pg-s$i" "${PG_SYNC_PORTS[$i]}"
 	done
-	wait_for 60 "the three-node idemkv cluster" bash -c \
-		"[ \$(curl -fsS http://127.0.0.1:${IDEMKV_HTTP[0]}/v1/cluster | grep -o '\"suffrage\":\"voter\"' | wc -l) = 3 ]"
-	IDEMKV_ENDPOINTS="127.0.0.1:${IDEMKV_HTTP[0]},127.0.0.1:${IDEMKV_HTTP[1]},127.0.0.1:${IDEMKV_HTTP[2]}"
-	log "idemkv up: $IDEMKV_ENDPOINTS"
+	# Only now: with the setting on before the standbys stream, commits would wait.
+	psql_at "$p" -c "ALTER SYSTEM SET synchronous_standby_names = 'ANY 1 (s1, s2)'" -c "SELECT pg_reload_conf()" >/dev/null
+	if ! wait_for 60 "PostgreSQL quorum replication" pg_quorum; then
+		log "PostgreSQL replication is not what the comparison needs (s1 and s2 streaming, sync_state quorum, synchronous_standby_names 'ANY 1 (s1, s2)', synchronous_commit on); the primary says:"
+		psql_at "$p" -c 'SHOW synchronous_standby_names' -c 'SHOW synchronous_commit' \
+			-c 'SELECT application_name, state, sync_state FROM pg_stat_replication' >&2 || true
+		exit 1
+	fi
+	PG_SYNC_DSN="postgres://postgres@127.0.0.1:$p/postgres?sslmode=disable"
+	log "PostgreSQL primary up: port $p; standbys s1 (${PG_SYNC_PORTS[1]}) and s2 (${PG_SYNC_PORTS[2]}) streaming, sync_state quorum, synchronous_standby_names 'ANY 1 (s1, s2)'"
+}
+
+build_idemkv() {
+	if [ -n "${IDEMKV_BIN:-}" ]; then
+		log "building the driver; idemkv is $IDEMKV_BIN"
+		cp "$IDEMKV_BIN" "$dir/idemkv"
+	else
+		log "building idemkv and the driver"
+		(cd "$here/.." && go build -o "$dir/idemkv" ./cmd/idemkv)
+	fi
+	(cd "$here" && go build -o "$dir/bench" .)
+	if "$dir/idemkv" serve -h 2>&1 | grep -q -- '--raft-log'; then
+		raft_log_flag=1
+		RAFT_LOGS=${RAFT_LOGS:-bolt wal}
+	else
+		raft_log_flag=0
+		if [ -n "${RAFT_LOGS:-}" ] && [ "$RAFT_LOGS" != bolt ]; then
+			log "this idemkv has no --raft-log flag: running its one Raft log (bolt), not RAFT_LOGS='$RAFT_LOGS'"
+		fi
+		RAFT_LOGS=bolt
+	fi
+	log "Raft log backends: $RAFT_LOGS"
+}
+
+# start_idemkv NODES BACKEND starts a cluster of NODES nodes on the Raft log BACKEND,
+# on the next free ports, and leaves its API addresses, comma separated, in endpoints.
+clusters=0
+start_idemkv() {
+	local n=$1 backend=$2 name="idemkv$1-$2" i join=() flags=()
+	local base=$((IDEMKV_BASE + 100 * clusters))
+	clusters=$((clusters + 1))
+	if [ "$raft_log_flag" = 1 ]; then flags=(--raft-log "$backend"); fi
+	endpoints=""
+	for ((i = 0; i < n; i++)); do
+		local id="n$((i + 1))" http=$((base + 10 * i))
+		"$dir/idemkv" serve --id "$id" --data-dir "$dir/$name-$id" \
+			--http-addr "127.0.0.1:$http" --raft-addr "127.0.0.1:$((http + 1))" \
+			--log-level warn --pprof "${flags[@]}" "${join[@]}" >"$dir/$name-$id.log" 2>&1 &
+		pids+=($!)
+		wait_for 60 "$name $id" curl -fsS "http://127.0.0.1:$http/readyz"
+		join=(--join "127.0.0.1:$base")
+		endpoints+="${endpoints:+,}127.0.0.1:$http"
+	done
+	wait_for 60 "the $n voters of $name" bash -c \
+		"[ \$(curl -fsS http://127.0.0.1:$base/v1/cluster | grep -o '\"suffrage\":\"voter\"' | wc -l) = $n ]"
+	log "$name up: $endpoints"
+}
+
+# stop_from N stops the processes started since pids held N, and forgets them.
+stop_from() {
+	local n=$1 pid
+	for pid in "${pids[@]:n}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${pids[@]:n}"; do
+		for _ in $(seq 100); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.2
+		done
+		kill -9 "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	pids=("${pids[@]:0:n}")
+}
+
+# alone START [ARGS…] starts one system with START, which leaves the driver's flags
+# for it in flags; measures it with those and the flags run.sh was given; and stops
+# it. Each system runs alone while measured: an idle Raft cluster's heartbeats take a
+# few percent of a core, which would fall on whichever system is being measured. The
+# points go to a part for `bench report`.
+alone() {
+	local n=${#pids[@]} part
+	"$@"
+	part="$dir/part-$((${#parts[@]} + 1)).json"
+	log "system $((${#parts[@]} + 1)) of $systems_total: ${flags[*]}"
+	"$dir/bench" "${flags[@]}" --fsync-dir "$dir" --out "$out" --part "$part" "${bench_args[@]}"
+	parts+=("$part")
+	stop_from "$n"
+}
+
+idemkv_alone() {
+	start_idemkv "$1" "$2"
+	flags=("--idemkv$1" "$2=$endpoints")
+}
+postgres_sync_alone() {
+	start_postgres_sync
+	flags=(--pg-sync "$PG_SYNC_DSN")
+}
+postgres_alone() {
+	start_postgres
+	flags=(--pg "$PG_DSN")
+}
+etcd_alone() {
+	start_etcd
+	flags=(--etcd "$ETCD_ENDPOINTS")
+}
+
+# start_all starts every system of the comparison and leaves the driver's flags in
+# targets.
+start_all() {
+	build_idemkv
+	start_etcd
+	pg_setup
+	start_postgres
+	start_postgres_sync
+	targets=(--etcd "$ETCD_ENDPOINTS" --pg "$PG_DSN" --pg-sync "$PG_SYNC_DSN")
+	local be
+	for be in $RAFT_LOGS; do
+		start_idemkv 3 "$be"
+		targets+=(--idemkv3 "$be=$endpoints")
+	done
+	for be in $RAFT_LOGS; do
+		start_idemkv 1 "$be"
+		targets+=(--idemkv1 "$be=$endpoints")
+	done
 }
 
 # --- scale mode -----------------------------------------------------------------------
@@ -341,9 +516,7 @@ run_scale() {
 	done
 	SEED_CACHE=${SEED_CACHE:-/var/tmp/idemkv-bench-seeds}
 	mkdir -p "$SEED_CACHE"
-	log "building idemkv and the driver"
-	(cd "$here/.." && go build -o "$dir/idemkv" ./cmd/idemkv)
-	(cd "$here" && go build -o "$dir/bench" .)
+	build_idemkv
 	nodes=() points=()
 	local started
 	started=$(now)
@@ -355,6 +528,7 @@ run_scale() {
 	log "scale run took $(since "$started"); results in $out/scale.md and $out/scale.json"
 }
 
+bench_args=("$@")
 install
 dir=${BENCH_DIR:-$(mktemp -d /var/tmp/idemkv-bench.XXXXXX)}
 mkdir -p "$dir"
@@ -363,13 +537,11 @@ if [ "$mode" = scale ]; then
 	run_scale "$@"
 	exit 0
 fi
-start_etcd
-start_postgres
-
 case "$mode" in
 up)
-	start_idemkv
-	echo "export IDEMKV_BENCH_ETCD=$ETCD_ENDPOINTS IDEMKV_BENCH_PG='$PG_DSN' IDEMKV_BENCH_IDEMKV=$IDEMKV_ENDPOINTS"
+	start_all
+	echo "cd $here && go run . $(printf '%q ' "${targets[@]}")"
+	echo "export IDEMKV_BENCH_ETCD=$ETCD_ENDPOINTS IDEMKV_BENCH_PG='$PG_DSN' IDEMKV_BENCH_PG_REPLICATED='$PG_SYNC_DSN'"
 	log "running; Ctrl-C stops"
 	# A foreground sleep would hold the signal until it ends; wait returns at once.
 	sleep infinity &
@@ -377,15 +549,30 @@ up)
 	wait $!
 	;;
 test)
+	start_etcd
+	pg_setup
+	start_postgres
+	start_postgres_sync
 	cd "$here"
-	IDEMKV_BENCH_ETCD=$ETCD_ENDPOINTS IDEMKV_BENCH_PG=$PG_DSN go test -race -count=1 ./...
+	IDEMKV_BENCH_ETCD=$ETCD_ENDPOINTS IDEMKV_BENCH_PG=$PG_DSN IDEMKV_BENCH_PG_REPLICATED=$PG_SYNC_DSN go test -race -count=1 ./...
 	;;
 compare)
-	start_idemkv
+	started=$(now)
+	build_idemkv
 	out=${BENCH_OUT:-$here/results}
 	mkdir -p "$out"
-	cd "$here"
-	go run . --idemkv "$IDEMKV_ENDPOINTS" --etcd "$ETCD_ENDPOINTS" --pg "$PG_DSN" \
-		--fsync-dir "$dir" --out "$out" "$@"
+	log "load average before measuring: $(uptime | sed 's/.*load average: //')"
+	pg_setup
+	parts=()
+	read -ra backends <<<"$RAFT_LOGS"
+	systems_total=$((2 * ${#backends[@]} + 3))
+	for be in $RAFT_LOGS; do alone idemkv_alone 3 "$be"; done
+	alone postgres_sync_alone
+	for be in $RAFT_LOGS; do alone idemkv_alone 1 "$be"; done
+	alone postgres_alone
+	alone etcd_alone
+	"$dir/bench" report --out "$out" "${parts[@]}"
+	log "load average after measuring: $(uptime | sed 's/.*load average: //')"
+	log "comparison took $(since "$started"); results in $out/results.md, results.json and throughput.png"
 	;;
 esac

@@ -131,10 +131,10 @@ func runScalePoint(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	sys := system{name: "idemkv", open: func(ctx context.Context, conns int) (loadgen.Target, error) {
+	sys := system{SystemInfo: SystemInfo{Name: "idemkv"}, open: func(ctx context.Context, conns int, _ string) (loadgen.Target, error) {
 		return loadgen.NewHTTPTarget(ctx, loadgen.HTTPConfig{Endpoints: strings.Split(o.idemkv, ","), Tenant: o.tenant, Conns: conns})
 	}}
-	tgt, err := openWithRetry(ctx, sys, o.concurrency)
+	tgt, err := openWithRetry(ctx, sys, o.concurrency, routeLeader)
 	if err != nil {
 		return err
 	}

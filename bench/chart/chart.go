@@ -31,8 +31,9 @@ type Chart struct {
 }
 
 const (
-	width, height = 900, 540
-	left, right   = 90, 190
+	width, height = 900, 540 // of one panel
+	left          = 90
+	minRight      = 190
 	top, bottom   = 50, 70
 	scale         = 2 // font pixels per glyph dot
 )
@@ -44,9 +45,32 @@ var (
 )
 
 // WritePNG draws c into w.
-func (c Chart) WritePNG(w io.Writer) error {
-	img := image.NewRGBA(image.Rect(0, 0, width, height))
-	fillRect(img, 0, 0, width, height, white)
+func (c Chart) WritePNG(w io.Writer) error { return WritePanelsPNG(w, []Chart{c}) }
+
+// WritePanelsPNG draws the charts one above the other into one picture, their plots
+// aligned: the margin for the legends fits the longest name of any.
+func WritePanelsPNG(w io.Writer, charts []Chart) error {
+	if len(charts) == 0 {
+		return fmt.Errorf("chart: no charts")
+	}
+	right := minRight
+	for _, c := range charts {
+		for _, s := range c.Series {
+			right = max(right, 52+textWidth(s.Name)+10)
+		}
+	}
+	img := image.NewRGBA(image.Rect(0, 0, width-minRight+right, height*len(charts)))
+	fillRect(img, img.Bounds(), white)
+	for i, c := range charts {
+		if err := c.draw(img, image.Rect(0, i*height, img.Bounds().Dx(), (i+1)*height), right); err != nil {
+			return err
+		}
+	}
+	return png.Encode(w, img)
+}
+
+// draw draws c inside r, leaving right pixels for the legend.
+func (c Chart) draw(img *image.RGBA, r image.Rectangle, right int) error {
 	minX, maxX, maxY := math.Inf(1), math.Inf(-1), 0.0
 	for _, s := range c.Series {
 		for _, p := range s.Points {
@@ -54,7 +78,7 @@ func (c Chart) WritePNG(w io.Writer) error {
 		}
 	}
 	if math.IsInf(minX, 0) {
-		return fmt.Errorf("chart: no points")
+		return fmt.Errorf("chart: %q has no points", c.Title)
 	}
 	if maxX == minX {
 		maxX = minX * 2
@@ -64,16 +88,17 @@ func (c Chart) WritePNG(w io.Writer) error {
 	if maxY == 0 {
 		maxY, step = 1, 0.2
 	}
-	plotW, plotH := width-left-right, height-top-bottom
+	x0, y0 := r.Min.X+left, r.Min.Y+top
+	plotW, plotH := r.Dx()-left-right, r.Dy()-top-bottom
 	px := func(x float64) int {
-		return left + int(math.Round((math.Log2(x)-math.Log2(minX))/(math.Log2(maxX)-math.Log2(minX))*float64(plotW)))
+		return x0 + int(math.Round((math.Log2(x)-math.Log2(minX))/(math.Log2(maxX)-math.Log2(minX))*float64(plotW)))
 	}
-	py := func(y float64) int { return top + plotH - int(math.Round(y/maxY*float64(plotH))) }
+	py := func(y float64) int { return y0 + plotH - int(math.Round(y/maxY*float64(plotH))) }
 
 	for y := 0.0; y <= maxY+step/2; y += step {
-		line(img, left, py(y), left+plotW, py(y), grid, 0)
+		line(img, x0, py(y), x0+plotW, py(y), grid, 0)
 		label := formatNumber(y)
-		text(img, left-10-textWidth(label), py(y)-7*scale/2, label, black)
+		text(img, x0-10-textWidth(label), py(y)-7*scale/2, label, black)
 	}
 	xs := map[float64]bool{}
 	for _, s := range c.Series {
@@ -82,30 +107,30 @@ func (c Chart) WritePNG(w io.Writer) error {
 		}
 	}
 	for x := range xs {
-		line(img, px(x), top, px(x), top+plotH, grid, 0)
+		line(img, px(x), y0, px(x), y0+plotH, grid, 0)
 		label := formatNumber(x)
-		text(img, px(x)-textWidth(label)/2, top+plotH+10, label, black)
+		text(img, px(x)-textWidth(label)/2, y0+plotH+10, label, black)
 	}
-	line(img, left, top, left, top+plotH, black, 0)
-	line(img, left, top+plotH, left+plotW, top+plotH, black, 0)
-	text(img, left+plotW/2-textWidth(c.XLabel)/2, height-bottom/2+4, c.XLabel, black)
-	text(img, 10, top-30, c.YLabel, black)
-	text(img, width/2-textWidth(c.Title)/2, 12, c.Title, black)
+	line(img, x0, y0, x0, y0+plotH, black, 0)
+	line(img, x0, y0+plotH, x0+plotW, y0+plotH, black, 0)
+	text(img, x0+plotW/2-textWidth(c.XLabel)/2, r.Max.Y-bottom/2+4, c.XLabel, black)
+	text(img, r.Min.X+10, y0-30, c.YLabel, black)
+	text(img, r.Min.X+r.Dx()/2-textWidth(c.Title)/2, r.Min.Y+12, c.Title, black)
 
 	for i, s := range c.Series {
 		for j, p := range s.Points {
 			x, y := px(p.X), py(p.Y)
-			fillRect(img, x-4, y-4, x+5, y+5, s.Color)
+			fillRect(img, image.Rect(x-4, y-4, x+5, y+5), s.Color)
 			if j > 0 {
 				prev := s.Points[j-1]
 				line(img, px(prev.X), py(prev.Y), x, y, s.Color, 1)
 			}
 		}
-		ly := top + 20 + i*30
-		fillRect(img, left+plotW+20, ly, left+plotW+44, ly+4, s.Color)
-		text(img, left+plotW+52, ly-5, s.Name, black)
+		ly := y0 + 20 + i*30
+		fillRect(img, image.Rect(x0+plotW+20, ly, x0+plotW+44, ly+4), s.Color)
+		text(img, x0+plotW+52, ly-5, s.Name, black)
 	}
-	return png.Encode(w, img)
+	return nil
 }
 
 // niceStep rounds a raw grid step up to 1, 2 or 5 times a power of ten.
@@ -134,9 +159,10 @@ func formatNumber(v float64) string {
 	return fmt.Sprintf("%.1f", v)
 }
 
-func fillRect(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA) {
-	for y := max(y0, 0); y < min(y1, height); y++ {
-		for x := max(x0, 0); x < min(x1, width); x++ {
+func fillRect(img *image.RGBA, r image.Rectangle, c color.RGBA) {
+	r = r.Intersect(img.Bounds())
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
 			img.SetRGBA(x, y, c)
 		}
 	}
@@ -149,7 +175,7 @@ func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA, thick int) {
 	sx, sy := sign(x1-x0), sign(y1-y0)
 	e := dx + dy
 	for {
-		fillRect(img, x0-thick, y0-thick, x0+thick+1, y0+thick+1, c)
+		fillRect(img, image.Rect(x0-thick, y0-thick, x0+thick+1, y0+thick+1), c)
 		if x0 == x1 && y0 == y1 {
 			return
 		}
@@ -192,7 +218,7 @@ func text(img *image.RGBA, x, y int, s string, c color.RGBA) {
 			for row, bits := range g {
 				for col, b := range bits {
 					if b == '#' {
-						fillRect(img, x+col*scale, y+row*scale, x+(col+1)*scale, y+(row+1)*scale, c)
+						fillRect(img, image.Rect(x+col*scale, y+row*scale, x+(col+1)*scale, y+(row+1)*scale), c)
 					}
 				}
 			}

@@ -70,3 +70,47 @@ func TestNiceStepAndLabels(t *testing.T) {
 		}
 	}
 }
+
+func TestWritePanelsPNGStacksThePanels(t *testing.T) {
+	red := color.RGBA{200, 30, 30, 255}
+	green := color.RGBA{30, 160, 30, 255}
+	long := "a legend name far longer than the margin"
+	panels := []Chart{
+		{Title: "three nodes", XLabel: "clients", YLabel: "ops/s", Series: []Series{{Name: "idemkv", Color: red, Points: []Point{{1, 100}, {64, 4000}}}}},
+		{Title: "one node", XLabel: "clients", YLabel: "ops/s", Series: []Series{{Name: long, Color: green, Points: []Point{{1, 300}, {64, 900}}}}},
+	}
+	var buf bytes.Buffer
+	if err := WritePanelsPNG(&buf, panels); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := img.Bounds()
+	if b.Dy() != 2*height || b.Dx() <= width {
+		t.Fatalf("bounds %v: want two panels high and wider than one panel for the long legend", b)
+	}
+	// Each series is drawn in its own panel only.
+	count := func(c color.RGBA, y0, y1 int) int {
+		n := 0
+		for y := y0; y < y1; y++ {
+			for x := 0; x < b.Dx(); x++ {
+				r, g, bl, _ := img.At(x, y).RGBA()
+				if uint8(r>>8) == c.R && uint8(g>>8) == c.G && uint8(bl>>8) == c.B {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if top, bottom := count(red, 0, height), count(red, height, 2*height); top < 1000 || bottom != 0 {
+		t.Errorf("red: %d pixels in the top panel, %d in the bottom", top, bottom)
+	}
+	if top, bottom := count(green, 0, height), count(green, height, 2*height); top != 0 || bottom < 1000 {
+		t.Errorf("green: %d pixels in the top panel, %d in the bottom", top, bottom)
+	}
+	if err := WritePanelsPNG(&bytes.Buffer{}, nil); err == nil {
+		t.Error("no panels drew something")
+	}
+}

@@ -148,6 +148,34 @@ WHERE tenant = $1 AND key = $2 AND fence = $3 AND fingerprint = $4 AND status = 
 	return nil
 }
 
+// Standby is a standby as its primary sees it (a row of pg_stat_replication).
+type Standby struct {
+	Name      string `json:"application_name"`
+	State     string `json:"state"`
+	SyncState string `json:"sync_state"`
+}
+
+// Replication returns the server's synchronous_standby_names and the standbys
+// connected to it, by name: what makes a commit wait for more than the local flush.
+func (t *Target) Replication(ctx context.Context) (string, []Standby, error) {
+	var names string
+	if err := t.pool.QueryRow(ctx, "SHOW synchronous_standby_names").Scan(&names); err != nil {
+		return "", nil, wrap(err)
+	}
+	rows, err := t.pool.Query(ctx, `SELECT application_name, state, sync_state FROM pg_stat_replication ORDER BY application_name`)
+	if err != nil {
+		return "", nil, wrap(err)
+	}
+	standbys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Standby, error) {
+		var s Standby
+		return s, row.Scan(&s.Name, &s.State, &s.SyncState)
+	})
+	if err != nil {
+		return "", nil, wrap(err)
+	}
+	return names, standbys, nil
+}
+
 // Close implements loadgen.Target.
 func (t *Target) Close() error {
 	t.pool.Close()

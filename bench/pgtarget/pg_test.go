@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/idemkv/idemkv"
@@ -21,11 +22,27 @@ func dsn(t *testing.T) string {
 	return env
 }
 
+// replicatedDSN returns the primary with quorum-synchronous standbys to test against,
+// from IDEMKV_BENCH_PG_REPLICATED.
+func replicatedDSN(t *testing.T) string {
+	t.Helper()
+	env := os.Getenv("IDEMKV_BENCH_PG_REPLICATED")
+	if env == "" {
+		t.Skip("IDEMKV_BENCH_PG_REPLICATED is not set: no replicated PostgreSQL to test against (bench/run.sh test starts one and sets it)")
+	}
+	return env
+}
+
 const testTable = "idem_records_test"
 
 func open(t *testing.T, tenant string) *Target {
 	t.Helper()
-	tg, err := New(t.Context(), Config{DSN: dsn(t), Tenant: tenant, Conns: 16, Table: testTable})
+	return openAt(t, dsn(t), tenant)
+}
+
+func openAt(t *testing.T, dsn, tenant string) *Target {
+	t.Helper()
+	tg, err := New(t.Context(), Config{DSN: dsn, Tenant: tenant, Conns: 16, Table: testTable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +53,28 @@ func open(t *testing.T, tenant string) *Target {
 func TestSemantics(t *testing.T) {
 	dsn(t)
 	targettest.Run(t, func(t *testing.T, tenant string) loadgen.Target { return open(t, tenant) })
+}
+
+// The primary of run.sh's replicated PostgreSQL keeps the semantics: a reserve is a
+// statement on the primary, whatever waits for the standbys.
+func TestSemanticsOnAReplicatedPrimary(t *testing.T) {
+	primary := replicatedDSN(t)
+	targettest.Run(t, func(t *testing.T, tenant string) loadgen.Target { return openAt(t, primary, tenant) })
+}
+
+func TestReplicationSeesTheStandbys(t *testing.T) {
+	names, standbys, err := openAt(t, replicatedDSN(t), targettest.Tenant(t)).Replication(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Standby{{"s1", "streaming", "quorum"}, {"s2", "streaming", "quorum"}}
+	if names != "ANY 1 (s1, s2)" || !slices.Equal(standbys, want) {
+		t.Errorf("synchronous_standby_names %q, standbys %+v; want ANY 1 (s1, s2) and %+v", names, standbys, want)
+	}
+	names, standbys, err = open(t, targettest.Tenant(t)).Replication(t.Context())
+	if err != nil || names != "" || len(standbys) != 0 {
+		t.Errorf("the single server: %q, %+v, %v; want no standbys", names, standbys, err)
+	}
 }
 
 func TestFencesComeFromOneSequence(t *testing.T) {

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// markdown writes results.md: the like-for-like pairings first, each with its
+// durability, its new operations and replays with idemkv ÷ peer, and its targets; then
+// idemkv's Raft log backends side by side; then the scale points and the rest.
+func markdown(r *Results) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "New operations (reserve → commit) and replays, %s per point after %s of warm-up, %d CPUs, fsync p50 %.2f ms / p99 %.2f ms",
+		r.Duration, r.Warmup, r.CPUs, r.Fsync.P50, r.Fsync.P99)
+	if r.LoadAtStart != "" {
+		fmt.Fprintf(&b, ", load average %s at the start and %s at the end", r.LoadAtStart, r.LoadAtEnd)
+	}
+	b.WriteString(".\n")
+	if r.PGReplication != nil {
+		var sb []string
+		for _, s := range r.PGReplication.Standbys {
+			sb = append(sb, fmt.Sprintf("%s %s/%s", s.Name, s.State, s.SyncState))
+		}
+		fmt.Fprintf(&b, "PostgreSQL replication, checked before each of its points: synchronous_standby_names `%s`; %s.\n",
+			r.PGReplication.Names, strings.Join(sb, ", "))
+	}
+	label := func(name string) string {
+		for _, s := range r.Systems {
+			if s.Name == name {
+				return s.Label
+			}
+		}
+		return name
+	}
+	verdictsFor := func(p pairing) []Verdict {
+		var out []Verdict
+		for _, v := range r.Targets {
+			if strings.Contains(v.Target, p.short+",") {
+				out = append(out, v)
+			}
+		}
+		return out
+	}
+	for _, p := range pairings {
+		idem := pairingSystems(r, p)
+		if len(idem) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "\n### %s\n\n%s\n\nNew operations (reserve → commit):\n\n", p.title, p.durability)
+		b.WriteString("| clients | system | ops/s | p50 ms | p99 ms | reserve p50 ms | idemkv ÷ peer |\n|---:|---|---:|---:|---:|---:|---:|\n")
+		for _, c := range clientCounts(r.New) {
+			peer := find(r.New, p.peer, c)
+			for _, s := range idem {
+				if pt := find(r.New, s.Name, c); pt != nil {
+					fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s |\n", c, s.Label, pt.OpsPerSec, pt.P50, pt.P99, pt.ReserveP50, ratio(pt, peer))
+				}
+			}
+			if peer != nil {
+				fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | — |\n", c, label(p.peer), peer.OpsPerSec, peer.P50, peer.P99, peer.ReserveP50)
+			}
+		}
+		var peerReplay *Point
+		for i := range r.Replay {
+			if r.Replay[i].System == p.peer {
+				peerReplay = &r.Replay[i]
+			}
+		}
+		var rows []string
+		for _, s := range idem {
+			for i := range r.Replay {
+				if pt := &r.Replay[i]; pt.System == s.Name {
+					rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", s.Label, routeText(p, pt.Route), pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99, ratio(pt, peerReplay)))
+				}
+			}
+		}
+		if peerReplay != nil {
+			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | — |\n", label(p.peer), routeText(p, ""), peerReplay.Concurrency, peerReplay.OpsPerSec, peerReplay.P50, peerReplay.P99))
+		}
+		if len(rows) > 0 {
+			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|\n")
+			b.WriteString(strings.Join(rows, ""))
+		}
+		if vs := verdictsFor(p); len(vs) > 0 {
+			b.WriteString("\nTargets:\n\n")
+			writeVerdicts(&b, vs)
+		}
+	}
+	backendTable(&b, r)
+	var unpaired []string
+	for _, s := range r.Systems {
+		if s.Nodes == 0 && !slices.ContainsFunc(pairings, func(p pairing) bool { return p.peer == s.Name && len(pairingSystems(r, p)) > 0 }) {
+			unpaired = append(unpaired, s.Name)
+		}
+	}
+	if len(unpaired) > 0 {
+		fmt.Fprintf(&b, "\n### Without an idemkv to compare with\n\n| system | workload | clients | ops/s | p50 ms | p99 ms |\n|---|---|---:|---:|---:|---:|\n")
+		for _, ps := range [][]Point{r.New, r.Replay} {
+			for _, pt := range ps {
+				if slices.Contains(unpaired, pt.System) {
+					fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f |\n", label(pt.System), pt.Workload, pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99)
+				}
+			}
+		}
+	}
+	if len(r.Scale) > 0 {
+		b.WriteString("\n### idemkv reserve latency against stored records\n\n| system | records | clients | ops/s | reserve p50 ms | reserve p99 ms |\n|---|---:|---:|---:|---:|---:|\n")
+		for _, p := range r.Scale {
+			fmt.Fprintf(&b, "| %s | %d | %d | %.0f | %.2f | %.2f |\n", label(p.System), p.Records, p.Concurrency, p.OpsPerSec, p.ReserveP50, p.ReserveP99)
+		}
+		if vs := scaleVerdicts(r.Scale); len(vs) > 0 {
+			b.WriteString("\n")
+			writeVerdicts(&b, vs)
+		}
+	}
+	errs := uint64(0)
+	for _, ps := range [][]Point{r.New, r.Replay, r.Scale} {
+		for _, p := range ps {
+			errs += p.Errors
+		}
+	}
+	met, all := 0, 0
+	for _, v := range r.Targets {
+		all++
+		if v.Met {
+			met++
+		}
+	}
+	fmt.Fprintf(&b, "\nFailed operations across all points: %d. Targets met: %d of %d.\n", errs, met, all)
+	return b.String()
+}
+
+// backendTable sets idemkv's Raft log backends side by side, each against the first.
+func backendTable(b *strings.Builder, r *Results) {
+	var backends []string
+	for _, s := range r.Systems {
+		if s.Nodes > 0 && !slices.Contains(backends, s.Backend) {
+			backends = append(backends, s.Backend)
+		}
+	}
+	if len(backends) < 2 {
+		return
+	}
+	fmt.Fprintf(b, "\n### Raft log backends: %s\n\n| nodes | workload | clients |", strings.Join(backends, " vs "))
+	for _, be := range backends {
+		fmt.Fprintf(b, " %s ops/s |", be)
+	}
+	for _, be := range backends[1:] {
+		fmt.Fprintf(b, " %s ÷ %s |", be, backends[0])
+	}
+	for _, be := range backends {
+		fmt.Fprintf(b, " %s p99 ms |", be)
+	}
+	b.WriteString("\n|---:|---|---:|" + strings.Repeat("---:|", 3*len(backends)-1) + "\n")
+	for _, nodes := range []int{3, 1} {
+		type row struct {
+			workload, route string
+			clients         int
+		}
+		var rows []row
+		for _, c := range clientCounts(r.New) {
+			rows = append(rows, row{"new", "", c})
+		}
+		for _, pt := range r.Replay {
+			if pt.System == idemkvName(nodes, backends[0]) {
+				rows = append(rows, row{"replay", pt.Route, pt.Concurrency})
+			}
+		}
+		for _, rw := range rows {
+			pts := make([]*Point, len(backends))
+			for i, be := range backends {
+				if rw.workload == "new" {
+					pts[i] = find(r.New, idemkvName(nodes, be), rw.clients)
+				} else {
+					pts[i] = findRoute(r.Replay, idemkvName(nodes, be), rw.route)
+				}
+			}
+			if !slices.ContainsFunc(pts, func(p *Point) bool { return p != nil }) {
+				continue
+			}
+			what := "new operations"
+			if rw.workload == "replay" {
+				what = "replays"
+				if nodes > 1 {
+					what += ", " + rw.route
+				}
+			}
+			fmt.Fprintf(b, "| %d | %s | %d |", nodes, what, rw.clients)
+			for _, p := range pts {
+				b.WriteString(" " + cell(p, func(p *Point) string { return fmt.Sprintf("%.0f", p.OpsPerSec) }) + " |")
+			}
+			for _, p := range pts[1:] {
+				b.WriteString(" " + ratio(p, pts[0]) + " |")
+			}
+			for _, p := range pts {
+				b.WriteString(" " + cell(p, func(p *Point) string { return fmt.Sprintf("%.2f", p.P99) }) + " |")
+			}
+			b.WriteString("\n")
+		}
+	}
+}
+
+func cell(p *Point, f func(*Point) string) string {
+	if p == nil {
+		return "—"
+	}
+	return f(p)
+}
+
+// ratio is a's throughput over b's.
+func ratio(a, b *Point) string {
+	if a == nil || b == nil || b.OpsPerSec == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f×", a.OpsPerSec/b.OpsPerSec)
+}
+
+func routeText(p pairing, route string) string {
+	switch {
+	case route == routeSpread:
+		return "all 3 nodes, each client pinned to one"
+	case route == routeLeader && p.nodes > 1:
+		return "the leader"
+	case route == routeLeader:
+		return "the node"
+	case p.peer == sysPGSync:
+		return "the primary"
+	case p.peer == sysEtcd:
+		return "any member; the transaction goes through the Raft log"
+	}
+	return "the server"
+}
+
+func clientCounts(points []Point) []int {
+	var out []int
+	for _, p := range points {
+		if !slices.Contains(out, p.Concurrency) {
+			out = append(out, p.Concurrency)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func writeVerdicts(b *strings.Builder, vs []Verdict) {
+	for _, v := range vs {
+		mark := "missed"
+		if v.Met {
+			mark = "met"
+		}
+		fmt.Fprintf(b, "- %s — **%s**: %s\n", v.Target, mark, v.Measured)
+	}
+}
