@@ -150,11 +150,8 @@ func (c *opsClient) send(ctx context.Context, method, endpoint, path string, bod
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var e struct {
-		Error *idemkv.Error `json:"error"`
-	}
-	if json.Unmarshal(raw, &e) == nil && e.Error != nil {
-		return nil, fmt.Errorf("%s: %w", endpoint, e.Error)
+	if e := idemkv.ParseErrorBody(raw); e != nil {
+		return nil, fmt.Errorf("%s: %w", endpoint, e)
 	}
 	return nil, fmt.Errorf("%s: %s: %s", endpoint, resp.Status, bytes.TrimSpace(raw))
 }

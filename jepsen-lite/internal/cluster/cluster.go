@@ -455,11 +455,8 @@ func (c *Cluster) call(ctx context.Context, i int, method, path string, body, ou
 		return err
 	}
 	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error idemkv.Error `json:"error"`
-		}
-		if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
-			return fmt.Errorf("%s %s on %s: %w", method, path, c.nodes[i].ID, &e.Error)
+		if e := idemkv.ParseErrorBody(b); e != nil {
+			return fmt.Errorf("%s %s on %s: %w", method, path, c.nodes[i].ID, e)
 		}
 		return fmt.Errorf("%s %s on %s: %s: %s", method, path, c.nodes[i].ID, resp.Status, strings.TrimSpace(string(b)))
 	}

@@ -78,14 +78,12 @@ func judge(status int, body []byte) (kind, detail string) {
 		}
 		return "", ""
 	}
-	var e struct {
-		Error idemkv.Error `json:"error"`
-	}
-	if json.Unmarshal(body, &e) != nil || e.Error.Code == "" {
+	e := idemkv.ParseErrorBody(body)
+	if e == nil {
 		return AnomalyUndecodable, fmt.Sprintf("%.200q", body)
 	}
-	if !expectedCodes[e.Error.Code] {
-		return AnomalyServerError, e.Error.Code + ": " + e.Error.Message
+	if !expectedCodes[e.Code] {
+		return AnomalyServerError, e.Code + ": " + e.Message
 	}
 	return "", ""
 }

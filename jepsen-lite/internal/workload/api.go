@@ -155,25 +155,23 @@ func classify(status int, statusText string, b []byte, out any) result {
 		}
 		return result{typ: history.OK}
 	}
-	var e struct {
-		Error idemkv.Error `json:"error"`
-	}
-	if json.Unmarshal(b, &e) != nil || e.Error.Code == "" {
+	e := idemkv.ParseErrorBody(b)
+	if e == nil {
 		return result{typ: history.Info, anomaly: AnomalyUndecodable, msg: fmt.Sprintf("%s: %.200s", statusText, b)}
 	}
-	code := e.Error.Code
+	code := e.Code
 	switch {
 	case modelCodes[code]:
-		return result{typ: history.OK, code: code, msg: e.Error.Message}
+		return result{typ: history.OK, code: code, msg: e.Message}
 	case notAppliedCodes[code]:
-		return result{typ: history.Fail, code: code, msg: e.Error.Message}
+		return result{typ: history.Fail, code: code, msg: e.Message}
 	case unknownCodes[code]:
-		return result{typ: history.Info, code: code, msg: e.Error.Message}
+		return result{typ: history.Info, code: code, msg: e.Message}
 	default:
 		// internal, or a code this endpoint never answers: the node broke, and what it
 		// did to the record is unknown.
 		return result{typ: history.Info, code: code, anomaly: AnomalyServerError,
-			msg: fmt.Sprintf("%s: %s: %s", statusText, code, e.Error.Message)}
+			msg: fmt.Sprintf("%s: %s: %s", statusText, code, e.Message)}
 	}
 }
 
