@@ -12,6 +12,7 @@ import (
 // The fault families of issue 12 each catch the sabotage that breaks what they
 // guard, in the same short runs as TestSabotageIsCaught.
 func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		mode     testhooks.Mode
 		families []string
@@ -35,7 +36,9 @@ func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
+			t.Parallel()
 			s, err := runHarness(t, func(cfg *config) {
+				sabotaged(t, cfg)
 				cfg.Sabotage = c.mode
 				cfg.Families = c.families
 				cfg.Time = c.time

@@ -57,6 +57,12 @@ type config struct {
 	// bolt (raft-wal serves compacted entries from a segment it still keeps).
 	RaftWALSegmentBytes int
 
+	// HealLimit bounds the wait for a healthy cluster after the final heal, and
+	// ConvergeLimit the wait for every node to reach the same applied state. A run
+	// whose nodes never heal or converge spends both in full before its verdict, so
+	// the sabotage tests, which expect exactly that, keep them short.
+	HealLimit, ConvergeLimit time.Duration
+
 	// Recovery states how fast write throughput must come back after each heal.
 	Recovery progress.Config
 
@@ -67,7 +73,8 @@ type config struct {
 func defaultConfig() config {
 	return config{Nodes: 3, Time: 60 * time.Second, Concurrency: 16, Out: "jepsen-out", Quiet: 5 * time.Second,
 		Hold: 8 * time.Second, Slots: 8, OpTimeout: 3 * time.Second, Root: ".",
-		SnapshotThreshold: 256, TrailingLogs: 128, RaftWALSegmentBytes: 64 << 10, Recovery: progress.DefaultConfig(), Progress: os.Stderr}
+		SnapshotThreshold: 256, TrailingLogs: 128, RaftWALSegmentBytes: 64 << 10,
+		HealLimit: 90 * time.Second, ConvergeLimit: 60 * time.Second, Recovery: progress.DefaultConfig(), Progress: os.Stderr}
 }
 
 // summary is summary.json.
@@ -206,7 +213,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 
 	say("healing every fault ...")
-	unhealed := nem.HealAll(ctx)
+	unhealed := nem.HealAll(ctx, cfg.HealLimit)
 	if unhealed != nil && !nemesis.OnlyUnhealed(unhealed) {
 		return fmt.Errorf("heal: %w", unhealed)
 	}
@@ -224,7 +231,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	say("waiting for the nodes to converge ...")
-	conv := converge(ctx, c, 60*time.Second)
+	conv := converge(ctx, c, cfg.ConvergeLimit)
 	if err := rec.Flush(); err != nil {
 		return err
 	}

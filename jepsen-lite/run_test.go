@@ -47,6 +47,16 @@ func testBinary(t *testing.T) string {
 	return binary
 }
 
+// sabotaged shortens what a sabotaged run waits for: a run that is meant to end
+// unhealed or diverged would otherwise spend the full limits of a real run (90 s and
+// 60 s) proving it. It also lets the sabotage runs share the machine: they run in
+// parallel (go test's -parallel, GOMAXPROCS by default), after the healthy run, which
+// runs alone so that its progress verdict is not judged beside a neighbour.
+func sabotaged(t *testing.T, cfg *config) {
+	t.Helper()
+	cfg.HealLimit, cfg.ConvergeLimit = 30*time.Second, 20*time.Second
+}
+
 func runHarness(t *testing.T, mutate func(*config)) (*summary, error) {
 	t.Helper()
 	cfg := defaultConfig()
@@ -93,6 +103,7 @@ func runHarness(t *testing.T, mutate func(*config)) (*summary, error) {
 }
 
 func TestSabotageIsCaught(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		mode     testhooks.Mode
 		families []string
@@ -118,7 +129,9 @@ func TestSabotageIsCaught(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
+			t.Parallel()
 			s, err := runHarness(t, func(cfg *config) {
+				sabotaged(t, cfg)
 				cfg.Sabotage = c.mode
 				cfg.Families = c.families
 			})

@@ -559,8 +559,8 @@ func (n *Nemesis) isolateUntilSnapshot(ctx, heal context.Context, hold time.Dura
 }
 
 // HealAll ends every fault: links pass, paused nodes continue, dead nodes start,
-// removed nodes come back, clocks are reset.
-func (n *Nemesis) HealAll(ctx context.Context) error {
+// removed nodes come back, clocks are reset. It waits up to limit for a healthy cluster.
+func (n *Nemesis) HealAll(ctx context.Context, limit time.Duration) error {
 	n.c.HealNetwork()
 	var errs []error
 	for i := range n.c.Size() {
@@ -583,7 +583,7 @@ func (n *Nemesis) HealAll(ctx context.Context) error {
 		_ = n.c.Terminate(i, 5*time.Second)
 		errs = append(errs, n.c.Wipe(i), n.rejoin(ctx, i))
 	}
-	if err := n.c.WaitHealthy(ctx, 90*time.Second); err != nil {
+	if err := n.c.WaitHealthy(ctx, limit); err != nil {
 		errs = append(errs, fmt.Errorf("%w: %w", ErrUnhealed, err))
 	}
 	errs = append(errs, n.resetClocks(ctx))
