@@ -288,7 +288,11 @@ func (n *Node) watchHalt() {
 }
 
 func (n *Node) open() error {
-	var err error
+	// First, so that a configuration that asks for the other backend changes nothing.
+	backend, err := chooseRaftLog(n.cfg.DataDir, n.cfg.RaftLog)
+	if err != nil {
+		return err
+	}
 	if n.store, err = storage.OpenWith(filepath.Join(n.cfg.DataDir, "pebble"), n.log, storage.Options{CacheBytes: n.cfg.CacheBytes, FS: n.cfg.PebbleFS}); err != nil {
 		return err
 	}
@@ -299,10 +303,6 @@ func (n *Node) open() error {
 		n.clock.prev = c.Time()
 	}
 	hlog := newHCLogger(n.log)
-	backend, err := chooseRaftLog(n.cfg.DataDir, n.cfg.RaftLog)
-	if err != nil {
-		return err
-	}
 	if n.raftLog, err = openRaftLog(n.cfg.DataDir, backend, n.cfg.RaftWALSegmentBytes, hlog); err != nil {
 		return err
 	}

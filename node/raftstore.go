@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -91,7 +92,7 @@ func chooseRaftLog(dataDir, asked string) (string, error) {
 	}
 	switch {
 	case have == "":
-		have = cmpOr(asked, DefaultRaftLog)
+		have = cmp.Or(asked, DefaultRaftLog)
 	case asked != "" && asked != have:
 		return "", fmt.Errorf("%w: the data dir %s holds a %q raft log and the configuration asks for %q "+
 			"(leave --raft-log out to keep the data dir's; to move this node to %q, remove it from the "+
@@ -104,13 +105,6 @@ func chooseRaftLog(dataDir, asked string) (string, error) {
 		}
 	}
 	return have, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // dataDirRaftLog reports the backend dataDir records or, if it records none, holds; ""

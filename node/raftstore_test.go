@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -219,24 +221,23 @@ func TestDataDirKeepsItsRaftLog(t *testing.T) {
 	}
 }
 
-// dirListing names the entries of dir and their sizes (directories as 0).
+// dirListing names every file under dir with its size and modification time.
 func dirListing(t testing.TB, dir string) string {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var b strings.Builder
-	for _, e := range entries {
+	err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
 		info, err := e.Info()
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		size := info.Size()
-		if e.IsDir() {
-			size = 0
-		}
-		fmt.Fprintf(&b, "%s %d\n", e.Name(), size)
+		fmt.Fprintf(&b, "%s %d %s\n", path, info.Size(), info.ModTime().Format(time.RFC3339Nano))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return b.String()
 }
