@@ -28,3 +28,7 @@ func (n *Node) establishByBarrier() bool { return false }
 
 // unboundedClock is always false here: stamps stay within fsm.BoundStamp's band.
 func unboundedClock() bool { return false }
+
+// localPending is always false here: only committed and failed records are answered
+// from local state.
+func localPending() bool { return false }

@@ -165,3 +165,8 @@ func (n *Node) establishByBarrier() bool { return testhooks.Sabotaged(testhooks.
 // fix of issue 12's defect 5: stamps follow the wall clock wherever it jumps (never
 // behind the previous stamp).
 func unboundedClock() bool { return testhooks.Sabotaged(testhooks.UnboundedClock) }
+
+// localPending is the LocalPending sabotage of the test build: a node answers reserves
+// of pending records from its own state too (in_progress, conflict), which a follower
+// that has not applied the latest entries gets wrong.
+func localPending() bool { return testhooks.Sabotaged(testhooks.LocalPending) }

@@ -57,6 +57,11 @@ const (
 	// ahead drags the state machine's clock along and, once reset, leases stop
 	// running out. jepsen-lite's clock-jump nemesis must catch it.
 	UnboundedClock
+	// LocalPending makes every node answer a reserve of a pending record from its own
+	// state, as it may for a committed or failed one (docs/protocol.md "Followers"):
+	// a follower that has not applied the commit answers in_progress where the leader
+	// replays. jepsen-lite's register workload must catch it behind a partition.
+	LocalPending
 )
 
 var modeNames = []struct {
@@ -73,6 +78,7 @@ var modeNames = []struct {
 	{SkipFailedRestore, "skip-failed-restore"},
 	{WedgeGap, "wedge-gap"},
 	{UnboundedClock, "unbounded-clock"},
+	{LocalPending, "local-pending"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -161,7 +167,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {
