@@ -23,6 +23,11 @@ import (
 // a linearizable read that reaches a follower fails with idemkv.ErrNotLeader.
 type Store interface {
 	Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
+	// ReserveLocal answers a reserve from this node's own state, with no read index
+	// and no leader, when that state settles it (a replay or conflict against a
+	// committed or failed record, docs/protocol.md "Followers"); ok is false otherwise,
+	// an invalid request included, and the reserve takes the leader's way.
+	ReserveLocal(req *idemkv.ReserveRequest) (res *idemkv.ReserveResult, ok bool)
 	Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error)
 	Fail(ctx context.Context, req *idemkv.FailRequest) (*idemkv.Record, error)
 	Release(ctx context.Context, req *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)

@@ -14,30 +14,38 @@ var _ api.Store = (*FakeStore)(nil)
 // FakeStore is a Store whose every method is a function field. A method whose field is
 // nil fails with an error that wraps no sentinel, so a test that reaches it unexpectedly
 // sees a 500. Calls counts the data methods (everything but Leader and Ready), which
-// tests use to prove a bad request never reached the store.
+// tests use to prove a bad request never reached the store. ReserveLocal, which only
+// asks whether the node's own state settles a reserve, counts in LocalCalls instead; a
+// nil ReserveLocalFunc answers "no", as a node does for anything but a replay or a
+// conflict against a settled record.
 type FakeStore struct {
-	ReserveFunc   func(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
-	CommitFunc    func(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error)
-	FailFunc      func(context.Context, *idemkv.FailRequest) (*idemkv.Record, error)
-	ReleaseFunc   func(context.Context, *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
-	HeartbeatFunc func(context.Context, *idemkv.HeartbeatRequest) (*idemkv.Record, error)
-	DoubtFunc     func(context.Context, *idemkv.DoubtRequest) (*idemkv.Record, error)
-	ResolveFunc   func(context.Context, *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
-	GetFunc       func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
-	ListFunc      func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error)
-	ClusterFunc   func(context.Context) (*idemkv.ClusterInfo, error)
-	JoinFunc      func(context.Context, *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
-	RemoveFunc    func(context.Context, *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
-	LeaderFunc    func() (string, bool)
-	ReadyFunc     func() error
+	ReserveFunc      func(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
+	ReserveLocalFunc func(*idemkv.ReserveRequest) (*idemkv.ReserveResult, bool)
+	CommitFunc       func(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error)
+	FailFunc         func(context.Context, *idemkv.FailRequest) (*idemkv.Record, error)
+	ReleaseFunc      func(context.Context, *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
+	HeartbeatFunc    func(context.Context, *idemkv.HeartbeatRequest) (*idemkv.Record, error)
+	DoubtFunc        func(context.Context, *idemkv.DoubtRequest) (*idemkv.Record, error)
+	ResolveFunc      func(context.Context, *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
+	GetFunc          func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
+	ListFunc         func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error)
+	ClusterFunc      func(context.Context) (*idemkv.ClusterInfo, error)
+	JoinFunc         func(context.Context, *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
+	RemoveFunc       func(context.Context, *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
+	LeaderFunc       func() (string, bool)
+	ReadyFunc        func() error
 	// LimitsValue is what Limits reports; the zero value means the defaults.
 	LimitsValue idemkv.Limits
 
-	calls atomic.Int64
+	calls      atomic.Int64
+	localCalls atomic.Int64
 }
 
 // Calls is how many times a data method was called.
 func (f *FakeStore) Calls() int64 { return f.calls.Load() }
+
+// LocalCalls is how many times ReserveLocal was called.
+func (f *FakeStore) LocalCalls() int64 { return f.localCalls.Load() }
 
 func notStubbed(method string) error { return fmt.Errorf("fake store: %s is not stubbed", method) }
 
@@ -47,6 +55,14 @@ func (f *FakeStore) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*i
 		return nil, notStubbed("Reserve")
 	}
 	return f.ReserveFunc(ctx, req)
+}
+
+func (f *FakeStore) ReserveLocal(req *idemkv.ReserveRequest) (*idemkv.ReserveResult, bool) {
+	f.localCalls.Add(1)
+	if f.ReserveLocalFunc == nil {
+		return nil, false
+	}
+	return f.ReserveLocalFunc(req)
 }
 
 func (f *FakeStore) Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error) {

@@ -364,3 +364,53 @@ func TestForwardOutcomeUnknownOnlyAfterSending(t *testing.T) {
 	n2 := startNode(t, &FakeStore{LeaderFunc: func() (string, bool) { return dropped, false }}, nil)
 	do(t, "POST", n2.url+"/v1/reserve", validReserve(), nil).wantError(t, 503, idemkv.CodeOutcomeUnknown, "")
 }
+
+// A reserve the node's own state settles (ReserveLocal says so) is answered where it
+// arrives, on a follower too, with the headers of any answer and counted there; one it
+// does not settle is forwarded as before; an invalid one never reaches either.
+func TestReserveAnsweredLocallyOnAnyNode(t *testing.T) {
+	replayLocally := func(req *idemkv.ReserveRequest) (*idemkv.ReserveResult, bool) {
+		if req.Key != testKey {
+			return nil, false
+		}
+		rec := committedRecord()
+		return &idemkv.ReserveResult{Decision: idemkv.DecisionReplay, Receipt: rec.Outcome(), Record: rec}, true
+	}
+	leaderFake := executeFake()
+	leaderFake.ReserveLocalFunc = replayLocally
+	leader, follower := pair(t, leaderFake, &FakeStore{ReserveLocalFunc: replayLocally}, nil)
+
+	for _, n := range []*testNode{follower, leader} {
+		r := do(t, "POST", n.url+"/v1/reserve", validReserve(), nil)
+		if m := r.object(t, http.StatusOK); m["decision"] != "replay" {
+			t.Errorf("local answer %v", m)
+		}
+		if got := r.header.Get(api.HeaderLeader); got != leader.addr {
+			t.Errorf("%s = %q, want %q", api.HeaderLeader, got, leader.addr)
+		}
+		if r.header.Get("Cache-Control") != "no-store" {
+			t.Errorf("headers %v", r.header)
+		}
+		if d := n.decisions(t, testTool, idemkv.DecisionReplay); d != 1 {
+			t.Errorf("%v replays counted where answered, want 1", d)
+		}
+	}
+	if len(leader.seen()) != 1 || leader.fake.Calls()+follower.fake.Calls() != 0 {
+		t.Errorf("leader saw %d requests (want its own 1); store calls %d, %d (want none)",
+			len(leader.seen()), leader.fake.Calls(), follower.fake.Calls())
+	}
+
+	// Not settled locally: forwarded to the leader, whose store decides.
+	do(t, "POST", follower.url+"/v1/reserve", with(validReserve(), "idempotency_key", "other"), nil).object(t, http.StatusOK)
+	if len(leader.seen()) != 2 || leader.fake.Calls() != 1 || follower.fake.Calls() != 0 {
+		t.Errorf("unsettled reserve: leader saw %d requests, store calls %d, %d; want 2, 1, 0",
+			len(leader.seen()), leader.fake.Calls(), follower.fake.Calls())
+	}
+
+	// Invalid: refused before anything is asked.
+	before := follower.fake.LocalCalls()
+	do(t, "POST", follower.url+"/v1/reserve", with(validReserve(), "tool", ""), nil).wantError(t, 400, idemkv.CodeInvalidArgument, "tool")
+	if got := follower.fake.LocalCalls(); got != before {
+		t.Errorf("an invalid reserve reached ReserveLocal")
+	}
+}

@@ -27,7 +27,7 @@ const (
 )
 
 func (s *Server) routes() {
-	s.handle("POST /v1/reserve", leaderWrite(s, func(q *idemkv.ReserveRequest) error {
+	s.handle("POST /v1/reserve", localFirstWrite(s, func(q *idemkv.ReserveRequest) error {
 		// The node validates again against the time the leader stamps on the command;
 		// this early check only spares a round trip for requests that cannot succeed.
 		l := s.store.Limits()
@@ -36,7 +36,7 @@ func (s *Server) routes() {
 		}
 		q.EnsureDefaults(l)
 		return nil
-	}, s.sabotageReserve(s.store.Reserve), s.countDecision))
+	}, s.store.ReserveLocal, s.sabotageReserve(s.store.Reserve), s.countDecision))
 	s.handle("POST /v1/commit", leaderWrite(s, func(q *idemkv.CommitRequest) error {
 		return q.Validate(s.store.Limits())
 	}, s.sabotageCommit(s.store.Commit), annotateCommit))
@@ -186,6 +186,16 @@ func (s *Server) serveUnclean(w http.ResponseWriter, r *http.Request, escaped st
 // calls the store. served, when set, sees every answer this node produced itself.
 func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 	call func(context.Context, *Q) (*A, error), served func(context.Context, *Q, *A)) http.Handler {
+	return localFirstWrite(s, validate, nil, call, served)
+}
+
+// localFirstWrite is leaderWrite that first asks local, on any node, whether this
+// node's own state settles the answer (a reserve's replay or conflict against a
+// committed or failed record, docs/protocol.md "Followers"). What local answers is
+// served here, from a follower too, and marked on the request's span; the rest goes
+// the leader's way.
+func localFirstWrite[Q, A any](s *Server, validate func(*Q) error, local func(*Q) (*A, bool),
+	call func(context.Context, *Q) (*A, error), served func(context.Context, *Q, *A)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.sabotageRefuse(w, r) {
 			return
@@ -205,10 +215,19 @@ func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 			s.writeError(w, r, err)
 			return
 		}
-		if s.forwardIfFollower(w, r, body, 0) {
-			return
+		var res *A
+		answered := false
+		if local != nil {
+			if res, answered = local(&req); answered {
+				telemetry.Annotate(r.Context(), semconv.AnsweredLocally.Bool(true))
+			}
 		}
-		res, err := call(r.Context(), &req)
+		if !answered {
+			if s.forwardIfFollower(w, r, body, 0) {
+				return
+			}
+			res, err = call(r.Context(), &req)
+		}
 		if errors.Is(err, idemkv.ErrNotLeader) {
 			s.forwardToLeader(w, r, body, 0)
 			return

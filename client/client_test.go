@@ -49,6 +49,12 @@ func (s *apiStore) Leader() (string, bool) {
 
 func (s *apiStore) Ready() error { return nil }
 
+// ReserveLocal never answers: every reserve goes through memStore.Reserve (or its
+// leader), so the client's tests see every call.
+func (s *apiStore) ReserveLocal(*idemkv.ReserveRequest) (*idemkv.ReserveResult, bool) {
+	return nil, false
+}
+
 // Limits are the defaults: memStore validates against idemkv.Limits{}.
 func (s *apiStore) Limits() idemkv.Limits { return idemkv.DefaultLimits() }
 

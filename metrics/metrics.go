@@ -36,6 +36,10 @@ type Metrics struct {
 	// LongPollWakeups counts long-polls woken by an entry that may have changed their
 	// record; each then takes a read index.
 	LongPollWakeups prometheus.Counter
+	// LocalAnswers counts reserves a node answered from its own applied state, with
+	// no read index and no leader, by decision (replay or conflict against a
+	// committed or failed record: docs/protocol.md "Followers").
+	LocalAnswers *prometheus.CounterVec
 
 	// Sweeper figures.
 	Swept         prometheus.Counter
@@ -129,6 +133,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "long_poll_wakeups_total",
 			Help: "Long-polls woken by an applied entry that may have changed their record.",
 		}),
+		LocalAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "reserve_local_answers_total",
+			Help: "Reserves answered from this node's own state, with no read index and no leader (replay or conflict against a committed or failed record), by decision.",
+		}, []string{"decision"}),
 		Swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "expiry_swept_records_total",
 			Help: "Records deleted by the expiry sweeper.",
@@ -147,7 +155,7 @@ func New() *Metrics {
 			Help: "How long the oldest expired, unswept record has been overdue.",
 		}),
 	}
-	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.ClockStampsClamped, m.LongPollWakeups,
+	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.ClockStampsClamped, m.LongPollWakeups, m.LocalAnswers,
 		m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -17,8 +17,49 @@ import (
 // and the HTTP layer asks for them rather than keeping a copy that could disagree.
 func (n *Node) Limits() idemkv.Limits { return n.cfg.Limits }
 
-// Reserve asks for the right to run an effect (docs/protocol.md section 1).
+// Reserve asks for the right to run an effect (docs/protocol.md section 1). A replay
+// of, or a conflict with, a committed or failed record is answered from this node's
+// state, on any node (see ReserveLocal); anything else needs the leader, and a follower
+// refuses it with ErrNotLeader.
 func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+	r, err := n.reserveRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	if res := n.answerLocally(r); res != nil {
+		return res, nil
+	}
+	if n.raft.State() != raft.Leader {
+		return nil, idemkv.ErrNotLeader
+	}
+	if r.AttemptID == "" {
+		r.AttemptID = idemkv.NewAttemptID()
+	}
+	// A decision that changes nothing (replay, conflict, in_progress) is answered
+	// from a linearizable read, without a log append. The local state only picks the
+	// path: proposing is always correct, so a stale local view costs nothing but the
+	// append, and the read answer is decided again after the read index.
+	if res, err := n.decideUnchanged(r); err != nil || res != nil {
+		if err != nil {
+			return nil, err
+		}
+		if err := n.readIndex(ctx); err != nil {
+			return nil, err
+		}
+		if res, err := n.decideUnchanged(r); err != nil || res != nil {
+			return res, err
+		}
+	}
+	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpReserve, Reserve: r})
+	if err != nil {
+		return nil, err
+	}
+	return res.Reserve, nil
+}
+
+// reserveRequest returns a copy of req, validated against this node's limits, its
+// defaults filled and its effect replaced by the effect's fingerprint.
+func (n *Node) reserveRequest(req *idemkv.ReserveRequest) (*idemkv.ReserveRequest, error) {
 	r := *req
 	if err := r.Validate(n.cfg.Limits, n.now()); err != nil {
 		return nil, err
@@ -35,29 +76,7 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 		r.Fingerprint = fp
 		r.Effect = nil
 	}
-	if r.AttemptID == "" {
-		r.AttemptID = idemkv.NewAttemptID()
-	}
-	// A decision that changes nothing (replay, conflict, in_progress) is answered
-	// from a linearizable read, without a log append. The local state only picks the
-	// path: proposing is always correct, so a stale local view costs nothing but the
-	// append, and the read answer is decided again after the read index.
-	if res, err := n.decideUnchanged(&r); err != nil || res != nil {
-		if err != nil {
-			return nil, err
-		}
-		if err := n.readIndex(ctx); err != nil {
-			return nil, err
-		}
-		if res, err := n.decideUnchanged(&r); err != nil || res != nil {
-			return res, err
-		}
-	}
-	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpReserve, Reserve: &r})
-	if err != nil {
-		return nil, err
-	}
-	return res.Reserve, nil
+	return &r, nil
 }
 
 // decideUnchanged decides r against the local state. It returns the answer only when

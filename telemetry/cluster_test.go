@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -111,6 +113,34 @@ func TestServerSpansThroughACluster(t *testing.T) {
 		if a[semconv.Decision].AsString() != tc.decision || a[semconv.Fence].AsInt64() != int64(res.Fence) {
 			t.Errorf("%s span: decision %q fence %d, want fence %d", tc.decision, a[semconv.Decision].AsString(), a[semconv.Fence].AsInt64(), res.Fence)
 		}
+		if !a[semconv.AnsweredLocally].AsBool() {
+			t.Errorf("%s span at the leader: not marked as answered locally: %v", tc.decision, a)
+		}
+	}
+
+	// Once the follower has applied the commit, it replays by itself: one span, its
+	// own, saying so (docs/protocol.md "Followers").
+	if err := testcluster.Eventually(10*time.Second, func() error {
+		rec, err := c.Node(follower).Get(context.Background(), &idemkv.GetRequest{Tenant: "t1", Key: "k1", Consistency: idemkv.Stale})
+		if err == nil && rec.Status != idemkv.StatusCommitted {
+			err = fmt.Errorf("follower holds %s", rec.Status)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := reserve
+	r.AttemptID = "a3"
+	status, spans, body = send(follower, http.MethodPost, "/v1/reserve", r)
+	if status != http.StatusOK || len(spans) != 1 {
+		t.Fatalf("replay at the follower: %d, %d spans: %s", status, len(spans), body)
+	}
+	if a := attrs(spans[0]); a[semconv.Decision].AsString() != "replay" || !a[semconv.AnsweredLocally].AsBool() || a[semconv.Fence].AsInt64() != int64(res.Fence) {
+		t.Errorf("follower's replay span: %v", a)
+	}
+	// An answer from the log is not marked.
+	if _, ok := attrs(leaderSpan)[semconv.AnsweredLocally]; ok {
+		t.Errorf("the execute span is marked as answered locally")
 	}
 
 	// A refused request still says what it was about.

@@ -33,6 +33,9 @@ const (
 	ConflictExistingRemoteID    = attribute.Key("agent.idempotency.conflict.existing_remote_id")
 	AttemptID                   = attribute.Key("idemkv.attempt_id")
 	Attempts                    = attribute.Key("idemkv.attempts")
+	// AnsweredLocally marks a reserve the node answered from its own state, with no
+	// read index and no leader (docs/protocol.md "Followers").
+	AnsweredLocally = attribute.Key("idemkv.answered_locally")
 )
 
 // FenceValue is the fence attribute. Fences are Raft indexes, far below 2^63.

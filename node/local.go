@@ -1,0 +1,72 @@
+package node
+
+import (
+	"time"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fsm"
+)
+
+// LocalAnswerMargin is how far past this node's time a committed or failed record's
+// expires_at must lie for the node to answer a replay of it, or a conflict with it,
+// from its own applied state: no read index, no leader (docs/protocol.md "Followers").
+//
+// Why such an answer is linearizable: a terminal record changes only when it expires
+// (every decision of fsm leaves it as it is; a reserve or a sweep replaces or deletes
+// it only once the state machine clock reaches its expires_at). A node that applied it
+// knows it was committed, and it is still the committed record as long as no entry
+// committed so far was stamped at or past expires_at. The node cannot see the entries
+// it has not applied yet, so it bounds their stamps by time. Stamps follow the
+// leaders' wall clocks, never faster than fsm.ClockSlew past the time that went by, so
+// the state machine clock runs at most one node's clock offset ahead of real time;
+// this node's wall clock is at most its own offset behind real time. The margin covers
+// both at 30 s each, far beyond the NTP-synchronised clocks that docs/expiry.md asks
+// for. How far a follower lags does not enter: its wall clock, not the state it
+// applied, says what time it is (localNow).
+const LocalAnswerMargin = time.Minute
+
+// ReserveLocal answers req from this node's applied state when the answer is a replay
+// of, or a conflict with, a committed or failed record that expires more than
+// LocalAnswerMargin after this node's time, on a leader and a follower alike. ok is
+// false otherwise, an invalid request included: the reserve then goes the leader's way
+// (Reserve on the leader, a forward from a follower), which also answers its errors.
+func (n *Node) ReserveLocal(req *idemkv.ReserveRequest) (res *idemkv.ReserveResult, ok bool) {
+	r, err := n.reserveRequest(req)
+	if err != nil {
+		return nil, false
+	}
+	res = n.answerLocally(r)
+	return res, res != nil
+}
+
+// answerLocally is ReserveLocal for a request already checked by reserveRequest; nil
+// when the state does not settle the answer. The decision is fsm.Decide's.
+func (n *Node) answerLocally(r *idemkv.ReserveRequest) *idemkv.ReserveResult {
+	now := n.localNow()
+	cur, err := n.fsm.Get(r.Tenant, r.Key, now)
+	if err != nil {
+		// Absent or expired (only the leader may grant it), or a halted state
+		// machine, whose store may be empty or behind: none is answered here.
+		return nil
+	}
+	if !(cur.Status.Terminal() || localPending()) || cur.ExpiresAt <= now+idemkv.Timestamp(LocalAnswerMargin.Milliseconds()) {
+		return nil
+	}
+	next, res := fsm.Decide(cur, r, now, 0)
+	if next != nil || n.fsm.Err() != nil {
+		// A decision that would change the record goes through the log; and a state
+		// machine that halted while the record was read answers nothing.
+		return nil
+	}
+	n.metrics.LocalAnswers.WithLabelValues(string(res.Decision)).Inc()
+	return res
+}
+
+// localNow is the time a local answer is judged at: the latest of this node's wall
+// clock, its bounded stamp clock and the state machine clock. The wall clock has to be
+// in it: a follower that catches up applies old entries live, which anchors its stamp
+// clock (and its state machine clock) at their old stamps, while the cluster's clock
+// moved on by as much as the follower lags.
+func (n *Node) localNow() idemkv.Timestamp {
+	return max(idemkv.TimestampOf(n.clock.wall()), n.now())
+}
