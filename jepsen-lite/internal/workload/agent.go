@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -140,6 +142,8 @@ type Agent struct {
 	cfg    AgentConfig
 	api    *API
 	client *client.Client
+	// pinned are clients that stay with one node each (see NewAgent).
+	pinned []*client.Client
 	rec    *history.Recorder
 	down   *Downstream
 
@@ -151,15 +155,61 @@ type Agent struct {
 }
 
 // NewAgent prepares the workload. Its workers run the Go client's Do; api is for
-// the final reads.
+// the final reads. Even workers share a client that follows the leader, as the Go
+// client does; odd ones each use a client that stays with one node and never learns
+// the leader, as one behind a load balancer does, so that reserves reach followers
+// too: a follower answers their replays and conflicts itself (docs/protocol.md
+// "Followers") and forwards the rest.
 func NewAgent(cfg AgentConfig, api *API, rec *history.Recorder, down *Downstream) (*Agent, error) {
-	cl, err := client.New(client.Config{Endpoints: api.Addrs(), Timeout: api.timeout, MaxAttempts: 3, HTTPClient: api.HTTPClient(),
-		BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
-		Run: client.RunConfig{LeaseTTL: cfg.Lease, CommitGrace: cfg.Deadline, PollWait: cfg.Lease}})
+	newClient := func(endpoints []string, hc *http.Client) (*client.Client, error) {
+		return client.New(client.Config{Endpoints: endpoints, Timeout: api.timeout, MaxAttempts: 3, HTTPClient: hc,
+			BackoffMin: 20 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
+			Run: client.RunConfig{LeaseTTL: cfg.Lease, CommitGrace: cfg.Deadline, PollWait: cfg.Lease}})
+	}
+	cl, err := newClient(api.Addrs(), api.HTTPClient())
 	if err != nil {
 		return nil, err
 	}
-	return &Agent{cfg: cfg, api: api, client: cl, rec: rec, down: down, inDoubt: map[string]bool{}}, nil
+	a := &Agent{cfg: cfg, api: api, client: cl, rec: rec, down: down, inDoubt: map[string]bool{}}
+	blind := *api.HTTPClient()
+	blind.Transport = leaderBlind{blind.Transport}
+	addrs := api.Addrs()
+	for i := range addrs {
+		// Its own node first; the others only once that one failed.
+		pc, err := newClient(append(slices.Clone(addrs[i:]), addrs[:i]...), &blind)
+		if err != nil {
+			return nil, err
+		}
+		a.pinned = append(a.pinned, pc)
+	}
+	return a, nil
+}
+
+// clientOf is the client worker uses.
+func (a *Agent) clientOf(worker int) *client.Client {
+	if worker%2 == 0 || len(a.pinned) == 0 {
+		return a.client
+	}
+	return a.pinned[(worker/2)%len(a.pinned)]
+}
+
+// leaderBlind drops the leader header from every answer, so a client on it keeps
+// talking to the node it chose.
+type leaderBlind struct{ base http.RoundTripper }
+
+func (t leaderBlind) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(req)
+	if resp != nil {
+		resp.Header.Del(idemkv.HeaderLeader)
+	}
+	return resp, err
+}
+
+// CloseIdleConnections passes through to the base transport.
+func (t leaderBlind) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
 }
 
 // Keys lists every key used.
@@ -261,7 +311,7 @@ func (a *Agent) deliverAs(ctx context.Context, worker int, process *int, op Agen
 	a.rec.Invoke(h)
 	dctx, cancel := context.WithTimeout(ctx, a.cfg.Deadline)
 	defer cancel()
-	out, msg := a.run(dctx, op)
+	out, msg := a.run(dctx, a.clientOf(worker), op)
 	typ := history.OK
 	if out.Decision == OutcomeAbandoned {
 		typ = history.Info
@@ -271,7 +321,7 @@ func (a *Agent) deliverAs(ctx context.Context, worker int, process *int, op Agen
 }
 
 // run is one delivery: client.Do with the downstream call as the tool.
-func (a *Agent) run(ctx context.Context, op AgentOp) (*history.Output, string) {
+func (a *Agent) run(ctx context.Context, cl *client.Client, op AgentOp) (*history.Output, string) {
 	out := &history.Output{}
 	cop := client.Op{Tenant: Tenant, Key: op.Key, Tool: "jepsen.tickets", Actor: "agent",
 		Effect: json.RawMessage(op.Args), LeaseTTL: a.cfg.Lease}
@@ -290,7 +340,7 @@ func (a *Agent) run(ctx context.Context, op AgentOp) (*history.Output, string) {
 		}
 	}
 	var effects atomic.Int32
-	res, err := a.client.Do(ctx, cop, func(context.Context) (*client.Result, error) {
+	res, err := cl.Do(ctx, cop, func(context.Context) (*client.Result, error) {
 		id, err := a.down.Execute(op.Key, op.Args, op.Class)
 		switch {
 		case errors.Is(err, errRefused):
