@@ -75,6 +75,14 @@ func TestStorageReadErrorStopsReplicaThenConverges(t *testing.T) {
 	c.WaitConverged()
 	l = c.WaitLeader()
 
+	// A committed record the replica holds before it halts.
+	settled := "k001"
+	if _, err := c.Node(l).Commit(ctx, &idemkv.CommitRequest{Tenant: "acme", Key: settled, Fingerprint: fp(settled),
+		Fence: fences[settled], RemoteSystem: "linear", RemoteID: "LIN-0"}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged()
+
 	armed.Store(true)
 	key := "k257"
 	if _, err := c.Node(l).Commit(ctx, &idemkv.CommitRequest{Tenant: "acme", Key: key, Fingerprint: fp(key),
@@ -86,6 +94,15 @@ func TestStorageReadErrorStopsReplicaThenConverges(t *testing.T) {
 		t.Fatalf("the halted replica applied up to %d, the leader %d", got, want)
 	}
 	armed.Store(false)
+	// Its store reads again, but a halted state machine answers nothing from it, not
+	// even the replay of a committed record (docs/protocol.md "Followers").
+	replay := &idemkv.ReserveRequest{Tenant: "acme", Key: settled, Tool: "create_ticket", Fingerprint: fp(settled), AttemptID: "b"}
+	if res, ok := c.Node(2).ReserveLocal(replay); ok {
+		t.Fatalf("the halted replica answered a reserve from its state: %+v", res)
+	}
+	if res, err := c.Node(2).Reserve(ctx, replay); err == nil {
+		t.Fatalf("the halted replica answered a reserve: %+v", res)
+	}
 	faulty = false
 	c.Stop(2)
 	c.Restart(2)
