@@ -18,12 +18,12 @@ type Backuper interface {
 	Backup(ctx context.Context, w io.Writer) error
 }
 
-// MaxBackupDuration bounds one backup, forwarded or not. The server's write timeout is
-// lifted to it for the backup's connection alone.
-const MaxBackupDuration = time.Hour
-
-// BackupContentType is the media type of a backup stream.
-const BackupContentType = "application/vnd.idemkv.backup"
+// MaxBackupDuration and BackupContentType are the root package's, named here for the
+// API's readers (idemkv.MaxBackupDuration, idemkv.BackupContentType).
+const (
+	MaxBackupDuration = idemkv.MaxBackupDuration
+	BackupContentType = idemkv.BackupContentType
+)
 
 // mountBackup registers GET /v1/backup when the store can take backups.
 func (s *Server) mountBackup() {

@@ -347,6 +347,8 @@ type call struct {
 	body   any
 	wait   time.Duration // a long-poll's wait, added to the attempt timeout
 	attrs  []attribute.KeyValue
+	// stream, when set, takes a 2xx answer's body instead of JSON decoding (Backup).
+	stream *stream
 }
 
 // do sends cl, retrying on another endpoint after failures that leave the request
@@ -414,6 +416,10 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 	timeout := c.cfg.Timeout + cl.wait
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	var answered func() bool
+	if cl.stream != nil {
+		actx, answered = answerWithin(actx, c.cfg.Timeout)
+	}
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -425,13 +431,23 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	req.Header.Set("Accept", "application/json")
+	if cl.stream != nil {
+		req.Header.Set("Accept", cl.stream.contentType)
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
 	if c.cfg.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
 	}
 	c.prop.Inject(ctx, propagation.HeaderCarrier(req.Header))
 
 	resp, err := c.http.Do(req)
+	if answered != nil && !answered() {
+		if err == nil {
+			resp.Body.Close()
+		}
+		err = context.Cause(actx)
+	}
 	if err != nil {
 		// Nothing came back: the request may or may not have been applied. Every
 		// idemkv request is safe to repeat, so this is "try again".
@@ -443,6 +459,9 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		c.setLeader(l)
 	}
 	if resp.StatusCode/100 == 2 {
+		if cl.stream != nil {
+			return cl.stream.read(base, resp)
+		}
 		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 			// A body cut short is a transport failure like any other.
 			return fmt.Errorf("%w: %s %s: reading the answer: %w", idemkv.ErrUnavailable, cl.method, base, err)

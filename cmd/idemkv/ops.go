@@ -2,16 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/idemkv/idemkv"
-	"github.com/idemkv/idemkv/api"
 	"github.com/idemkv/idemkv/auth"
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/node"
@@ -82,98 +77,6 @@ it to the client), the second its hash (put it in the token file).
 	return cmd
 }
 
-// opsClient streams a backup from one node, which the client package does not offer
-// (its calls decode JSON answers); status, members and join use the client package.
-type opsClient struct {
-	hc        *http.Client
-	token     string
-	scheme    string
-	endpoints []string
-}
-
-func newOpsClient(cf *clientFlags) (*opsClient, error) {
-	tlsConf, err := cf.tlsConfig()
-	if err != nil {
-		return nil, err
-	}
-	c := &opsClient{token: cf.token, scheme: "http", endpoints: cf.endpoints}
-	if tlsConf != nil {
-		c.scheme = "https"
-	}
-	if len(c.endpoints) == 0 {
-		return nil, errors.New("--endpoint is required")
-	}
-	c.hc = &http.Client{Transport: &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: cf.timeout}).DialContext,
-		TLSClientConfig:       tlsConf,
-		TLSHandshakeTimeout:   cf.timeout,
-		ResponseHeaderTimeout: cf.timeout,
-	}}
-	return c, nil
-}
-
-func (c *opsClient) url(endpoint, path string) string {
-	if strings.Contains(endpoint, "://") {
-		return strings.TrimSuffix(endpoint, "/") + path
-	}
-	return c.scheme + "://" + endpoint + path
-}
-
-// send makes one request and returns the answer if it is a 200; any other answer
-// becomes the error it carries.
-func (c *opsClient) send(ctx context.Context, method, endpoint, path string, body any) (*http.Response, error) {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return nil, err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.url(endpoint, path), rd)
-	if err != nil {
-		return nil, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode == http.StatusOK {
-		return resp, nil
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if e := idemkv.ParseErrorBody(raw); e != nil {
-		return nil, fmt.Errorf("%s: %w", endpoint, e)
-	}
-	return nil, fmt.Errorf("%s: %s: %s", endpoint, resp.Status, bytes.TrimSpace(raw))
-}
-
-// each tries f on the endpoints in turn and moves on only when a node is unreachable
-// or unavailable; any other answer is final.
-func (c *opsClient) each(f func(endpoint string) error) error {
-	var errs []error
-	for _, ep := range c.endpoints {
-		err := f(ep)
-		if err == nil {
-			return nil
-		}
-		errs = append(errs, err)
-		var e *idemkv.Error
-		if errors.As(err, &e) && !errors.Is(err, idemkv.ErrUnavailable) {
-			return err
-		}
-	}
-	return errors.Join(errs...)
-}
-
 func newBackupCommand() *cobra.Command {
 	var cf clientFlags
 	var out string
@@ -188,10 +91,11 @@ store beside it, and only then renamed to FILE, so FILE is always a complete bac
   idemkv backup --out idemkv-$(date +%F).backup --endpoint 127.0.0.1:7420 --token "$ADMIN_TOKEN"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := newOpsClient(&cf)
+			c, err := cf.client()
 			if err != nil {
 				return err
 			}
+			defer c.Close()
 			return runBackup(cmd.Context(), c, out, cmd.OutOrStdout())
 		},
 	}
@@ -201,7 +105,7 @@ store beside it, and only then renamed to FILE, so FILE is always a complete bac
 	return cmd
 }
 
-func runBackup(ctx context.Context, c *opsClient, out string, w io.Writer) (err error) {
+func runBackup(ctx context.Context, c *client.Client, out string, w io.Writer) (err error) {
 	if _, err := os.Stat(out); err == nil {
 		return fmt.Errorf("%s exists; backups never overwrite", out)
 	}
@@ -216,28 +120,9 @@ func runBackup(ctx context.Context, c *opsClient, out string, w io.Writer) (err 
 			os.Remove(tmp.Name())
 		}
 	}()
-	var written int64
-	err = c.each(func(ep string) error {
-		if _, err := tmp.Seek(0, io.SeekStart); err != nil {
-			return err
-		}
-		if err := tmp.Truncate(0); err != nil {
-			return err
-		}
-		resp, err := c.send(ctx, http.MethodGet, ep, "/v1/backup", nil)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if ct := resp.Header.Get("Content-Type"); ct != api.BackupContentType {
-			return fmt.Errorf("%s answered %q, not a backup", ep, ct)
-		}
-		written, err = io.Copy(tmp, resp.Body)
-		if err != nil {
-			return fmt.Errorf("%s: the transfer broke after %d bytes: %w", ep, written, err)
-		}
-		return nil
-	})
+	// A transfer that breaks leaves a partial file, which the deferred cleanup removes:
+	// the operator runs the backup again.
+	written, err := c.Backup(ctx, tmp)
 	if err != nil {
 		return err
 	}
