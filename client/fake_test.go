@@ -121,6 +121,7 @@ func (m *memStore) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*id
 		if err := r.Validate(idemkv.Limits{}, now); err != nil {
 			return nil, err
 		}
+		r.EnsureDefaults(idemkv.Limits{})
 		m.index++
 		if r.AttemptID == "" {
 			r.AttemptID = fmt.Sprintf("server-%d", m.index)
@@ -174,6 +175,7 @@ func (m *memStore) Heartbeat(ctx context.Context, req *idemkv.HeartbeatRequest) 
 		if err := r.Validate(idemkv.Limits{}); err != nil {
 			return nil, err
 		}
+		r.EnsureDefaults(idemkv.Limits{})
 		next, err := fsm.DecideHeartbeat(m.recs[rkey(r.Tenant, r.Key)], &r, now)
 		m.put(rkey(r.Tenant, r.Key), next)
 		return next, err

@@ -29,9 +29,13 @@ func Expired(rec *idemkv.Record, now idemkv.Timestamp) bool {
 // res.Record is the record as it stands after the decision. index is the Raft index of
 // the entry, and becomes the fence of every new grant: it grows with every entry, so a
 // fence is higher than any fence granted before for the same key, even across expiry.
+//
+// req must have its defaults filled (idemkv.ReserveRequest.EnsureDefaults, from the
+// limits the node owns): Decide takes the lease and the TTL as given and owns no
+// defaults, so that a changed default cannot be applied by two owners.
 func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) (next *idemkv.Record, res *idemkv.ReserveResult) {
 	if Expired(cur, now) {
-		lease := now + leaseTTL(req.LeaseTTLMs)
+		lease := now + idemkv.Timestamp(req.LeaseTTLMs)
 		next = &idemkv.Record{
 			Tenant:         req.Tenant,
 			Key:            req.Key,
@@ -72,7 +76,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		// (attempts > 1) must still hear recover, or it would skip its probe.
 		next = cur.Clone()
 		next.UpdatedAt = now
-		next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+leaseTTL(req.LeaseTTLMs))
+		next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+idemkv.Timestamp(req.LeaseTTLMs))
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
 		capExpiry(next, now)
 		d := idemkv.DecisionExecute
@@ -91,7 +95,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		next.Actor = req.Actor
 		next.Attempts++
 		next.UpdatedAt = now
-		next.LeaseExpiresAt = now + leaseTTL(req.LeaseTTLMs)
+		next.LeaseExpiresAt = now + idemkv.Timestamp(req.LeaseTTLMs)
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
 		capExpiry(next, now)
 		return next, granted(idemkv.DecisionRecover, next)
@@ -121,25 +125,12 @@ func conflictOf(cur *idemkv.Record, req *idemkv.ReserveRequest) *idemkv.Conflict
 	return c
 }
 
-// leaseTTL and requestedExpiry fall back to the protocol defaults so that a command whose
-// defaults were not filled still yields a sane record instead of one that is born
-// expired.
-func leaseTTL(ms int64) idemkv.Timestamp {
-	if ms <= 0 {
-		return idemkv.Timestamp(idemkv.DefaultLimits().DefaultLeaseTTL.Milliseconds())
-	}
-	return idemkv.Timestamp(ms)
-}
-
+// requestedExpiry is expires_at when the caller set one, else now + ttl_ms.
 func requestedExpiry(req *idemkv.ReserveRequest, now idemkv.Timestamp) idemkv.Timestamp {
-	switch {
-	case req.ExpiresAt != 0:
+	if req.ExpiresAt != 0 {
 		return req.ExpiresAt
-	case req.TTLMs > 0:
-		return now + idemkv.Timestamp(req.TTLMs)
-	default:
-		return now + idemkv.Timestamp(idemkv.DefaultLimits().DefaultTTL.Milliseconds())
 	}
+	return now + idemkv.Timestamp(req.TTLMs)
 }
 
 // checkOwner applies the rules shared by commit, fail, release and heartbeat. fp is ""
@@ -228,9 +219,10 @@ func DecideRelease(cur *idemkv.Record, req *idemkv.ReleaseRequest, now idemkv.Ti
 }
 
 // DecideHeartbeat extends the lease of the attempt holding req.Fence to now +
-// LeaseTTLMs. It never shortens the lease (see the invariants above) and pushes
-// expires_at along when the lease would outlive it. A heartbeat after the lease ran out
-// still lands when nobody recovered the key: the fence is still current.
+// LeaseTTLMs, which the proposer filled (idemkv.HeartbeatRequest.EnsureDefaults). It
+// never shortens the lease (see the invariants above) and pushes expires_at along when
+// the lease would outlive it. A heartbeat after the lease ran out still lands when
+// nobody recovered the key: the fence is still current.
 func DecideHeartbeat(cur *idemkv.Record, req *idemkv.HeartbeatRequest, now idemkv.Timestamp) (next *idemkv.Record, err error) {
 	if err := checkOwner(cur, "", req.Fence, now); err != nil {
 		return nil, err
@@ -244,7 +236,7 @@ func DecideHeartbeat(cur *idemkv.Record, req *idemkv.HeartbeatRequest, now idemk
 	}
 	next = cur.Clone()
 	next.UpdatedAt = now
-	next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+leaseTTL(req.LeaseTTLMs))
+	next.LeaseExpiresAt = max(cur.LeaseExpiresAt, now+idemkv.Timestamp(req.LeaseTTLMs))
 	next.ExpiresAt = max(cur.ExpiresAt, next.LeaseExpiresAt)
 	capExpiry(next, now)
 	return next, nil

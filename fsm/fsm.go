@@ -237,6 +237,12 @@ func (f *FSM) Err() error {
 	return f.halted
 }
 
+// errUnfilled refuses a reserve or heartbeat proposed without its lease and TTL. The
+// proposer fills them from the limits it owns (EnsureDefaults) and the state machine
+// owns no defaults; deciding on zeros would store a record born expired. Every
+// proposer has always filled them, so no log holds such an entry.
+var errUnfilled = idemkv.Invalid("lease_ttl_ms", "a reserve or heartbeat was proposed without its lease and TTL filled in")
+
 // applyCommand stages cmd's effect in b. A nodeUpdate, when returned, is applied to
 // the in-memory membership once the batch commits. storeErr is a storage error,
 // which must halt the state machine; every other outcome is in res.
@@ -245,6 +251,9 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 	switch cmd.Op {
 	case OpReserve:
 		r := cmd.Reserve
+		if r.LeaseTTLMs <= 0 || (r.TTLMs <= 0 && r.ExpiresAt == 0) {
+			return &Result{Err: errUnfilled}, nil, nil
+		}
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
 			return nil, nil, err
@@ -306,6 +315,9 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		res.Released = release
 	case OpHeartbeat:
 		r := cmd.Heartbeat
+		if r.LeaseTTLMs <= 0 {
+			return &Result{Err: errUnfilled}, nil, nil
+		}
 		cur, err := b.Record(r.Tenant, r.Key)
 		if err != nil {
 			return nil, nil, err

@@ -126,6 +126,7 @@ func writeBackup(t *testing.T, dir, path string, total int) {
 		if err := r.Validate(idemkv.Limits{}.WithDefaults(), now); err != nil {
 			t.Fatal(err)
 		}
+		r.EnsureDefaults(idemkv.Limits{})
 		buf, err := (&fsm.Command{Op: fsm.OpReserve, Now: now, Reserve: r}).AppendBinary(nil)
 		if err != nil {
 			t.Fatal(err)

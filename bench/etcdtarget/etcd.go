@@ -106,6 +106,7 @@ func (t *Target) Reserve(ctx context.Context, r *loadgen.Reserve) (loadgen.Reser
 	k := t.prefix + r.Key
 	req := &idemkv.ReserveRequest{Tenant: t.tenant, Key: r.Key, Tool: r.Tool, Actor: "bench",
 		Fingerprint: r.Fingerprint, AttemptID: r.AttemptID, LeaseTTLMs: r.LeaseTTLMs}
+	req.EnsureDefaults(idemkv.Limits{}) // as a node does before deciding: fsm.Decide owns no defaults
 	now := idemkv.TimestampOf(time.Now())
 	fresh, _ := fsm.Decide(nil, req, now, 0)
 	value, err := json.Marshal(fresh)

@@ -206,6 +206,7 @@ func scanRecord(tenant, key string, row pgx.Row, prefix ...any) (*idemkv.Record,
 func (t *Target) Reserve(ctx context.Context, r *loadgen.Reserve) (loadgen.Reservation, error) {
 	req := &idemkv.ReserveRequest{Tenant: t.tenant, Key: r.Key, Tool: r.Tool, Actor: "bench",
 		Fingerprint: r.Fingerprint, AttemptID: r.AttemptID, LeaseTTLMs: r.LeaseTTLMs}
+	req.EnsureDefaults(idemkv.Limits{}) // as a node does before deciding: fsm.Decide owns no defaults
 	for range casAttempts {
 		now := idemkv.TimestampOf(time.Now())
 		fresh, _ := fsm.Decide(nil, req, now, 0)
