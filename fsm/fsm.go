@@ -247,132 +247,17 @@ var errUnfilled = idemkv.Invalid("lease_ttl_ms", "a reserve or heartbeat was pro
 // the in-memory membership once the batch commits. storeErr is a storage error,
 // which must halt the state machine; every other outcome is in res.
 func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp, index uint64) (res *Result, nodeUpdate func([]idemkv.NodeInfo) []idemkv.NodeInfo, storeErr error) {
-	res = &Result{}
+	if k, ok := recordOf(cmd); ok {
+		res, err := applyToRecord(b, k, cmd, now, index)
+		return res, nil, err
+	}
 	switch cmd.Op {
-	case OpReserve:
-		r := cmd.Reserve
-		if r.LeaseTTLMs <= 0 || (r.TTLMs <= 0 && r.ExpiresAt == 0) {
-			return &Result{Err: errUnfilled}, nil, nil
-		}
-		cur, err := b.Record(r.Tenant, r.Key)
-		if err != nil {
-			return nil, nil, err
-		}
-		next, rr := Decide(cur, r, now, index)
-		if next != nil {
-			if err := b.PutRecord(next); err != nil {
-				return nil, nil, err
-			}
-		}
-		res.Reserve = rr
-	case OpCommit:
-		r := cmd.Commit
-		cur, err := b.Record(r.Tenant, r.Key)
-		if err != nil {
-			return nil, nil, err
-		}
-		next, receipt, err := DecideCommit(cur, r, now)
-		if err != nil {
-			return &Result{Err: err}, nil, nil
-		}
-		if next != nil {
-			if err := b.PutRecord(next); err != nil {
-				return nil, nil, err
-			}
-		}
-		res.Receipt = receipt
-	case OpFail:
-		r := cmd.Fail
-		cur, err := b.Record(r.Tenant, r.Key)
-		if err != nil {
-			return nil, nil, err
-		}
-		next, rec, err := DecideFail(cur, r, now)
-		if err != nil {
-			return &Result{Err: err}, nil, nil
-		}
-		if next != nil {
-			if err := b.PutRecord(next); err != nil {
-				return nil, nil, err
-			}
-		}
-		res.Record = rec
-	case OpRelease:
-		r := cmd.Release
-		cur, err := b.Record(r.Tenant, r.Key)
-		if err != nil {
-			return nil, nil, err
-		}
-		release, err := DecideRelease(cur, r, now)
-		if err != nil {
-			return &Result{Err: err}, nil, nil
-		}
-		if release {
-			if _, err := b.DeleteRecord(r.Tenant, r.Key); err != nil {
-				return nil, nil, err
-			}
-		}
-		res.Released = release
-	case OpHeartbeat:
-		r := cmd.Heartbeat
-		if r.LeaseTTLMs <= 0 {
-			return &Result{Err: errUnfilled}, nil, nil
-		}
-		cur, err := b.Record(r.Tenant, r.Key)
-		if err != nil {
-			return nil, nil, err
-		}
-		next, err := DecideHeartbeat(cur, r, now)
-		if err != nil {
-			return &Result{Err: err}, nil, nil
-		}
-		if err := b.PutRecord(next); err != nil {
-			return nil, nil, err
-		}
-		res.Record = next
-	case OpDoubt:
-		r := cmd.Doubt
-		cur, err := b.Record(r.Tenant, r.Key)
-		if err != nil {
-			return nil, nil, err
-		}
-		next, rec, err := DecideDoubt(cur, r, now)
-		if err != nil {
-			return &Result{Err: err}, nil, nil
-		}
-		if next != nil {
-			if err := b.PutRecord(next); err != nil {
-				return nil, nil, err
-			}
-		}
-		res.Record = rec
-	case OpResolve:
-		r := cmd.Resolve
-		cur, err := b.Record(r.Tenant, r.Key)
-		if err != nil {
-			return nil, nil, err
-		}
-		next, receipt, release, err := DecideResolve(cur, r, now)
-		if err != nil {
-			return &Result{Err: err}, nil, nil
-		}
-		if next != nil {
-			if err := b.PutRecord(next); err != nil {
-				return nil, nil, err
-			}
-		}
-		if release {
-			if _, err := b.DeleteRecord(r.Tenant, r.Key); err != nil {
-				return nil, nil, err
-			}
-		}
-		res.Receipt, res.Released = receipt, release
 	case OpSweep:
 		swept, more, err := sweep(b, now, cmd.Sweep.Limit)
 		if err != nil {
 			return nil, nil, err
 		}
-		res.Swept, res.More = swept, more
+		return &Result{Swept: swept, More: more}, nil, nil
 	case OpSetNode:
 		n := idemkv.NodeInfo{ID: cmd.Node.ID, RaftAddr: cmd.Node.RaftAddr, APIAddr: cmd.Node.APIAddr}
 		if n.ID == "" {
@@ -381,7 +266,7 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		if err := b.PutNode(n); err != nil {
 			return nil, nil, err
 		}
-		return res, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
+		return &Result{}, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
 			nodes = slices.DeleteFunc(slices.Clone(nodes), func(o idemkv.NodeInfo) bool { return o.ID == n.ID })
 			nodes = append(nodes, n)
 			slices.SortFunc(nodes, func(a, b idemkv.NodeInfo) int { return strings.Compare(a.ID, b.ID) })
@@ -392,11 +277,80 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		if err := b.DeleteNode(id); err != nil {
 			return nil, nil, err
 		}
-		return res, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
+		return &Result{}, func(nodes []idemkv.NodeInfo) []idemkv.NodeInfo {
 			return slices.DeleteFunc(slices.Clone(nodes), func(o idemkv.NodeInfo) bool { return o.ID == id })
 		}, nil
 	}
-	return res, nil, nil
+	return &Result{}, nil, nil
+}
+
+// applyToRecord decides cmd on the stored record of k and stages what the decision
+// says. A refusal changes nothing. storeErr is a storage error.
+func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Timestamp, index uint64) (res *Result, storeErr error) {
+	cur, err := b.Record(k.tenant, k.key)
+	if err != nil {
+		return nil, err
+	}
+	d := decideOn(cur, cmd, now, index)
+	if d.err != nil {
+		return &Result{Err: d.err}, nil
+	}
+	if d.put != nil {
+		if err := b.PutRecord(d.put); err != nil {
+			return nil, err
+		}
+	}
+	if d.release {
+		if _, err := b.DeleteRecord(k.tenant, k.key); err != nil {
+			return nil, err
+		}
+	}
+	return d.res, nil
+}
+
+// decision is what a decision function of decide.go says of one record: the record to
+// store (nil: none), whether to delete it, the answer, or why the command is refused.
+type decision struct {
+	put     *idemkv.Record
+	release bool
+	res     *Result
+	err     error
+}
+
+// decideOn runs the decision function of cmd's op on cur.
+func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint64) decision {
+	switch cmd.Op {
+	case OpReserve:
+		r := cmd.Reserve
+		if r.LeaseTTLMs <= 0 || (r.TTLMs <= 0 && r.ExpiresAt == 0) {
+			return decision{err: errUnfilled}
+		}
+		next, rr := Decide(cur, r, now, index)
+		return decision{put: next, res: &Result{Reserve: rr}}
+	case OpCommit:
+		next, receipt, err := DecideCommit(cur, cmd.Commit, now)
+		return decision{put: next, res: &Result{Receipt: receipt}, err: err}
+	case OpFail:
+		next, rec, err := DecideFail(cur, cmd.Fail, now)
+		return decision{put: next, res: &Result{Record: rec}, err: err}
+	case OpRelease:
+		release, err := DecideRelease(cur, cmd.Release, now)
+		return decision{release: release, res: &Result{Released: release}, err: err}
+	case OpHeartbeat:
+		if cmd.Heartbeat.LeaseTTLMs <= 0 {
+			return decision{err: errUnfilled}
+		}
+		next, err := DecideHeartbeat(cur, cmd.Heartbeat, now)
+		return decision{put: next, res: &Result{Record: next}, err: err}
+	case OpDoubt:
+		next, rec, err := DecideDoubt(cur, cmd.Doubt, now)
+		return decision{put: next, res: &Result{Record: rec}, err: err}
+	case OpResolve:
+		next, receipt, release, err := DecideResolve(cur, cmd.Resolve, now)
+		return decision{put: next, release: release, res: &Result{Receipt: receipt, Released: release}, err: err}
+	}
+	// Unreachable: recordOf names no other op.
+	return decision{err: idemkv.Errorf(idemkv.ErrInternal, "fsm: no decision for %s", cmd.Op)}
 }
 
 // sweep deletes up to limit records expired at now. It reads limit+1 index entries so

@@ -79,26 +79,36 @@ func (w *watchers) wake(keys []recordKey, all bool) {
 	}
 }
 
+// recordOf names the one record cmd acts on; ok is false for the commands that act
+// on none (membership) or on many (a sweep).
+func recordOf(cmd *Command) (k recordKey, ok bool) {
+	switch cmd.Op {
+	case OpReserve:
+		return recordKey{cmd.Reserve.Tenant, cmd.Reserve.Key}, true
+	case OpCommit:
+		return recordKey{cmd.Commit.Tenant, cmd.Commit.Key}, true
+	case OpFail:
+		return recordKey{cmd.Fail.Tenant, cmd.Fail.Key}, true
+	case OpRelease:
+		return recordKey{cmd.Release.Tenant, cmd.Release.Key}, true
+	case OpHeartbeat:
+		return recordKey{cmd.Heartbeat.Tenant, cmd.Heartbeat.Key}, true
+	case OpDoubt:
+		return recordKey{cmd.Doubt.Tenant, cmd.Doubt.Key}, true
+	case OpResolve:
+		return recordKey{cmd.Resolve.Tenant, cmd.Resolve.Key}, true
+	}
+	return recordKey{}, false
+}
+
 // touched names the record cmd changes; all reports a command that may change any
 // record (a sweep) or one this function does not know, which must wake everyone
 // rather than leave a long-poll asleep on a changed record.
 func touched(cmd *Command) (k recordKey, all bool) {
-	switch cmd.Op {
-	case OpReserve:
-		return recordKey{cmd.Reserve.Tenant, cmd.Reserve.Key}, false
-	case OpCommit:
-		return recordKey{cmd.Commit.Tenant, cmd.Commit.Key}, false
-	case OpFail:
-		return recordKey{cmd.Fail.Tenant, cmd.Fail.Key}, false
-	case OpRelease:
-		return recordKey{cmd.Release.Tenant, cmd.Release.Key}, false
-	case OpHeartbeat:
-		return recordKey{cmd.Heartbeat.Tenant, cmd.Heartbeat.Key}, false
-	case OpDoubt:
-		return recordKey{cmd.Doubt.Tenant, cmd.Doubt.Key}, false
-	case OpResolve:
-		return recordKey{cmd.Resolve.Tenant, cmd.Resolve.Key}, false
-	case OpSetNode, OpRemoveNode:
+	if k, ok := recordOf(cmd); ok {
+		return k, false
+	}
+	if cmd.Op == OpSetNode || cmd.Op == OpRemoveNode {
 		return recordKey{}, false
 	}
 	return recordKey{}, true
