@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkv/idemkv/bench/pgtarget"
 	"github.com/idemkv/idemkv/loadgen"
 )
 
@@ -290,5 +291,27 @@ func TestReportMergesParts(t *testing.T) {
 	}
 	if err := runReport(t.Context(), []string{"--out", dir, files[0], files[0]}, io.Discard, io.Discard); err == nil {
 		t.Error("a system measured twice was merged")
+	}
+}
+
+func TestReplicationNeedsTwoStandbysInQuorum(t *testing.T) {
+	streaming := func(name, sync string) pgtarget.Standby {
+		return pgtarget.Standby{Name: name, State: "streaming", SyncState: sync}
+	}
+	for _, c := range []struct {
+		standbys []pgtarget.Standby
+		ok       bool
+	}{
+		{[]pgtarget.Standby{streaming("s1", "quorum"), streaming("s2", "quorum")}, true},
+		{[]pgtarget.Standby{streaming("s1", "quorum")}, false},
+		{[]pgtarget.Standby{streaming("s1", "quorum"), streaming("s2", "async")}, false},
+		{[]pgtarget.Standby{streaming("s1", "sync"), streaming("s2", "potential")}, false},
+		{[]pgtarget.Standby{streaming("s1", "quorum"), {Name: "s2", State: "catchup", SyncState: "quorum"}}, false},
+		{nil, false},
+	} {
+		r := pgReplication{Names: "ANY 1 (s1, s2)", Standbys: c.standbys}
+		if err := r.judge(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok=%v", c.standbys, err, c.ok)
+		}
 	}
 }

@@ -152,15 +152,20 @@ func (r *pgReplication) check(ctx context.Context, t *pgtarget.Target) error {
 		return err
 	}
 	r.Names, r.Standbys = names, standbys
+	return r.judge()
+}
+
+// judge refuses what it saw unless syncStandbys standbys stream in quorum.
+func (r *pgReplication) judge() error {
 	n := 0
-	for _, s := range standbys {
+	for _, s := range r.Standbys {
 		if s.State == "streaming" && s.SyncState == "quorum" {
 			n++
 		}
 	}
 	if n < syncStandbys {
-		return fmt.Errorf("postgres-sync: %w: %d of %d standbys streaming in quorum (synchronous_standby_names %q, standbys %+v)",
-			idemkv.ErrInvalidArgument, n, syncStandbys, names, standbys)
+		return fmt.Errorf("%w: %d of %d standbys streaming in quorum (synchronous_standby_names %q, standbys %+v)",
+			idemkv.ErrInvalidArgument, n, syncStandbys, r.Names, r.Standbys)
 	}
 	return nil
 }
