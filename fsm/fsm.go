@@ -193,9 +193,10 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 
 // halt stops the state machine for good: it applies, snapshots and reads nothing more
 // until a restore succeeds (or the process restarts). The replica's state is then
-// either behind (a batch that was not stored) or gone (a failed restore wiped it), and
-// either way Raft must not count it as applied: no snapshot may label it, so the log
-// that replays it after a restart stays. The node watches Halted and stops Raft.
+// behind (a batch that was not stored, or a snapshot that failed to restore over it) or
+// closed (a restore that failed while replacing it), and either way Raft must not count
+// it as applied: no snapshot may label it, so the log that replays it after a restart
+// stays. The node watches Halted and stops Raft.
 func (f *FSM) halt(err error) error {
 	err = idemkv.Errorf(idemkv.ErrOutcomeUnknown, "state machine halted: %v; the node must restart", err)
 	f.mu.Lock()
@@ -448,8 +449,9 @@ func (f *FSM) Changed() <-chan struct{} {
 	return f.changed
 }
 
-// readable refuses reads of a halted state machine: its store may be empty (a failed
-// restore wiped it), and "not found" from there could hand out a second execute.
+// readable refuses reads of a halted state machine: its store may be behind the
+// snapshot Raft installed (a restore failed), and "not found" from there could hand out
+// a second execute.
 func (f *FSM) readable() error {
 	if err := f.Err(); err != nil {
 		return idemkv.Errorf(idemkv.ErrUnavailable, "%v", err)
@@ -557,26 +559,31 @@ func (f *FSM) CheckExpiryIndex() error { return f.st.CheckExpiryIndex() }
 // Close releases nothing: the store belongs to whoever opened it.
 func (f *FSM) Close() error { return nil }
 
-// Snapshot captures a Pebble snapshot; Persist does the I/O, off Raft's FSM goroutine.
+// Snapshot captures the state (storage.Store.NewSnapshot: a Pebble snapshot, no I/O);
+// Persist does the I/O, off Raft's FSM goroutine, and what it writes is exactly the
+// state captured here, whatever is applied meanwhile.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	// A snapshot of a halted state machine would let Raft compact away the entries it
 	// did not store.
 	if err := f.Err(); err != nil {
 		return nil, fmt.Errorf("fsm: no snapshot: %w", err)
 	}
-	return &fsmSnapshot{st: f.st, snap: f.st.NewSnapshot(), logger: f.logger, index: f.AppliedIndex()}, nil
+	snap := f.st.NewSnapshot()
+	index, _ := snap.Applied()
+	return &fsmSnapshot{st: f.st, snap: snap, logger: f.logger, index: index}, nil
 }
 
-// Restore replaces the state with a snapshot stream written by Persist. A restore that
-// fails leaves the store wiped, and applying log entries on top of an empty store would
-// lose every older record on this replica (and, once it leads, answer execute for keys
-// that were committed): it halts the state machine until a restore succeeds (issue 12,
-// defect 2).
+// Restore replaces the state with a snapshot stream written by Persist (or by an older
+// version). A restore that fails leaves this replica's store as it was, behind the
+// snapshot Raft has already installed, or (an I/O error in the middle of replacing it)
+// closed; applying log entries on top of either would diverge from the other replicas
+// (and, once it leads, could answer execute for keys that were committed): it halts
+// the state machine until a restore succeeds (issue 12, defect 2).
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	restoreErr := f.st.Restore(rc)
-	// Reload and wake waiters even on failure: the store was wiped, and the
-	// bookkeeping and anyone watching must see that.
+	// Reload and wake waiters even on failure: anyone watching must see the halt, and
+	// the bookkeeping must match whatever store is there.
 	err := errors.Join(restoreErr, f.load())
 	if err != nil {
 		err = fmt.Errorf("fsm: restore: %w", err)

@@ -64,29 +64,33 @@ func assertHalted(t *testing.T, h *harness, appliedBefore uint64, hashBefore [32
 	}
 }
 
-// TestFailedRestoreHalts: a restore that fails (a cut stream, an I/O error) wipes the
-// store; the state machine used to stay live on the empty store and apply the next
-// entries there, losing every older record on that replica (issue 12, defect 2). It
-// now applies nothing until a restore succeeds.
+// TestFailedRestoreHalts: a restore that fails (a cut stream, a corrupt file, an I/O
+// error) used to leave the store wiped, and the state machine stayed live on it and
+// applied the next entries there, losing every older record on that replica (issue
+// 12, defect 2). The store is now left as it was, behind the snapshot Raft installed,
+// and the state machine applies nothing until a restore succeeds.
 func TestFailedRestoreHalts(t *testing.T) {
 	src := newHarness(t)
 	populate(t, src, 200)
 	data, want := snapshotBytes(t, src)
-	empty, err := newHarness(t).f.StateHash()
-	if err != nil {
-		t.Fatal(err)
-	}
+	corrupt := bytes.Clone(data)
+	corrupt[len(data)/2] ^= 0x01 // inside the store's files
 	for name, r := range map[string]func() io.Reader{
-		"truncated": func() io.Reader { return bytes.NewReader(data[:len(data)/2]) },
-		"I/O error": func() io.Reader { return &failingReader{data: data, n: len(data) / 3} },
+		"truncated":    func() io.Reader { return bytes.NewReader(data[:len(data)/2]) },
+		"corrupt file": func() io.Reader { return bytes.NewReader(corrupt) },
+		"I/O error":    func() io.Reader { return &failingReader{data: data, n: len(data) / 3} },
 	} {
 		t.Run(name, func(t *testing.T) {
 			h := newHarness(t)
 			mustOK(t, h.apply(reserveCmd(t0, "t0", "pre-existing", "a"))...)
+			before, err := h.f.StateHash()
+			if err != nil {
+				t.Fatal(err)
+			}
 			if err := h.f.Restore(io.NopCloser(r())); err == nil {
 				t.Fatal("restore succeeded")
 			}
-			assertHalted(t, h, 0, empty)
+			assertHalted(t, h, 1, before)
 			// A restore that succeeds lifts the halt.
 			if err := h.f.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
 				t.Fatal(err)

@@ -24,8 +24,10 @@ import (
 // Pebble is written while the node keeps serving. Only the leader takes backups; any
 // other node fails with idemkv.ErrNotLeader before writing anything.
 //
-// The stream is the state machine's snapshot format, whose checksummed trailer makes a
-// cut or corrupt copy detectable. Restore seeds a new cluster from it.
+// The stream is the state machine's snapshot format (storage/snapshot.go: the store's
+// files, each with its checksum, and a checksummed trailer), so a cut or corrupt copy
+// is detectable. Restore seeds a new cluster from it, and from the record streams of
+// older versions too.
 func (n *Node) Backup(ctx context.Context, w io.Writer) error {
 	if err := n.readIndex(ctx); err != nil {
 		return err
@@ -36,12 +38,13 @@ func (n *Node) Backup(ctx context.Context, w io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("node: backup after %d bytes: %w", written, err)
 	}
-	n.log.Info("backup taken", "bytes", written, "applied_index", n.fsm.AppliedIndex())
+	index, _ := snap.Applied()
+	n.log.Info("backup taken", "bytes", written, "applied_index", index)
 	return nil
 }
 
 // stopWriter fails once the caller gives up or the node shuts down, so that a backup
-// in progress releases its Pebble snapshot before Close closes the store.
+// in progress stops and removes its checkpoint rather than stream on past Close.
 type stopWriter struct {
 	w         io.Writer
 	ctx, node context.Context

@@ -401,10 +401,12 @@ func (n *Node) open() error {
 // Raft labels a snapshot with the index of the last entry it dispatched, which may be
 // a no-op or barrier that never reached the state machine; the state inside is that of
 // the applied index stored in the stream. Comparing Pebble's applied index with that
-// one decides, reading only the snapshot's first few pairs; entries between it and the
-// label change no state, so the applied index then moves up to the label. (It used to
-// read the log one index at a time between the two: a million lookups on a wiped store
-// of a million entries; issue 12, defect 7.)
+// one decides, reading only the snapshot's header (the first pairs of a snapshot an
+// older version wrote); entries between it and the label change no state, so the
+// applied index then moves up to the label. (It used to read the log one index at a
+// time between the two: a million lookups on a wiped store of a million entries; issue
+// 12, defect 7.) A restore that a crash cut short leaves Pebble at its old state
+// (storage.OpenWith puts the old store back), which this then finds behind.
 func (n *Node) restoreIfBehind(snaps raft.SnapshotStore) error {
 	list, err := snaps.List()
 	if err != nil {

@@ -45,7 +45,12 @@ func (b *Batch) keepDoubtIndex(k []byte, tenant, key string, next *idemkv.Record
 // InDoubtStats returns the number of in-doubt records and the earliest in_doubt_since
 // among them (0 if none).
 func (s *Store) InDoubtStats() (count int, oldest idemkv.Timestamp, err error) {
-	it, err := s.db.NewIter(prefixIter(prefixDoubt))
+	db, err := s.open()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.mu.RUnlock()
+	it, err := db.NewIter(prefixIter(prefixDoubt))
 	if err != nil {
 		return 0, 0, fmt.Errorf("storage: in-doubt index: %w", err)
 	}
@@ -72,7 +77,13 @@ func (s *Store) ScanInDoubt(tenant, prefix, after string, fn func(*idemkv.Record
 			lower = k
 		}
 	}
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(doubtKey(tenant, prefix))})
+	db, err := s.open()
+	if err != nil {
+		return err
+	}
+	// fn runs with the store held shared: it must not call back into the store.
+	defer s.mu.RUnlock()
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(doubtKey(tenant, prefix))})
 	if err != nil {
 		return fmt.Errorf("storage: scan in doubt: %w", err)
 	}
@@ -83,7 +94,7 @@ func (s *Store) ScanInDoubt(tenant, prefix, after string, fn func(*idemkv.Record
 		if i < 0 {
 			return fmt.Errorf("%w: in-doubt key without separator", ErrCorrupt)
 		}
-		rec, err := s.Record(string(rest[:i]), string(rest[i+1:]))
+		rec, err := getRecord(db, string(rest[:i]), string(rest[i+1:]))
 		if err != nil {
 			return err
 		}

@@ -136,7 +136,7 @@ func TestRestoreForgetsRecentRecords(t *testing.T) {
 	}
 	var stream bytes.Buffer
 	snap := src.NewSnapshot()
-	if _, err := snap.WriteTo(&stream); err != nil {
+	if _, err := snap.WriteRecordsTo(&stream); err != nil {
 		t.Fatal(err)
 	}
 	if err := snap.Close(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -279,9 +280,26 @@ func snapshotOf(t *testing.T, s *Store) []byte {
 	return buf.Bytes()
 }
 
-// TestRestoreWritesAppliedIndexLast checks the loader alone, without the wipe that
-// Restore adds on failure: a stream cut anywhere must never leave an applied index.
-func TestRestoreWritesAppliedIndexLast(t *testing.T) {
+// recordsOf is snapshotOf in the version-1 format.
+func recordsOf(t *testing.T, s *Store) []byte {
+	t.Helper()
+	snap := s.NewSnapshot()
+	defer snap.Close()
+	var buf bytes.Buffer
+	n, err := snap.WriteRecordsTo(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != int64(buf.Len()) {
+		t.Errorf("WriteRecordsTo reported %d bytes, wrote %d", n, buf.Len())
+	}
+	return buf.Bytes()
+}
+
+// TestCutRestoreLeavesStoreAsItWas: a stream cut anywhere, in either format, fails
+// and leaves the store exactly as it was, with nothing beside it; the version-1 loader
+// commits in small batches here, so a cut stream has written some before it fails.
+func TestCutRestoreLeavesStoreAsItWas(t *testing.T) {
 	src := openStore(t, t.TempDir())
 	b := src.NewBatch()
 	if err := b.SetApplied(500, 2); err != nil {
@@ -295,45 +313,54 @@ func TestRestoreWritesAppliedIndexLast(t *testing.T) {
 	if err := b.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	data := snapshotOf(t, src)
-	// m/applied sorts before r/ and x/, so it is early in the stream.
-	if i := bytes.Index(data, keyApplied); i < 0 || i > len(data)/4 {
-		t.Fatalf("applied key at %d of %d: the test needs it early", i, len(data))
-	}
-	dst := openStore(t, t.TempDir())
-	// Small batches, so that the cut streams below have committed data before failing.
 	defer func(n int) { restoreBatchBytes = n }(restoreBatchBytes)
 	restoreBatchBytes = 512
-	for _, cut := range []int{len(data) / 4, len(data) / 2, len(data) - 5} {
-		if err := dst.restore(bytes.NewReader(data[:cut])); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("cut at %d: err = %v", cut, err)
-		}
-		if i, _, err := dst.Applied(); err != nil || i != 0 {
-			t.Errorf("cut at %d: applied index %d (%v) is visible before the trailer verified", cut, i, err)
-		}
-	}
-	if err := dst.Restore(bytes.NewReader(data)); err != nil {
-		t.Fatal(err)
-	}
-	if i, term, _ := dst.Applied(); i != 500 || term != 2 {
-		t.Errorf("applied after full restore = %d/%d", i, term)
-	}
-	if err := dst.CheckExpiryIndex(); err != nil {
-		t.Error(err)
-	}
-	h1, _ := src.Hash()
-	h2, _ := dst.Hash()
-	if h1 != h2 {
-		t.Error("hash differs after restore")
-	}
-	if !bytes.Equal(snapshotOf(t, dst), data) {
-		t.Error("a snapshot of the restored store differs from the one restored")
+	for name, data := range map[string][]byte{"version 1": recordsOf(t, src), "version 2": snapshotOf(t, src)} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			dst := openStore(t, filepath.Join(dir, "pebble"))
+			b := dst.NewBatch()
+			if err := errors.Join(b.PutRecord(rec("t", "before", ts)), b.SetApplied(3, 1), b.Commit()); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := dst.Hash()
+			for _, cut := range []int{len(data) / 4, len(data) / 2, len(data) - 5} {
+				if err := dst.Restore(bytes.NewReader(data[:cut])); !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("cut at %d: err = %v", cut, err)
+				}
+				if i, _, err := dst.Applied(); err != nil || i != 3 {
+					t.Errorf("cut at %d: applied index %d (%v), want the store's own 3", cut, i, err)
+				}
+				if h, _ := dst.Hash(); h != before || dst.RecordCount() != 1 {
+					t.Errorf("cut at %d: the store changed (%d records)", cut, dst.RecordCount())
+				}
+				assertOnlyStore(t, dir)
+			}
+			if err := dst.Restore(bytes.NewReader(data)); err != nil {
+				t.Fatal(err)
+			}
+			if i, term, _ := dst.Applied(); i != 500 || term != 2 {
+				t.Errorf("applied after full restore = %d/%d", i, term)
+			}
+			if err := dst.CheckExpiryIndex(); err != nil {
+				t.Error(err)
+			}
+			h1, _ := src.Hash()
+			h2, _ := dst.Hash()
+			if h1 != h2 || dst.RecordCount() != 200 {
+				t.Errorf("hash differs after restore, or %d records", dst.RecordCount())
+			}
+			if v1 := recordsOf(t, src); !bytes.Equal(recordsOf(t, dst), v1) {
+				t.Error("the restored store holds other pairs than the one snapshotted")
+			}
+			assertOnlyStore(t, dir)
+		})
 	}
 }
 
 func TestRestoreRejectsOversizedFields(t *testing.T) {
 	s := openStore(t, t.TempDir())
-	stream := []byte(snapMagic + "\x01\x01")
+	stream := []byte(snapMagic + "\x01\x01")              // version 1, a pair
 	stream = append(stream, 0xff, 0xff, 0xff, 0xff, 0x0f) // key length 4 GiB
 	if err := s.Restore(bytes.NewReader(stream)); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("err = %v, want corrupt", err)

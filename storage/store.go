@@ -13,23 +13,56 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/idemkv/idemkv"
 )
 
 // Store is an open Pebble database holding idemkv state. Reads are safe from any
-// goroutine; writes go through one Batch at a time (the state machine's).
+// goroutine; writes go through one Batch at a time (the state machine's), and so does
+// Restore, which replaces the database under the readers.
 type Store struct {
-	db     *pebble.DB
+	dir    string
+	opts   Options // defaults filled
 	logger *slog.Logger
 	recent *recentRecords
 	// records is the number of stored records, as m/records holds it.
 	records atomic.Int64
+
+	// mu guards db: readers hold it shared while they use db, a restore exclusively
+	// while it swaps the directory under it. db is nil once closed, or when a restore
+	// failed after closing the old database and could not open either (the state
+	// machine halts then, and a restart recovers; see recoverSwap).
+	mu sync.RWMutex
+	db *pebble.DB
+	// closed is set by Close: a restore then opens nothing again.
+	closed bool
+
+	// commitMu orders batch commits against snapshots: a snapshot's Pebble view and
+	// the start of its write tracking fall between two commits. It guards captures,
+	// the snapshots still tracking the keys that commits write.
+	commitMu sync.Mutex
+	captures map[*Snapshot]struct{}
+	// captureSeq names the checkpoint directories of snapshots.
+	captureSeq atomic.Uint64
+}
+
+// errClosed answers reads of a store that has no open database.
+var errClosed = fmt.Errorf("%w: storage: the store is closed", idemkv.ErrInternal)
+
+// open returns the database with mu held shared; the caller must RUnlock.
+func (s *Store) open() (*pebble.DB, error) {
+	s.mu.RLock()
+	if s.db == nil {
+		s.mu.RUnlock()
+		return nil, errClosed
+	}
+	return s.db, nil
 }
 
 // Log attribute keys.
@@ -63,7 +96,8 @@ func Open(dir string, logger *slog.Logger) (*Store, error) {
 	return OpenWith(dir, logger, Options{})
 }
 
-// OpenWith opens (creating if needed) the database in dir.
+// OpenWith opens (creating if needed) the database in dir. A restore that crashed
+// between the two renames of its swap is undone first (recoverSwap).
 func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -72,30 +106,22 @@ func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 	if o.CacheBytes <= 0 {
 		o.CacheBytes = DefaultCacheBytes
 	}
-	cache := pebble.NewCache(o.CacheBytes)
-	defer cache.Unref()
-	opts := &pebble.Options{
-		Cache: cache,
-		// Bigger memtables absorb bursts of reserve/commit pairs that overwrite the
-		// same keys, so fewer versions ever reach L0.
-		MemTableSize:                64 << 20,
-		MemTableStopWritesThreshold: 4,
-		FormatMajorVersion:          pebble.FormatNewest,
-		Logger:                      pebbleLogger{logger},
-		FS:                          o.FS,
+	if o.FS == nil {
+		o.FS = vfs.Default
 	}
-	for i := range opts.Levels {
-		// Point lookups of records dominate (every command reads its record first),
-		// and most reserves look up keys that do not exist yet: bloom filters turn
-		// those misses into no disk reads.
-		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	s := &Store{dir: filepath.Clean(dir), opts: o, logger: logger, recent: newRecentRecords(recentCapacity),
+		captures: make(map[*Snapshot]struct{})}
+	if err := s.recoverSwap(); err != nil {
+		return nil, err
 	}
-	db, err := pebble.Open(dir, opts)
+	db, err := s.openDB(s.dir, openLive)
 	if err != nil {
-		return nil, fmt.Errorf("storage: open %s: %w", dir, err)
+		return nil, err
 	}
-	logger.Debug("opened", logKeyDir, dir)
-	s := &Store{db: db, logger: logger, recent: newRecentRecords(recentCapacity)}
+	logger.Debug("opened", logKeyDir, s.dir)
+	s.db = db
+	// Only now that Pebble's lock is ours: another process may still use the dir.
+	s.removeLeftovers()
 	if err := s.loadRecordCount(); err != nil {
 		return nil, errors.Join(err, db.Close())
 	}
@@ -106,34 +132,43 @@ func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 // included. It costs nothing: batches keep it in step with the records they write.
 func (s *Store) RecordCount() int64 { return s.records.Load() }
 
-// loadRecordCount reads the stored record count, or counts the records once and
-// stores the count when there is none (a store written before it was kept, or a
-// snapshot stream from one).
+// loadRecordCount sets the record count from the database (s.db, not yet shared or
+// held exclusively).
 func (s *Store) loadRecordCount() error {
-	v, err := getValue(s.db, keyRecords)
+	n, err := ensureRecordCount(s.db, s.logger)
 	if err != nil {
 		return err
-	}
-	if len(v) == 8 {
-		s.records.Store(int64(binary.BigEndian.Uint64(v)))
-		return nil
-	}
-	if v != nil {
-		return fmt.Errorf("%w: record count of %d bytes", ErrCorrupt, len(v))
-	}
-	n, err := s.countRecords(s.db)
-	if err != nil {
-		return err
-	}
-	if err := s.db.Set(keyRecords, binary.BigEndian.AppendUint64(nil, uint64(n)), pebble.Sync); err != nil {
-		return fmt.Errorf("storage: store the record count: %w", err)
 	}
 	s.records.Store(n)
-	s.logger.Info("counted the stored records", logKeyKeys, n)
 	return nil
 }
 
-func (s *Store) countRecords(r pebble.Reader) (int64, error) {
+// ensureRecordCount reads the stored record count, or counts the records once and
+// stores the count when there is none (a store written before it was kept, or a
+// snapshot stream from one).
+func ensureRecordCount(db *pebble.DB, logger *slog.Logger) (int64, error) {
+	v, err := getValue(db, keyRecords)
+	if err != nil {
+		return 0, err
+	}
+	if len(v) == 8 {
+		return int64(binary.BigEndian.Uint64(v)), nil
+	}
+	if v != nil {
+		return 0, fmt.Errorf("%w: record count of %d bytes", ErrCorrupt, len(v))
+	}
+	n, err := countRecords(db)
+	if err != nil {
+		return 0, err
+	}
+	if err := db.Set(keyRecords, binary.BigEndian.AppendUint64(nil, uint64(n)), pebble.Sync); err != nil {
+		return 0, fmt.Errorf("storage: store the record count: %w", err)
+	}
+	logger.Info("counted the stored records", logKeyKeys, n)
+	return n, nil
+}
+
+func countRecords(r pebble.Reader) (int64, error) {
 	it, err := r.NewIter(prefixIter(prefixRecord))
 	if err != nil {
 		return 0, fmt.Errorf("storage: count records: %w", err)
@@ -149,9 +184,18 @@ func (s *Store) countRecords(r pebble.Reader) (int64, error) {
 }
 
 // Close closes the database. Writes committed without sync that were not made durable
-// by Sync may be lost by a crash, never by Close.
+// by Sync may be lost by a crash, never by Close. Snapshots not yet written fail.
 func (s *Store) Close() error {
-	if err := s.db.Close(); err != nil {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.db == nil {
+		return nil
+	}
+	s.dropCaptures()
+	err := s.db.Close()
+	s.db = nil
+	if err != nil {
 		return fmt.Errorf("storage: close: %w", err)
 	}
 	return nil
@@ -161,7 +205,12 @@ func (s *Store) Close() error {
 // NoSync because Raft's log is the durable copy; before a snapshot lets Raft truncate
 // that log, the state it covers must be on disk.
 func (s *Store) Sync() error {
-	if err := s.db.LogData(nil, pebble.Sync); err != nil {
+	db, err := s.open()
+	if err != nil {
+		return err
+	}
+	defer s.mu.RUnlock()
+	if err := db.LogData(nil, pebble.Sync); err != nil {
 		return fmt.Errorf("storage: sync: %w", err)
 	}
 	return nil
@@ -174,7 +223,12 @@ func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
 	if v, ok := s.recent.get(k); ok {
 		return decodeRecord(tenant, key, v)
 	}
-	return getRecord(s.db, tenant, key)
+	db, err := s.open()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.RUnlock()
+	return getRecord(db, tenant, key)
 }
 
 // ScanRecords calls fn for the records of tenant whose key starts with prefix and is
@@ -187,7 +241,13 @@ func (s *Store) ScanRecords(tenant, prefix, after string, fn func(*idemkv.Record
 			lower = k
 		}
 	}
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(recordKey(tenant, prefix))})
+	db, err := s.open()
+	if err != nil {
+		return err
+	}
+	// fn runs with the store held shared: it must not call back into the store.
+	defer s.mu.RUnlock()
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(recordKey(tenant, prefix))})
 	if err != nil {
 		return fmt.Errorf("storage: scan: %w", err)
 	}
@@ -211,7 +271,16 @@ func (s *Store) ScanRecords(tenant, prefix, after string, fn func(*idemkv.Record
 
 // Applied returns the last log index (and its term) whose effects are stored.
 func (s *Store) Applied() (index, term uint64, err error) {
-	v, err := getValue(s.db, keyApplied)
+	db, err := s.open()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.mu.RUnlock()
+	return readApplied(db)
+}
+
+func readApplied(r pebble.Reader) (index, term uint64, err error) {
+	v, err := getValue(r, keyApplied)
 	if err != nil || v == nil {
 		return 0, 0, err
 	}
@@ -223,7 +292,12 @@ func (s *Store) Applied() (index, term uint64, err error) {
 
 // Clock returns the stored state machine clock.
 func (s *Store) Clock() (idemkv.Timestamp, error) {
-	v, err := getValue(s.db, keyClock)
+	db, err := s.open()
+	if err != nil {
+		return 0, err
+	}
+	defer s.mu.RUnlock()
+	v, err := getValue(db, keyClock)
 	if err != nil || v == nil {
 		return 0, err
 	}
@@ -235,7 +309,12 @@ func (s *Store) Clock() (idemkv.Timestamp, error) {
 
 // Nodes returns the replicated node metadata, sorted by id.
 func (s *Store) Nodes() ([]idemkv.NodeInfo, error) {
-	it, err := s.db.NewIter(prefixIter(prefixNode))
+	db, err := s.open()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.RUnlock()
+	it, err := db.NewIter(prefixIter(prefixNode))
 	if err != nil {
 		return nil, fmt.Errorf("storage: nodes: %w", err)
 	}
@@ -262,7 +341,12 @@ type ExpiryEntry struct {
 // returns the earliest expiry among them (0 if none). Its cost is O(min(overdue,
 // limit)), never a scan of all records.
 func (s *Store) Overdue(now idemkv.Timestamp, limit int) (count int, oldest idemkv.Timestamp, err error) {
-	err = scanExpired(s.db, now, limit, func(e ExpiryEntry) {
+	db, err := s.open()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer s.mu.RUnlock()
+	err = scanExpired(db, now, limit, func(e ExpiryEntry) {
 		if count == 0 {
 			oldest = e.ExpiresAt
 		}
@@ -275,10 +359,15 @@ func (s *Store) Overdue(now idemkv.Timestamp, limit int) (count int, oldest idem
 // clock) and the derived expiry index are left out, so replicas that applied the same
 // commands hash equal whatever their snapshot history.
 func (s *Store) Hash() ([32]byte, error) {
+	db, err := s.open()
+	if err != nil {
+		return [32]byte{}, err
+	}
+	defer s.mu.RUnlock()
 	h := sha256.New()
 	var lenBuf [binary.MaxVarintLen64]byte
 	for _, p := range []string{prefixNode, prefixRecord} {
-		it, err := s.db.NewIter(prefixIter(p))
+		it, err := db.NewIter(prefixIter(p))
 		if err != nil {
 			return [32]byte{}, fmt.Errorf("storage: hash: %w", err)
 		}
@@ -302,7 +391,12 @@ func (s *Store) Hash() ([32]byte, error) {
 // records marked in doubt. Tests of every layer use it to prove the index is kept
 // in step with the records through batches, sweeps, snapshots and restores.
 func (s *Store) CheckExpiryIndex() error {
-	snap := s.db.NewSnapshot()
+	db, err := s.open()
+	if err != nil {
+		return err
+	}
+	defer s.mu.RUnlock()
+	snap := db.NewSnapshot()
 	defer snap.Close()
 	records := 0
 	it, err := snap.NewIter(prefixIter(prefixRecord))
@@ -408,8 +502,18 @@ type knownExpiry struct {
 
 // NewBatch starts a batch. Exactly one of Commit or Close must follow (Close after
 // Commit is allowed).
+//
+// Batches and Restore both belong to the state machine's goroutine: a restore never
+// swaps the database under an open batch, and the state machine, halted by a restore
+// that left the store closed, opens none.
 func (s *Store) NewBatch() *Batch {
-	return &Batch{b: s.db.NewIndexedBatch(), s: s, expiry: make(map[string]knownExpiry), writes: make(map[string][]byte)}
+	s.mu.RLock()
+	db := s.db
+	s.mu.RUnlock()
+	if db == nil {
+		panic("storage: a batch on a closed store")
+	}
+	return &Batch{b: db.NewIndexedBatch(), s: s, expiry: make(map[string]knownExpiry), writes: make(map[string][]byte)}
 }
 
 // Record returns the record of (tenant, key) as the batch sees it, or nil.
@@ -576,7 +680,7 @@ func (b *Batch) Commit() error {
 			return fmt.Errorf("storage: commit: %w", err)
 		}
 	}
-	if err := b.b.Commit(pebble.NoSync); err != nil {
+	if err := b.s.commit(b.b); err != nil {
 		return fmt.Errorf("storage: commit: %w", err)
 	}
 	b.s.records.Store(count)
