@@ -134,8 +134,9 @@ func (s cutSnapshots) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error)
 
 // TestFailedSnapshotInstallHaltsReplica: a follower whose snapshot install fails to
 // restore (the stream it reads back is cut) stops applying and says so on /readyz,
-// instead of applying the next entries on the store the failed restore wiped; a
-// restart restores the installed snapshot and converges (issue 12, defect 2).
+// instead of applying the next entries on a store that is not the snapshot's (it was
+// wiped before version 2 of the format; it is now left as it was, behind); a restart
+// restores the installed snapshot and converges (issue 12, defect 2).
 func TestFailedSnapshotInstallHaltsReplica(t *testing.T) {
 	var armed atomic.Bool
 	var cut atomic.Int64
