@@ -117,6 +117,10 @@ func (c *Cluster) config(i int, bootstrap bool) node.Config {
 	cfg.LeaderLeaseTimeout = 250 * time.Millisecond
 	cfg.SnapshotThreshold = 64
 	cfg.TrailingLogs = 32
+	// raft-wal frees the log a segment at a time and a leader serves compacted entries
+	// from a segment it still keeps: small segments make a follower that missed entries
+	// need a snapshot install, as with bolt.
+	cfg.RaftWALSegmentBytes = 16 << 10
 	cfg.SnapshotInterval = 200 * time.Millisecond
 	cfg.ApplyTimeout = 5 * time.Second
 	cfg.Logger = slog.New(slog.NewTextHandler(tbWriter{c, m.id}, &slog.HandlerOptions{Level: slog.LevelInfo}))
