@@ -27,6 +27,12 @@ import (
 //
 // IDEMKV_BENCH_DIR keeps the seeded store there between runs (seeding a million
 // records takes about 20 s).
+//
+// Measured on the 2-core development machine, shared (load 3-11), files against the
+// record stream of the code before (commit 0152691), back to back: at a million
+// records, write 0.17 s against 0.54-0.58 s and restore 0.28-0.30 s against 3.9-5.3 s;
+// at ten million, write 1.5-1.6 s against 7.0-20 s and restore 1.8-4.8 s against
+// 24-37 s. The stream is 111-115 bytes per record against 243-251.
 func BenchmarkSnapshot(b *testing.B) {
 	n := 100_000
 	if v := os.Getenv("IDEMKV_BENCH_RECORDS"); v != "" {
