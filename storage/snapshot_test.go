@@ -481,11 +481,15 @@ func TestCrashDuringRestoreFindsOldOrNew(t *testing.T) {
 	data := snapshotOf(t, src)
 
 	mem := vfs.NewCrashableMem()
+	var mu sync.Mutex // Pebble's background goroutines write too
 	var clones []*vfs.MemFS
 	var armed atomic.Bool
 	fs := errorfs.Wrap(mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
 		if armed.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite {
-			clones = append(clones, mem.CrashClone(vfs.CrashCloneCfg{}))
+			c := mem.CrashClone(vfs.CrashCloneCfg{})
+			mu.Lock()
+			clones = append(clones, c)
+			mu.Unlock()
 		}
 		return nil
 	}))
@@ -503,10 +507,12 @@ func TestCrashDuringRestoreFindsOldOrNew(t *testing.T) {
 	armed.Store(false)
 	// A restore that returned is durable.
 	done := mem.CrashClone(vfs.CrashCloneCfg{})
-	clones = append(clones, done)
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
 	}
+	mu.Lock()
+	clones = append(clones, done)
+	mu.Unlock()
 	sawOld, sawNew := 0, 0
 	for i, c := range clones {
 		s := openOn(t, c, dir)
@@ -559,15 +565,16 @@ func TestSwapErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var armed atomic.Bool
-			renames := 0
+			var renames atomic.Int64
 			fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
 				if !armed.Load() {
 					return nil
 				}
+				n := int(renames.Load())
 				if op.Kind == errorfs.OpRename {
-					renames++
+					n = int(renames.Add(1))
 				}
-				if tc.fail(op, renames) {
+				if tc.fail(op, n) {
 					return errorfs.ErrInjected
 				}
 				return nil
