@@ -97,6 +97,13 @@ func (d *Downstream) Execute(key, args, class string) (string, error) {
 	return id, nil
 }
 
+// Heal stops the injected failures: every later call succeeds.
+func (d *Downstream) Heal() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.TimeoutAfterEffect, d.RefuseBeforeEffect = 0, 0
+}
+
 // Probe looks the effect of key up.
 func (d *Downstream) Probe(key string) (string, bool) {
 	d.mu.Lock()
@@ -399,6 +406,10 @@ func (a *Agent) run(ctx context.Context, cl *client.Client, op AgentOp) (*histor
 // finishes: so every effect ends with a committed record or one in doubt, and the
 // checker can require exactly that. It returns how many deliveries it made.
 func (a *Agent) Settle(ctx context.Context) (int, error) {
+	// The redeliveries meet a healthy downstream, as the cluster is healed: with its
+	// failures left on (15% a call), a key whose three redeliveries each failed ended
+	// pending, an orphan-effect the store had no part in (seen once in CI's 90 s run).
+	a.down.Heal()
 	made := 0
 	for round := 0; round < 3; round++ {
 		recs, err := a.FinalRecords(ctx)
