@@ -224,7 +224,15 @@ func (c *Cluster) WaitLeader() int {
 // the same state hash.
 func (c *Cluster) WaitConverged() {
 	c.tb.Helper()
-	c.eventually(30*time.Second, func() error {
+	if err := c.Converged(30 * time.Second); err != nil {
+		c.tb.Fatalf("testcluster: %v", err)
+	}
+}
+
+// Converged waits up to timeout until every running node has applied the same index
+// and holds the same state hash, and says how they still differ if they do not.
+func (c *Cluster) Converged(timeout time.Duration) error {
+	return Eventually(timeout, func() error {
 		var idx uint64
 		var hash string
 		first := true
