@@ -5,7 +5,8 @@
 // idempotent.ts.
 
 import { ApiError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
-import { fetchSend, nodeSend, type Send, type TlsOptions } from "./transport.js";
+import { ATTR, failSpan, SPAN_KIND_CLIENT, traceHeaders, type Attributes, type Tracer } from "./telemetry.js";
+import { fetchSend, nodeSend, type HttpResponse, type Send, type TlsOptions } from "./transport.js";
 import type {
   ClusterInfo, CommitRequest, DoubtRequest, FailRequest, GetOptions, HeartbeatRequest, ListOptions, ListResult,
   Receipt, Record as IdemkvRecord, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult, ResolveRequest,
@@ -52,6 +53,14 @@ export interface ClientOptions {
 
   /** Replaces the global fetch (tests, proxies). Ignored when tls is set. */
   fetch?: typeof fetch;
+
+  /**
+   * Makes OpenTelemetry spans: one per HTTP attempt of a store call ("POST /v1/reserve"),
+   * whose W3C traceparent the request carries, and one per tool call of the loop
+   * ("execute_tool <tool>"). An @opentelemetry/api Tracer fits:
+   * `trace.getTracer(SCOPE_NAME)`. Default: none, and no spans.
+   */
+  tracer?: Tracer;
 }
 
 export interface CallOptions {
@@ -111,7 +120,11 @@ function segment(s: string): string {
 
 interface Call {
   method: "GET" | "POST";
+  /** The path's pattern, for span names: "/v1/records/{tenant}/{key}". */
+  route: string;
   path: string;
+  /** What the call names, for its span; called only when there is a tracer. */
+  attrs?: () => Attributes;
   query?: URLSearchParams;
   body?: unknown;
   /** A long-poll's wait, added to the attempt's timeout. */
@@ -133,6 +146,8 @@ export interface Settings {
 /** A client of an idemkv cluster. Safe to share across calls; close() when done. */
 export class Client {
   readonly settings: Settings;
+  /** The tracer of ClientOptions, or undefined. */
+  readonly tracer: Tracer | undefined;
   private readonly endpoints: string[];
   private readonly scheme: string;
   private readonly token: string | undefined;
@@ -172,6 +187,10 @@ export class Client {
     if (this.settings.onStoreUnavailable !== "fail_closed" && this.settings.onStoreUnavailable !== "unguarded") {
       throw new TypeError('idemkv: onStoreUnavailable must be "fail_closed" or "unguarded"');
     }
+    if (options.tracer !== undefined && (options.tracer === null || typeof options.tracer.startSpan !== "function")) {
+      throw new TypeError("idemkv: tracer must have startSpan (an OpenTelemetry Tracer)");
+    }
+    this.tracer = options.tracer;
     if (options.tls !== undefined) {
       const t = nodeSend(options.tls);
       this.send = t.send;
@@ -255,6 +274,7 @@ export class Client {
     }
   }
 
+  /** One HTTP attempt of c, under a span of its own when the client has a tracer. */
   private async attempt(base: string, c: Call, body: string | undefined, opts: CallOptions): Promise<unknown> {
     let path = c.path;
     const qs = c.query?.toString() ?? "";
@@ -268,15 +288,49 @@ export class Client {
     const headers: { [name: string]: string } = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (this.token !== undefined) headers.Authorization = `Bearer ${this.token}`;
+    const span = this.tracer?.startSpan(`${c.method} ${c.route}`, {
+      kind: SPAN_KIND_CLIENT,
+      attributes: {
+        "http.request.method": c.method,
+        "url.full": base + path,
+        "server.address": base.replace(/^https?:\/\//, ""),
+        ...c.attrs?.(),
+      },
+    });
+    // The node continues the trace from here: its span of this request is a child of this one.
+    if (span !== undefined) Object.assign(headers, traceHeaders(span));
+    try {
+      const res = await this.exchange(base, c, path, headers, body, opts, timeout);
+      span?.setAttribute("http.response.status_code", res.status);
+      if (res.leader !== null && res.leader !== "") this.setLeader(res.leader);
+      if (res.status >= 200 && res.status < 300) {
+        try {
+          return JSON.parse(res.body);
+        } catch (err) {
+          // A body cut short is a transport failure like any other.
+          throw new ApiError("unavailable", `idemkv: ${c.method} ${base}${c.path}: unreadable answer`, { status: res.status, cause: err });
+        }
+      }
+      throw decodeError(res.status, res.body);
+    } catch (err) {
+      if (span !== undefined) failSpan(span, err);
+      throw err;
+    } finally {
+      span?.end();
+    }
+  }
+
+  /** Sends one request; a failure to get an answer is an ApiError unavailable. */
+  private async exchange(base: string, c: Call, path: string, headers: { [name: string]: string }, body: string | undefined,
+    opts: CallOptions, timeout: number): Promise<HttpResponse> {
     const link = linkedController([opts.signal], timeout, () => new DOMException(`no answer in ${timeout} ms`, "TimeoutError"));
-    let res;
     try {
       let send = this.send;
       if (this.viaFetch && DOT_SEGMENT.test(c.path)) {
         this.raw ??= nodeSend();
         send = this.raw.send;
       }
-      res = await send({ method: c.method, base, path, headers, body, signal: link.signal });
+      return await send({ method: c.method, base, path, headers, body, signal: link.signal });
     } catch (err) {
       if (opts.signal?.aborted) throw abortReason(opts.signal);
       // Nothing came back; whether the request was applied is unknown, and every
@@ -286,16 +340,6 @@ export class Client {
     } finally {
       link.dispose();
     }
-    if (res.leader !== null && res.leader !== "") this.setLeader(res.leader);
-    if (res.status >= 200 && res.status < 300) {
-      try {
-        return JSON.parse(res.body);
-      } catch (err) {
-        // A body cut short is a transport failure like any other.
-        throw new ApiError("unavailable", `idemkv: ${c.method} ${base}${c.path}: unreadable answer`, { status: res.status, cause: err });
-      }
-    }
-    throw decodeError(res.status, res.body);
   }
 
   // ---- the endpoints ----
@@ -303,17 +347,20 @@ export class Client {
   /** Asks for the right to run an effect. A request without attempt_id gets a fresh one. */
   async reserve(req: ReserveRequest, opts?: CallOptions): Promise<ReserveResult> {
     const r = req.attempt_id === undefined ? { ...req, attempt_id: newAttemptId() } : req;
-    return this.call<ReserveResult>({ method: "POST", path: "/v1/reserve", body: r }, opts);
+    return this.call<ReserveResult>({
+      method: "POST", route: "/v1/reserve", path: "/v1/reserve", body: r,
+      attrs: () => ({ ...keyAttrs(r.tenant, r.idempotency_key), [ATTR.TOOL_NAME]: r.tool, [ATTR.ATTEMPT_ID]: r.attempt_id ?? "" }),
+    }, opts);
   }
 
   /** Stores the receipt of the attempt holding req.fence. A retried commit gets the stored outcome. */
   async commit(req: CommitRequest, opts?: CallOptions): Promise<Receipt> {
-    return this.call<Receipt>({ method: "POST", path: "/v1/commit", body: req }, opts);
+    return this.call<Receipt>({ method: "POST", route: "/v1/commit", path: "/v1/commit", body: req, attrs: () => fencedAttrs(req) }, opts);
   }
 
   /** Stores a permanent failure for the attempt holding req.fence. */
   async fail(req: FailRequest, opts?: CallOptions): Promise<IdemkvRecord> {
-    return this.call<IdemkvRecord>({ method: "POST", path: "/v1/fail", body: req }, opts);
+    return this.call<IdemkvRecord>({ method: "POST", route: "/v1/fail", path: "/v1/fail", body: req, attrs: () => fencedAttrs(req) }, opts);
   }
 
   /**
@@ -323,7 +370,7 @@ export class Client {
   async release(req: ReleaseRequest, opts?: CallOptions): Promise<ReleaseResult> {
     const state = { retried: false };
     try {
-      return await this.call<ReleaseResult>({ method: "POST", path: "/v1/release", body: req }, opts, state);
+      return await this.call<ReleaseResult>({ method: "POST", route: "/v1/release", path: "/v1/release", body: req, attrs: () => fencedAttrs(req) }, opts, state);
     } catch (err) {
       if (err instanceof ApiError && err.code === "not_found" && state.retried) return { released: true };
       throw err;
@@ -332,12 +379,12 @@ export class Client {
 
   /** Extends the lease of the attempt holding req.fence. */
   async heartbeat(req: HeartbeatRequest, opts?: CallOptions): Promise<IdemkvRecord> {
-    return this.call<IdemkvRecord>({ method: "POST", path: "/v1/heartbeat", body: req }, opts);
+    return this.call<IdemkvRecord>({ method: "POST", route: "/v1/heartbeat", path: "/v1/heartbeat", body: req, attrs: () => fencedAttrs(req) }, opts);
   }
 
   /** Marks a pending record in doubt; only the holder of its current fence may. */
   async doubt(req: DoubtRequest, opts?: CallOptions): Promise<IdemkvRecord> {
-    return this.call<IdemkvRecord>({ method: "POST", path: "/v1/doubt", body: req }, opts);
+    return this.call<IdemkvRecord>({ method: "POST", route: "/v1/doubt", path: "/v1/doubt", body: req, attrs: () => fencedAttrs(req) }, opts);
   }
 
   /**
@@ -345,7 +392,7 @@ export class Client {
    * (answer: the receipt), "not_executed" releases the key (answer: {released: true}).
    */
   async resolve(req: ResolveRequest, opts?: CallOptions): Promise<Receipt | ReleaseResult> {
-    return this.call<Receipt | ReleaseResult>({ method: "POST", path: "/v1/resolve", body: req }, opts);
+    return this.call<Receipt | ReleaseResult>({ method: "POST", route: "/v1/resolve", path: "/v1/resolve", body: req, attrs: () => keyAttrs(req.tenant, req.idempotency_key) }, opts);
   }
 
   /**
@@ -356,7 +403,10 @@ export class Client {
     const q = new URLSearchParams();
     if (options.waitMs !== undefined && options.waitMs > 0) q.set("wait_ms", String(Math.round(options.waitMs)));
     if (options.consistency !== undefined) q.set("consistency", options.consistency);
-    const c: Call = { method: "GET", path: `/v1/records/${segment(tenant)}/${segment(key)}`, query: q };
+    const c: Call = {
+      method: "GET", route: "/v1/records/{tenant}/{key}", path: `/v1/records/${segment(tenant)}/${segment(key)}`, query: q,
+      attrs: () => keyAttrs(tenant, key),
+    };
     if (options.waitMs !== undefined && options.waitMs > 0) c.waitMs = options.waitMs;
     return this.call<IdemkvRecord>(c, options);
   }
@@ -370,13 +420,24 @@ export class Client {
     if (options.limit !== undefined) q.set("limit", String(options.limit));
     if (options.after !== undefined) q.set("after", options.after);
     if (options.consistency !== undefined) q.set("consistency", options.consistency);
-    return this.call<ListResult>({ method: "GET", path: `/v1/records/${segment(tenant)}`, query: q }, options);
+    return this.call<ListResult>({
+      method: "GET", route: "/v1/records/{tenant}", path: `/v1/records/${segment(tenant)}`, query: q,
+      attrs: () => ({ [ATTR.TENANT]: tenant }),
+    }, options);
   }
 
   /** The cluster as the answering node sees it. */
   async cluster(opts?: CallOptions): Promise<ClusterInfo> {
-    return this.call<ClusterInfo>({ method: "GET", path: "/v1/cluster" }, opts);
+    return this.call<ClusterInfo>({ method: "GET", route: "/v1/cluster", path: "/v1/cluster" }, opts);
   }
+}
+
+function keyAttrs(tenant: string, key: string): Attributes {
+  return { [ATTR.TENANT]: tenant, [ATTR.IDEMPOTENCY_KEY]: key };
+}
+
+function fencedAttrs(req: { tenant: string; idempotency_key: string; fence: number }): Attributes {
+  return { ...keyAttrs(req.tenant, req.idempotency_key), [ATTR.FENCE]: req.fence };
 }
 
 function describe(err: unknown): string {

@@ -4,6 +4,7 @@
 //   - idempotent(fn, options) and run(client, op, fn): the tool-call loop.
 //   - Client: one method per endpoint of the HTTP API.
 //   - canonicalize / fingerprint: RFC 8785 effect fingerprints, byte-identical to the server's.
+//   - ClientOptions.tracer: OpenTelemetry spans, with no dependency on OpenTelemetry.
 
 export { Client, MAX_WAIT_MS } from "./client.js";
 export type { ClientOptions, CallOptions, Settings, StoreBudget } from "./client.js";
@@ -19,6 +20,8 @@ export type { ErrorKind, IdemkvErrorDetails, WireCode } from "./errors.js";
 export { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, sum, FingerprintError, FINGERPRINT_PREFIX, MAX_DEPTH } from "./jcs.js";
 export type { JsonValue } from "./jcs.js";
 export type { TlsOptions } from "./transport.js";
+export { SCOPE_NAME } from "./telemetry.js";
+export type { Attributes, AttributeValue, Span, SpanContext, SpanOptions, Tracer } from "./telemetry.js";
 export type {
   ClusterInfo, ClusterNode, CommitRequest, Conflict, Consistency, Decision, DoubtRequest, ErrorInfo, FailRequest, GetOptions,
   HeartbeatRequest, ListOptions, ListResult, Receipt, Record, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult,

@@ -11,6 +11,7 @@ import {
   PermanentError, StoredFailureError, StoreUnavailableError, type IdemkvErrorDetails,
 } from "./errors.js";
 import { fingerprint as fingerprintOf } from "./jcs.js";
+import { ATTR, failSpan, SPAN_KIND_INTERNAL, type Attributes, type Span } from "./telemetry.js";
 import type { Decision, ErrorInfo, Receipt, Record as IdemkvRecord, ReserveRequest, ReserveResult } from "./types.js";
 import { abortReason, backoff, linkedController, newAttemptId, sleep } from "./util.js";
 
@@ -105,6 +106,9 @@ export function toolContext(): ToolContext | undefined {
   return storage.getStore();
 }
 
+/** The classes by their names on the wire and in spans (Go's and Python's). */
+const CLASS_NAMES = { read_only: "read_only", idempotent: "idempotent_mutation", non_idempotent: "non_idempotent_mutation" } as const;
+
 function classOf(s: SideEffect | undefined): "read_only" | "idempotent" | "non_idempotent" {
   switch (s) {
     case undefined:
@@ -127,6 +131,49 @@ function classOf(s: SideEffect | undefined): "read_only" | "idempotent" | "non_i
  * InDoubtError, StoreUnavailableError.
  */
 export async function run(client: Client, op: Op, fn: ToolFn, options: RunOptions = {}): Promise<Outcome> {
+  const tracer = client.tracer;
+  if (tracer === undefined) return runOp(client, op, fn, options, undefined);
+  const name = typeof op.tool === "string" && op.tool !== "" ? `execute_tool ${op.tool}` : "execute_tool";
+  const spanOptions = { kind: SPAN_KIND_INTERNAL, attributes: toolAttributes(op) };
+  const traced = async (span: Span): Promise<Outcome> => {
+    try {
+      const out = await runOp(client, op, fn, options, span);
+      span.setAttribute(ATTR.REPLAYED, out.replayed);
+      if (out.receipt.remote_id) span.setAttribute(ATTR.RECEIPT_REMOTE_ID, out.receipt.remote_id);
+      return out;
+    } catch (err) {
+      failSpan(span, err);
+      throw err;
+    } finally {
+      span.end();
+    }
+  };
+  // Current while the call runs, where the tracer can make it so: the spans of the
+  // store calls, and those the tool makes itself, are then its children.
+  if (typeof tracer.startActiveSpan === "function") return tracer.startActiveSpan(name, spanOptions, traced);
+  return traced(tracer.startSpan(name, spanOptions));
+}
+
+/** What a tool-call span says from the start, before anything is checked (Go's Do). */
+function toolAttributes(op: Op): Attributes {
+  const a: Attributes = {};
+  if (typeof op.tool === "string") a[ATTR.TOOL_NAME] = op.tool;
+  let cls: string | undefined;
+  try {
+    cls = CLASS_NAMES[classOf(op.sideEffect)];
+  } catch {
+    // an unknown sideEffect: refused by run, with the span recording why
+  }
+  if (cls !== undefined) {
+    a[ATTR.TOOL_SIDE_EFFECT] = cls !== CLASS_NAMES.read_only;
+    a[ATTR.TOOL_CLASS] = cls;
+  }
+  if (typeof op.key === "string") a[ATTR.IDEMPOTENCY_KEY] = op.key;
+  if (typeof op.tenant === "string") a[ATTR.TENANT] = op.tenant;
+  return a;
+}
+
+async function runOp(client: Client, op: Op, fn: ToolFn, options: RunOptions, span: Span | undefined): Promise<Outcome> {
   let cls: "read_only" | "idempotent" | "non_idempotent";
   let fp = "";
   try {
@@ -139,7 +186,8 @@ export async function run(client: Client, op: Op, fn: ToolFn, options: RunOption
   if (options.signal?.aborted) {
     throw new NotExecutedError(`idemkv: ${JSON.stringify(op.key)} not executed: aborted`, { cause: abortReason(options.signal) });
   }
-  const r = new Attempt(client, op, cls, fp, options.signal);
+  if (fp !== "") span?.setAttribute(ATTR.FINGERPRINT, fp);
+  const r = new Attempt(client, op, cls, fp, options.signal, span);
   if (cls === "read_only") return r.unrecorded(fn);
   return r.loop(fn);
 }
@@ -185,6 +233,8 @@ class Attempt {
     private readonly cls: "read_only" | "idempotent" | "non_idempotent",
     private readonly fp: string,
     private readonly signal: AbortSignal | undefined,
+    /** The tool call's span, when the client has a tracer. */
+    private readonly span: Span | undefined,
   ) {
     this.leaseTtl = op.leaseTtl ?? client.settings.leaseTtl;
     this.q = JSON.stringify(op.key);
@@ -207,6 +257,33 @@ class Attempt {
     return { budget: this.afterBudget };
   }
 
+  private event(name: string, attributes?: Attributes): void {
+    this.span?.addEvent?.(name, attributes);
+  }
+
+  /** The record stays pending, and the span says so. */
+  private unknown(message: string, details: IdemkvErrorDetails): OutcomeUnknownError {
+    this.event("left_pending");
+    return new OutcomeUnknownError(message, details);
+  }
+
+  /** Puts the reserve answer on the span, as attributes (the last answer wins) and as an event. */
+  private decided(res: ReserveResult): void {
+    const span = this.span;
+    if (span === undefined) return;
+    const a: Attributes = { [ATTR.DECISION]: res.decision };
+    if (res.fence) a[ATTR.FENCE] = res.fence;
+    if (typeof res.record?.attempts === "number") a[ATTR.ATTEMPTS] = res.record.attempts;
+    const c = res.conflict;
+    if (c !== undefined) {
+      a[ATTR.CONFLICT_REASON] = c.reason;
+      a[ATTR.CONFLICT_EXISTING_FINGERPRINT] = c.existing_fingerprint;
+      if (c.existing_remote_id) a[ATTR.CONFLICT_EXISTING_REMOTE_ID] = c.existing_remote_id;
+    }
+    span.setAttributes(a);
+    span.addEvent?.("reserve", a);
+  }
+
   /** Maps a failed store call made before the tool ran onto the loop's kinds. */
   private beforeError(err: unknown, decision?: Decision): Error {
     const d: IdemkvErrorDetails = { cause: err };
@@ -215,6 +292,7 @@ class Attempt {
       return new NotExecutedError(`idemkv: ${this.q} not executed: aborted`, { ...d, cause: abortReason(this.signal) });
     }
     if (isRetryable(err)) {
+      this.event("store_unavailable");
       return new StoreUnavailableError(
         `idemkv: store unavailable for ${this.q} after waiting ${Math.round(this.beforeBudget.spentMs)} ms, the tool did not run: ${messageOf(err)}`, d);
     }
@@ -259,10 +337,12 @@ class Attempt {
         const e = this.beforeError(err);
         if (e instanceof StoreUnavailableError && this.client.settings.onStoreUnavailable === "unguarded" && this.cls === "idempotent") {
           // Opt-in: an idempotent tool may run unrecorded rather than not at all.
+          this.event("unguarded");
           return this.unrecorded(fn, true);
         }
         throw e;
       }
+      this.decided(res);
       switch (res.decision) {
         case "replay":
           return this.replay(res);
@@ -349,13 +429,14 @@ class Attempt {
     if (probe === undefined) return this.markInDoubt(g);
     const { value, error, lost } = await this.underLease(g, probe);
     if (lost !== undefined) {
-      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`,
+      throw this.unknown(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`,
         { decision: g.decision, record: g.record, cause: lost });
     }
     if (error !== undefined) {
-      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: the probe failed: ${messageOf(error)}`,
+      throw this.unknown(`idemkv: outcome of ${this.q} unknown, the record stays pending: the probe failed: ${messageOf(error)}`,
         { decision: g.decision, record: g.record, cause: error });
     }
+    this.event("probe", { found: value !== null && value !== undefined });
     if (value === null || value === undefined) return this.execute(g, fn);
     const out = await this.commit(g, value);
     return { ...out, probed: true };
@@ -363,6 +444,7 @@ class Attempt {
 
   /** A recovered attempt that cannot learn the outcome marks the record in doubt for a person or policy. */
   private async markInDoubt(g: Grant): Promise<never> {
+    this.event("in_doubt");
     let record = g.record;
     let cause: unknown;
     try {
@@ -386,18 +468,24 @@ class Attempt {
    */
   private async settleInDoubt(res: ReserveResult): Promise<Outcome | undefined> {
     const probe = this.op.probe;
-    if (probe === undefined) throw new InDoubtError(inDoubtMessage(this.q), { decision: "recover", record: res.record });
+    if (probe === undefined) {
+      this.event("in_doubt");
+      throw new InDoubtError(inDoubtMessage(this.q), { decision: "recover", record: res.record });
+    }
     const ctx = this.context({ decision: "recover", fence: 0, record: res.record }, this.signal ?? new AbortController().signal);
     let found: ToolResult | null | undefined;
     try {
       found = await storage.run(ctx, () => probe(ctx));
     } catch (err) {
+      this.event("in_doubt");
       throw new InDoubtError(`${inDoubtMessage(this.q)}; the probe failed: ${messageOf(err)}`, { decision: "recover", record: res.record, cause: err });
     }
+    this.event("probe", { found: found !== null && found !== undefined });
     const base = { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp };
     try {
       if (found === null || found === undefined) {
         await this.client.resolve({ ...base, outcome: "not_executed" }, this.after());
+        this.event("released");
         return undefined;
       }
       const req = { ...base, outcome: "committed" as const, remote_system: found.remoteSystem, remote_id: found.remoteId };
@@ -412,6 +500,7 @@ class Attempt {
     } catch (err) {
       // Someone settled it first: reserving again shows how.
       if (err instanceof ApiError && (err.code === "not_pending" || err.code === "not_found")) return undefined;
+      this.event("in_doubt");
       throw new InDoubtError(`${inDoubtMessage(this.q)}; resolving it failed: ${messageOf(err)}`,
         { decision: "recover", record: res.record, cause: err });
     }
@@ -433,21 +522,21 @@ class Attempt {
     const d = (cause: unknown): IdemkvErrorDetails => ({ decision: g.decision, record: g.record, cause });
     if (lost !== undefined) {
       // A newer attempt owns the key; it decides the outcome (and probes for ours).
-      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`, d(error ?? lost));
+      throw this.unknown(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`, d(error ?? lost));
     }
     if (error instanceof NotExecutedMark && earlier) {
-      throw new OutcomeUnknownError(
+      throw this.unknown(
         `idemkv: outcome of ${this.q} unknown, the record stays pending: an earlier attempt may have run the tool; ` +
           `this one did not: ${messageOf(error.cause)}`, d(error.cause));
     }
     if (error instanceof NotExecutedMark) return this.release(g, error);
     if (error instanceof PermanentError) return this.fail(g, error);
     if (error !== undefined) {
-      throw new OutcomeUnknownError(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${messageOf(error)}`, d(error));
+      throw this.unknown(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${messageOf(error)}`, d(error));
     }
     if (value === null || value === undefined || typeof value.remoteSystem !== "string" || typeof value.remoteId !== "string" ||
       value.remoteSystem === "" || value.remoteId === "") {
-      throw new OutcomeUnknownError(
+      throw this.unknown(
         `idemkv: outcome of ${this.q} unknown, the record stays pending: the tool returned no receipt (remoteSystem and remoteId)`,
         d(new TypeError("the tool returned no receipt")));
     }
@@ -480,6 +569,7 @@ class Attempt {
           if (stop.signal.aborted) return;
           if (err instanceof ApiError && (err.code === "fenced" || err.code === "not_pending" || err.code === "not_found")) {
             lost = new LeaseLost(this.op.key, err);
+            this.event("lease_lost");
             tool.controller.abort(lost);
             return;
           }
@@ -514,7 +604,7 @@ class Attempt {
         res.remoteUrl === undefined && res.result === undefined ? req : { ...req, remote_url: res.remoteUrl, result: res.result },
         this.after());
     } catch (err) {
-      throw new OutcomeUnknownError(
+      throw this.unknown(
         `idemkv: outcome of ${this.q} unknown, the record stays pending: the tool ran but its receipt (remote id ` +
           `${JSON.stringify(res.remoteId)}) was not stored: ${messageOf(err)}`,
         { decision: g.decision, record: g.record, cause: err });
@@ -537,7 +627,7 @@ class Attempt {
       rec = await this.client.fail(
         { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp, fence: g.fence, error: info }, this.after());
     } catch (err) {
-      throw new OutcomeUnknownError(
+      throw this.unknown(
         `idemkv: outcome of ${this.q} unknown, the record stays pending: the tool failed for good but the failure was not stored: ${messageOf(err)}`,
         { decision: g.decision, record: g.record, cause: perm });
     }
@@ -565,6 +655,7 @@ class Attempt {
             `runs out: ${messageOf(err)}`, { ...d, record: g.record });
       }
     }
+    this.event("released");
     throw new NotExecutedError(`idemkv: ${this.q} not executed, the key is released: ${messageOf(mark.cause)}`, d);
   }
 }

@@ -69,10 +69,12 @@ export class IdemkvNode {
     readonly raftAddr: string,
     readonly dataDir: string,
     readonly extraArgs: string[] = [],
+    /** Added to this process's environment (OTEL_* for the node's own spans, say). */
+    readonly env: Record<string, string> = {},
   ) {}
 
-  static async create(id: string, extraArgs: string[] = []): Promise<IdemkvNode> {
-    return new IdemkvNode(id, `127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`, tempDir(id), extraArgs);
+  static async create(id: string, extraArgs: string[] = [], env: Record<string, string> = {}): Promise<IdemkvNode> {
+    return new IdemkvNode(id, `127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`, tempDir(id), extraArgs, env);
   }
 
   start(join?: string): void {
@@ -80,7 +82,7 @@ export class IdemkvNode {
       "--heartbeat-timeout", "500ms", "--election-timeout", "500ms", "--leader-lease-timeout", "250ms", "--log-level", "warn",
       ...this.extraArgs];
     if (join !== undefined) args.push("--join", join);
-    const p = spawn(idemkvBin(), args, { stdio: ["ignore", "pipe", "pipe"] });
+    const p = spawn(idemkvBin(), args, { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...this.env } });
     p.stdout?.setEncoding("utf8");
     p.stderr?.setEncoding("utf8");
     p.stdout?.on("data", (c) => (this.log += String(c)));
@@ -118,8 +120,8 @@ export async function killAll(): Promise<void> {
   await Promise.all(started.map((n) => n.kill()));
 }
 
-export async function startNode(extraArgs: string[] = []): Promise<IdemkvNode> {
-  const n = await IdemkvNode.create("n1", extraArgs);
+export async function startNode(extraArgs: string[] = [], env: Record<string, string> = {}): Promise<IdemkvNode> {
+  const n = await IdemkvNode.create("n1", extraArgs, env);
   started.push(n);
   n.start();
   await n.ready();
