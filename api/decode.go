@@ -54,10 +54,7 @@ func decodeJSON(body []byte, v any) error {
 	// encoding/json would rewrite invalid UTF-8 and lone surrogates to U+FFFD, so
 	// that keys "inv\xff" and "inv\xfe" name one record, and a result would be stored
 	// that no JSON parser reads back. Refuse them before decoding.
-	if err := checkText(body); err != nil {
-		return err
-	}
-	if err := checkTopLevelNames(body); err != nil {
+	if err := checkBody(body); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -71,9 +68,20 @@ func decodeJSON(body []byte, v any) error {
 	return nil
 }
 
-// checkText refuses a body that is not valid UTF-8 or that escapes a lone UTF-16
-// surrogate (\ud800 without its pair), naming the byte offset.
-func checkText(body []byte) error {
+// checkBody refuses, in one pass over the body, what encoding/json would accept but
+// misread. Malformed JSON is left to the decoder to describe.
+//
+//   - Text that is not valid UTF-8, or that escapes a lone UTF-16 surrogate (\ud800
+//     without its pair): encoding/json would rewrite both to U+FFFD, so that keys
+//     "inv\xff" and "inv\xfe" name one record, and a result would be stored that no
+//     JSON parser reads back.
+//   - A member named twice at the top level: encoding/json lets the last one win,
+//     matching names without regard to case, while a proxy in front may read the
+//     first; {"tenant":"a","Tenant":"b"} must not mean two tenants to two readers.
+//
+// Every request body passes through here before encoding/json, so it is on the path
+// of every write: it reads the body once and folds ASCII names without Unicode tables.
+func checkBody(body []byte) error {
 	if !utf8.Valid(body) {
 		off := 0
 		for off < len(body) {
@@ -86,13 +94,50 @@ func checkText(body []byte) error {
 		field := memberAt(body, off)
 		return idemkv.Invalid(field, "%s is not valid UTF-8 (byte %d of the body)", orBody(field), off)
 	}
-	inString := false
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	object := len(trimmed) > 0 && trimmed[0] == '{'
+	var (
+		folded [256]byte
+		ends   [memberNamesLinear]int
+		raw    [memberNamesLinear][]byte
+	)
+	names := memberNames{folded: folded[:0], ends: ends[:0], raw: raw[:0]}
+	depth := 0
 	for i := 0; i < len(body); i++ {
-		c := body[i]
-		switch {
-		case c == '"':
-			inString = !inString
-		case c == '\\' && inString && i+1 < len(body):
+		switch body[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+		case '"':
+			end, escaped, err := scanString(body, i)
+			if err != nil || end < 0 {
+				return err // end < 0: the string never ends, which the decoder reports
+			}
+			if object && depth == 1 && followedByColon(body, end+1) {
+				if err := names.add(body[i+1:end], escaped); err != nil {
+					return err
+				}
+			}
+			i = end
+		}
+	}
+	return nil
+}
+
+// scanString reads the JSON string whose opening quote is at body[start] and returns
+// the index of its closing quote (-1 if there is none) and whether it holds an escape.
+// It refuses an escaped lone surrogate.
+func scanString(body []byte, start int) (end int, escaped bool, err error) {
+	for i := start + 1; i < len(body); i++ {
+		switch body[i] {
+		case '"':
+			return i, escaped, nil
+		case '\\':
+			escaped = true
+			if i+1 >= len(body) {
+				return -1, true, nil
+			}
 			if body[i+1] != 'u' {
 				i++ // a one-character escape, \" included
 				continue
@@ -110,10 +155,25 @@ func checkText(body []byte) error {
 				}
 			}
 			field := memberAt(body, i)
-			return idemkv.Invalid(field, "%s escapes a lone UTF-16 surrogate (byte %d of the body), which has no UTF-8 form", orBody(field), i)
+			return 0, true, idemkv.Invalid(field, "%s escapes a lone UTF-16 surrogate (byte %d of the body), which has no UTF-8 form", orBody(field), i)
 		}
 	}
-	return nil
+	return -1, escaped, nil
+}
+
+// followedByColon says whether the next byte of body from i that is not JSON
+// whitespace is a colon: the string before it was a member name.
+func followedByColon(body []byte, i int) bool {
+	for ; i < len(body); i++ {
+		switch body[i] {
+		case ' ', '\t', '\r', '\n':
+			continue
+		case ':':
+			return true
+		}
+		return false
+	}
+	return false
 }
 
 // memberAt names the top-level member whose value holds byte off of body, or "".
@@ -157,33 +217,92 @@ func hex4(b []byte, at int) (rune, bool) {
 	return rune(n), err == nil
 }
 
-// checkTopLevelNames refuses an object that names a member twice at the top level.
-// encoding/json lets the last one win, matching names without regard to case, while
-// a proxy in front may read the first: {"tenant":"a","Tenant":"b"} must not mean two
-// tenants to two readers. Malformed JSON is left to the decoder to describe.
-func checkTopLevelNames(body []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil
+// memberNames holds the top-level member names seen so far, folded as encoding/json
+// matches them, and refuses one that repeats. A few names (every request has) are
+// compared in a slice; a hostile body with many gets a map.
+type memberNames struct {
+	folded []byte // the folded names, end to end
+	ends   []int  // where each folded name ends in folded
+	raw    [][]byte
+	byName map[string]int
+}
+
+const memberNamesLinear = 32
+
+func (m *memberNames) add(raw []byte, escaped bool) error {
+	start := len(m.folded)
+	if !escaped && isASCII(raw) {
+		for _, c := range raw {
+			if 'a' <= c && c <= 'z' {
+				c -= 'a' - 'A'
+			}
+			m.folded = append(m.folded, c)
+		}
+	} else {
+		name, ok := unquoteName(raw, escaped)
+		if !ok {
+			return nil // a malformed name: the decoder describes it
+		}
+		m.folded = append(m.folded, foldName(name)...)
 	}
-	seen := map[string]string{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil
+	key := m.folded[start:]
+	first := -1
+	if m.byName != nil {
+		if j, dup := m.byName[string(key)]; dup {
+			first = j
 		}
-		name, _ := tok.(string)
-		folded := foldName(name)
-		if first, dup := seen[folded]; dup {
-			return idemkv.Invalid(name, "member %q appears twice in the request body (as %q and %q)", name, first, name)
+	} else {
+		prev := 0
+		for j, end := range m.ends {
+			if bytes.Equal(m.folded[prev:end], key) {
+				first = j
+				break
+			}
+			prev = end
 		}
-		seen[folded] = name
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return nil
+	}
+	if first >= 0 {
+		name, _ := unquoteName(raw, escaped)
+		firstName, _ := unquoteName(m.raw[first], true)
+		return idemkv.Invalid(name, "member %q appears twice in the request body (as %q and %q)", name, firstName, name)
+	}
+	m.ends = append(m.ends, len(m.folded))
+	m.raw = append(m.raw, raw)
+	switch {
+	case m.byName != nil:
+		m.byName[string(key)] = len(m.ends) - 1
+	case len(m.ends) > memberNamesLinear:
+		m.byName = make(map[string]int, 2*len(m.ends))
+		prev := 0
+		for j, end := range m.ends {
+			m.byName[string(m.folded[prev:end])] = j
+			prev = end
 		}
 	}
 	return nil
+}
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+// unquoteName decodes the text between a name's quotes.
+func unquoteName(raw []byte, escaped bool) (string, bool) {
+	if !escaped {
+		return string(raw), true
+	}
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	var name string
+	if err := json.Unmarshal(quoted, &name); err != nil {
+		return "", false
+	}
+	return name, true
 }
 
 // foldName maps every rune to the smallest of its Unicode case-folding orbit, so that
