@@ -78,12 +78,20 @@ func TestStoreAnsweringNothingIsInternal(t *testing.T) {
 	do(t, "GET", n.url+"/v1/records/acme/k", nil, nil).wantError(t, 500, idemkv.CodeInternal, "")
 }
 
-func TestCutShortWritesAreUnavailable(t *testing.T) {
-	fake := &FakeStore{CommitFunc: func(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error) {
-		return nil, fmt.Errorf("raft apply: %w", context.DeadlineExceeded)
-	}}
+// A store that returns a bare context error has not said whether a write was applied:
+// only a read cut short is certainly unavailable.
+func TestCutShortRequestsSayWhatIsKnown(t *testing.T) {
+	fake := &FakeStore{
+		CommitFunc: func(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error) {
+			return nil, fmt.Errorf("raft apply: %w", context.DeadlineExceeded)
+		},
+		GetFunc: func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error) {
+			return nil, fmt.Errorf("read index: %w", context.Canceled)
+		},
+	}
 	n := startNode(t, fake, nil)
-	do(t, "POST", n.url+"/v1/commit", validCommit(), nil).wantError(t, 503, idemkv.CodeUnavailable, "")
+	do(t, "POST", n.url+"/v1/commit", validCommit(), nil).wantError(t, 503, idemkv.CodeOutcomeUnknown, "")
+	do(t, "GET", n.url+"/v1/records/acme/k", nil, nil).wantError(t, 503, idemkv.CodeUnavailable, "")
 }
 
 func TestNotLeaderEscapingIsUnavailable(t *testing.T) {

@@ -73,10 +73,15 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 func writeError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err error) {
 	if idemkv.CodeOf(err) == idemkv.CodeInternal &&
 		(errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		// The outcome of a write cut short is unknown, and every write is safe to retry:
-		// that is what unavailable tells the caller.
-		err = fmt.Errorf("%w: the request was cancelled or timed out before its outcome was known (%v)",
-			idemkv.ErrUnavailable, err)
+		// The store cut the request short without saying how far it got. A read changed
+		// nothing, so it may simply be tried again; a write may have been applied, and
+		// unavailable would tell the caller it certainly was not (docs/protocol.md).
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			err = fmt.Errorf("%w: the read was cancelled or timed out (%v)", idemkv.ErrUnavailable, err)
+		} else {
+			err = fmt.Errorf("%w: the request was cancelled or timed out, and the store did not say whether the write was applied (%v); retry with the same attempt_id",
+				idemkv.ErrOutcomeUnknown, err)
+		}
 	}
 	e := idemkv.AsError(err)
 	status := idemkv.HTTPStatus(e.Code)
