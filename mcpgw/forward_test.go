@@ -142,7 +142,9 @@ tools:
 
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	args := map[string]any{"order": map[string]any{"id": "o-17"}, "amount": 12.5, "note": "model wording"}
-	res, err := sess.CallTool(context.Background(), &mcp.CallToolParams{Name: "pay", Arguments: args, Meta: mcp.Meta{
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "pay", Arguments: args, Meta: mcp.Meta{
 		mcpgw.MetaTenant: "shop-eu",
 		"traceparent":    "00-" + traceID + "-00f067aa0ba902b7-01",
 		"progressToken":  "p1",
@@ -236,7 +238,9 @@ func TestStoreFailuresAroundTheTool(t *testing.T) {
 			mu.Lock()
 			before := calls
 			mu.Unlock()
-			res, err := sess.CallTool(context.Background(), &mcp.CallToolParams{Name: "send", Meta: mcp.Meta{mcpgw.MetaIdempotencyKey: "k"}})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "send", Meta: mcp.Meta{mcpgw.MetaIdempotencyKey: "k"}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -177,6 +177,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	}
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, opts)
 	g.server.AddReceivingMiddleware(g.passRaw)
+	g.server.AddSendingMiddleware(quietBeforeInitialize)
 	g.up.OnLog(g.relayLog)
 
 	offered := map[string]bool{}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -21,6 +22,11 @@ import (
 // before the go-sdk sees them: -32601 (method not found) for a method MCP 2025-11-25
 // does not have, -32600 (invalid request) for one it has but not before initialize.
 // ServeIO and HTTPHandler do that; serving Server() directly does not.
+//
+// Nor does the gateway send a session anything but answers before its client sent
+// initialize, on any transport (quietBeforeInitialize): such a client has not learned
+// what the server offers, and one that reads an answer per request, as a
+// server/discover probe over stdio does, takes whatever comes first for its answer.
 
 // clientMethods are the requests a client may send under MCP 2025-11-25.
 var clientMethods = map[string]bool{
@@ -60,6 +66,21 @@ func preInitAnswer(msg []byte) (answer []byte, initialize bool) {
 		return nil, false
 	}
 	return b, false
+}
+
+// quietBeforeInitialize is sending middleware that drops the notifications a
+// session would get before its client sent initialize. The go-sdk tells every
+// session when the tool list changed (10 ms after New offers the upstream's tools,
+// and after every change upstream), one that has not initialized too; its client
+// lists the tools after it initializes anyway.
+func quietBeforeInitialize(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss.InitializeParams() == nil &&
+			strings.HasPrefix(method, "notifications/") {
+			return nil, nil
+		}
+		return next(ctx, method, req)
+	}
 }
 
 // ServeIO serves the gateway over newline-delimited JSON-RPC on r and w (stdio: the
