@@ -62,12 +62,17 @@ func TestStorageReadErrorStopsReplicaThenConverges(t *testing.T) {
 	fences := map[string]uint64{}
 	for i := range 300 {
 		key := fmt.Sprintf("k%03d", i)
-		res, err := c.Node(l).Reserve(ctx, &idemkv.ReserveRequest{Tenant: "acme", Key: key, Tool: "create_ticket",
-			Fingerprint: fp(key), AttemptID: "a-" + key})
-		if err != nil {
+		// Through whichever node leads: under load, leadership may move mid-test.
+		if err := c.OnLeader(func(n *node.Node) error {
+			res, err := n.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "acme", Key: key, Tool: "create_ticket",
+				Fingerprint: fp(key), AttemptID: "a-" + key})
+			if err == nil {
+				fences[key] = res.Fence
+			}
+			return err
+		}); err != nil {
 			t.Fatal(err)
 		}
-		fences[key] = res.Fence
 	}
 	// A restart flushes node 3's store into tables, so a later read goes to the files.
 	c.Stop(2)
@@ -77,20 +82,26 @@ func TestStorageReadErrorStopsReplicaThenConverges(t *testing.T) {
 
 	// A committed record the replica holds before it halts.
 	settled := "k001"
-	if _, err := c.Node(l).Commit(ctx, &idemkv.CommitRequest{Tenant: "acme", Key: settled, Fingerprint: fp(settled),
-		Fence: fences[settled], RemoteSystem: "linear", RemoteID: "LIN-0"}); err != nil {
+	if err := c.OnLeader(func(n *node.Node) error {
+		_, err := n.Commit(ctx, &idemkv.CommitRequest{Tenant: "acme", Key: settled, Fingerprint: fp(settled),
+			Fence: fences[settled], RemoteSystem: "linear", RemoteID: "LIN-0"})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	c.WaitConverged()
 
 	armed.Store(true)
 	key := "k257"
-	if _, err := c.Node(l).Commit(ctx, &idemkv.CommitRequest{Tenant: "acme", Key: key, Fingerprint: fp(key),
-		Fence: fences[key], RemoteSystem: "linear", RemoteID: "LIN-1"}); err != nil {
+	if err := c.OnLeader(func(n *node.Node) error {
+		_, err := n.Commit(ctx, &idemkv.CommitRequest{Tenant: "acme", Key: key, Fingerprint: fp(key),
+			Fence: fences[key], RemoteSystem: "linear", RemoteID: "LIN-1"})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	waitHalted(t, c.Node(2))
-	if got, want := c.Node(2).AppliedIndex(), c.Node(l).AppliedIndex(); got >= want {
+	if got, want := c.Node(2).AppliedIndex(), c.Node(c.WaitLeader()).AppliedIndex(); got >= want {
 		t.Fatalf("the halted replica applied up to %d, the leader %d", got, want)
 	}
 	armed.Store(false)

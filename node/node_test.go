@@ -164,7 +164,14 @@ func TestConcurrentReservesOneExecute(t *testing.T) {
 			defer wg.Done()
 			var res idemkv.ReserveResult
 			req := reserveReq("contended", fmt.Sprintf("attempt-%d", i), "sha256:cc")
+			// A 503 (leadership moved under load, or the outcome is unknown) is retried
+			// with the same attempt_id, as a client does: the same attempt gets the same
+			// answer, so the count below still holds.
 			code, raw := httpCall(t, http.MethodPost, eps[i%len(eps)], "/v1/reserve", req, &res)
+			for deadline := time.Now().Add(20 * time.Second); code == http.StatusServiceUnavailable && time.Now().Before(deadline); {
+				time.Sleep(50 * time.Millisecond)
+				code, raw = httpCall(t, http.MethodPost, eps[i%len(eps)], "/v1/reserve", req, &res)
+			}
 			if code != http.StatusOK {
 				errs <- fmt.Errorf("reserve %d: %d %s", i, code, raw)
 				return

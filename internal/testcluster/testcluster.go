@@ -257,6 +257,33 @@ func (c *Cluster) Converged(timeout time.Duration) error {
 	})
 }
 
+// OnLeader calls f with the current leader until f succeeds, for up to 20 s. It tries
+// again, on whichever node leads then, after an error that says the request certainly
+// was not applied or may be retried as it is (not the leader, unavailable, outcome
+// unknown), as a client would; any other error ends it. f must be safe to repeat:
+// a reserve with its attempt_id, a commit with its fence.
+func (c *Cluster) OnLeader(f func(n *node.Node) error) error {
+	var last error
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		n := c.Node(c.WaitLeader())
+		if n == nil {
+			last = errors.New("the leader stopped")
+			continue
+		}
+		last = f(n)
+		if last == nil || !retryable(last) {
+			return last
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("testcluster: still failing after 20s: %w", last)
+}
+
+func retryable(err error) bool {
+	return errors.Is(err, idemkv.ErrNotLeader) || errors.Is(err, idemkv.ErrUnavailable) || errors.Is(err, idemkv.ErrOutcomeUnknown)
+}
+
 // Stop shuts node i down (gracefully: a leader hands leadership over first).
 func (c *Cluster) Stop(i int) {
 	c.tb.Helper()
