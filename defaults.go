@@ -36,11 +36,17 @@ func (r *GetRequest) EnsureDefaults() {
 }
 
 // EnsureDefaults fills the page size (DefaultListLimit) and the consistency.
-func (r *ListRequest) EnsureDefaults() {
-	if r.Limit == 0 {
-		r.Limit = DefaultListLimit
+func (r *ListRequest) EnsureDefaults() { pageDefaults(&r.Limit, &r.Consistency) }
+
+// EnsureDefaults fills the page size and the consistency, as a list's.
+func (r *InDoubtRequest) EnsureDefaults() { pageDefaults(&r.Limit, &r.Consistency) }
+
+// pageDefaults fills the page size (DefaultListLimit) and the consistency of a listing.
+func pageDefaults(limit *int, c *Consistency) {
+	if *limit == 0 {
+		*limit = DefaultListLimit
 	}
-	if r.Consistency == "" {
-		r.Consistency = Linearizable
+	if *c == "" {
+		*c = Linearizable
 	}
 }

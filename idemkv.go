@@ -366,6 +366,17 @@ type ListResult struct {
 	Next    string    `json:"next,omitempty"`
 }
 
+// InDoubtRequest pages through the in-doubt records of every tenant, oldest
+// in_doubt_since first (GET /v1/in-doubt): what an operator paged by
+// idemkv_records_in_doubt looks at, without knowing the tenant. Its answer is a
+// ListResult whose Next is a DoubtPosition.
+type InDoubtRequest struct {
+	Limit int    // 0: DefaultListLimit
+	After string // exclusive cursor: the Next of an earlier page (see DoubtPosition)
+	// Consistency is linearizable (default) or stale (served from the local replica).
+	Consistency Consistency
+}
+
 // NodeInfo describes one member of the cluster.
 type NodeInfo struct {
 	ID       string `json:"id"`

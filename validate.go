@@ -421,10 +421,31 @@ func (r *ListRequest) Validate() error {
 	if r.InDoubt && r.Status.Terminal() {
 		return Invalid("in_doubt", "only pending records are in doubt")
 	}
-	if r.Limit < 0 || r.Limit > MaxListLimit {
-		return Invalid("limit", "limit must be between 1 and %d", MaxListLimit)
+	if err := validLimit(r.Limit); err != nil {
+		return err
 	}
 	return validConsistency(r.Consistency)
+}
+
+// Validate checks r; EnsureDefaults fills the default limit and consistency.
+func (r *InDoubtRequest) Validate() error {
+	if r.After != "" {
+		if _, err := ParseDoubtPosition(r.After); err != nil {
+			return err
+		}
+	}
+	if err := validLimit(r.Limit); err != nil {
+		return err
+	}
+	return validConsistency(r.Consistency)
+}
+
+// validLimit checks the page size of a listing (0: the default).
+func validLimit(limit int) error {
+	if limit < 0 || limit > MaxListLimit {
+		return Invalid("limit", "limit must be between 1 and %d", MaxListLimit)
+	}
+	return nil
 }
 
 func validConsistency(c Consistency) error {

@@ -519,6 +519,44 @@ func (f *FSM) List(req *idemkv.ListRequest, now idemkv.Timestamp) (*idemkv.ListR
 	return res, nil
 }
 
+// ListInDoubt returns one page of the in-doubt records of every tenant, oldest
+// in_doubt_since first (idemkv.DoubtPosition order), as List pages one tenant's: records
+// past expires_at at max(now, Clock()) are left out, so a page may come back short with
+// Next set. req is already validated.
+func (f *FSM) ListInDoubt(req *idemkv.InDoubtRequest, now idemkv.Timestamp) (*idemkv.ListResult, error) {
+	if err := f.readable(); err != nil {
+		return nil, err
+	}
+	now = max(now, f.Clock())
+	limit := req.Limit
+	if limit <= 0 {
+		limit = idemkv.DefaultListLimit
+	}
+	var after *idemkv.DoubtPosition
+	if req.After != "" {
+		p, err := idemkv.ParseDoubtPosition(req.After)
+		if err != nil {
+			return nil, err
+		}
+		after = &p
+	}
+	recs, more, err := f.st.OldestInDoubt(after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", idemkv.ErrInternal, err)
+	}
+	res := &idemkv.ListResult{Records: make([]*idemkv.Record, 0, len(recs))}
+	for _, rec := range recs {
+		if !Expired(rec, now) {
+			res.Records = append(res.Records, rec)
+		}
+	}
+	if more {
+		// Resume after the last entry looked at, listed or expired.
+		res.Next = idemkv.DoubtPositionOf(recs[len(recs)-1]).String()
+	}
+	return res, nil
+}
+
 // Nodes returns the replicated node metadata (id, raft_addr, api_addr), sorted by id.
 func (f *FSM) Nodes() []idemkv.NodeInfo {
 	f.mu.RLock()

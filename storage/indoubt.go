@@ -2,9 +2,11 @@ package storage
 
 import (
 	"bytes"
+	"container/heap"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -107,6 +109,94 @@ func (s *Store) ScanInDoubt(tenant, prefix, after string, fn func(*idemkv.Record
 		}
 	}
 	return it.Error()
+}
+
+// OldestInDoubt returns the in-doubt records of every tenant that come after after
+// (nil: from the first) in idemkv.DoubtPosition order, oldest in_doubt_since first, at
+// most limit of them, and whether more follow. The index is kept in tenant and key
+// order, so it reads the whole index, holding only the limit earliest entries, as
+// InDoubtStats does for every scrape of the metrics: O(in-doubt records), never a scan
+// of every record. Index and records are read from one Pebble snapshot, so a resolve
+// applied meanwhile cannot leave an entry without its record.
+func (s *Store) OldestInDoubt(after *idemkv.DoubtPosition, limit int) (recs []*idemkv.Record, more bool, err error) {
+	if limit <= 0 {
+		return nil, false, fmt.Errorf("storage: in-doubt page of %d records", limit)
+	}
+	db, err := s.open()
+	if err != nil {
+		return nil, false, err
+	}
+	defer s.mu.RUnlock()
+	snap := db.NewSnapshot()
+	defer snap.Close()
+	it, err := snap.NewIter(prefixIter(prefixDoubt))
+	if err != nil {
+		return nil, false, fmt.Errorf("storage: in-doubt index: %w", err)
+	}
+	// earliest is a max-heap of the limit earliest positions seen: its root is the one
+	// a later, earlier entry pushes out.
+	earliest := &positionHeap{}
+	for it.First(); it.Valid(); it.Next() {
+		p, err := parseDoubtEntry(it.Key(), it.Value())
+		if err != nil {
+			it.Close()
+			return nil, false, err
+		}
+		switch {
+		case after != nil && p.Compare(*after) <= 0:
+		case earliest.Len() < limit:
+			heap.Push(earliest, p)
+		case p.Compare((*earliest)[0]) < 0:
+			(*earliest)[0] = p
+			heap.Fix(earliest, 0)
+			more = true
+		default:
+			more = true
+		}
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return nil, false, fmt.Errorf("storage: in-doubt index: %w", err)
+	}
+	page := slices.SortedFunc(slices.Values(*earliest), idemkv.DoubtPosition.Compare)
+	recs = make([]*idemkv.Record, 0, len(page))
+	for _, p := range page {
+		rec, err := getRecord(snap, p.Tenant, p.Key)
+		if err != nil {
+			return nil, false, err
+		}
+		if rec == nil || !rec.InDoubt || rec.InDoubtSince != p.Since {
+			return nil, false, fmt.Errorf("%w: in-doubt entry %q/%q does not match its record", ErrCorrupt, p.Tenant, p.Key)
+		}
+		recs = append(recs, rec)
+	}
+	return recs, more, nil
+}
+
+// parseDoubtEntry reads the position an in-doubt index entry names.
+func parseDoubtEntry(k, v []byte) (idemkv.DoubtPosition, error) {
+	rest := k[len(prefixDoubt):]
+	i := bytes.IndexByte(rest, 0)
+	if i < 0 {
+		return idemkv.DoubtPosition{}, fmt.Errorf("%w: in-doubt key without separator", ErrCorrupt)
+	}
+	if len(v) != 8 {
+		return idemkv.DoubtPosition{}, fmt.Errorf("%w: in-doubt entry of %d bytes", ErrCorrupt, len(v))
+	}
+	return idemkv.DoubtPosition{Since: idemkv.Timestamp(binary.BigEndian.Uint64(v)), Tenant: string(rest[:i]), Key: string(rest[i+1:])}, nil
+}
+
+// positionHeap is a max-heap of positions (container/heap).
+type positionHeap []idemkv.DoubtPosition
+
+func (h positionHeap) Len() int           { return len(h) }
+func (h positionHeap) Less(i, j int) bool { return h[i].Compare(h[j]) > 0 }
+func (h positionHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *positionHeap) Push(x any)        { *h = append(*h, x.(idemkv.DoubtPosition)) }
+func (h *positionHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // checkDoubtIndex verifies that the in-doubt index and the records agree one to one.

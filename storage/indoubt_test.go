@@ -2,7 +2,10 @@ package storage
 
 import (
 	"bytes"
+	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/idemkv/idemkv"
@@ -100,5 +103,102 @@ func TestInDoubtIndex(t *testing.T) {
 	}
 	if err := dst.CheckExpiryIndex(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOldestInDoubt: the in-doubt records of every tenant come oldest first (ties by
+// tenant, then key), and paging from each page's last position walks every one of them
+// exactly once, whatever the page size, past entries settled between pages too.
+func TestOldestInDoubt(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	rng := rand.New(rand.NewPCG(1, 2))
+	var want []idemkv.DoubtPosition
+	var recs []*idemkv.Record
+	for i := range 60 {
+		tenant := []string{"acme", "beta", "a", "zeta"}[rng.IntN(4)]
+		key := fmt.Sprintf("k%02d", rng.IntN(100))
+		since := ts + idemkv.Timestamp(rng.IntN(20)) // many ties
+		rec := &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: "sha256:ab", Tool: "create_ticket",
+			Status: idemkv.StatusPending, Fence: 1, Attempts: 2, CreatedAt: ts, UpdatedAt: ts, ExpiresAt: ts + 1000,
+			InDoubt: i%5 != 0, InDoubtSince: since}
+		if !rec.InDoubt {
+			rec.InDoubtSince = 0
+		}
+		recs = append(recs, rec)
+	}
+	put(t, s, recs...)
+	// Later puts of a key replace earlier ones: what is stored decides what is wanted.
+	for _, tenant := range []string{"a", "acme", "beta", "zeta"} {
+		if err := s.ScanRecords(tenant, "", "", func(r *idemkv.Record) (bool, error) {
+			if r.InDoubt {
+				want = append(want, idemkv.DoubtPositionOf(r))
+			}
+			return true, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.SortFunc(want, idemkv.DoubtPosition.Compare)
+	if len(want) < 20 {
+		t.Fatalf("only %d records in doubt", len(want))
+	}
+
+	walk := func(limit int) []idemkv.DoubtPosition {
+		t.Helper()
+		var got []idemkv.DoubtPosition
+		var after *idemkv.DoubtPosition
+		for pages := 0; ; pages++ {
+			page, more, err := s.OldestInDoubt(after, limit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page) > limit || (more && len(page) != limit) {
+				t.Fatalf("limit %d: a page of %d, more %v", limit, len(page), more)
+			}
+			for _, r := range page {
+				if !r.InDoubt || r.Tool != "create_ticket" {
+					t.Fatalf("listed %+v", r)
+				}
+				got = append(got, idemkv.DoubtPositionOf(r))
+			}
+			if !more {
+				return got
+			}
+			if pages > len(want) {
+				t.Fatalf("limit %d: no end after %d pages", limit, pages)
+			}
+			last := idemkv.DoubtPositionOf(page[len(page)-1])
+			after = &last
+		}
+	}
+	for _, limit := range []int{1, 2, 7, len(want) - 1, len(want), len(want) + 1, 1000} {
+		if got := walk(limit); !slices.Equal(got, want) {
+			t.Fatalf("limit %d: walked\n%v\nwant\n%v", limit, got, want)
+		}
+	}
+
+	// A page resumes after its cursor even when the record there was settled since.
+	first, _, err := s.OldestInDoubt(nil, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.NewBatch()
+	if _, err := b.DeleteRecord(first[2].Tenant, first[2].Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	after := idemkv.DoubtPositionOf(first[2])
+	next, _, err := s.OldestInDoubt(&after, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []idemkv.DoubtPosition{idemkv.DoubtPositionOf(next[0]), idemkv.DoubtPositionOf(next[1])}; !slices.Equal(got, want[3:5]) {
+		t.Fatalf("after a settled cursor: %v, want %v", got, want[3:5])
+	}
+	if _, _, err := s.OldestInDoubt(nil, 0); err == nil {
+		t.Fatal("a page of 0 records")
 	}
 }
