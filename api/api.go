@@ -37,6 +37,8 @@ type Store interface {
 	// Get handles Wait (the long-poll) itself.
 	Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error)
 	List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error)
+	// ListInDoubt pages through the in-doubt records of every tenant, oldest first.
+	ListInDoubt(ctx context.Context, req *idemkv.InDoubtRequest) (*idemkv.ListResult, error)
 	Cluster(ctx context.Context) (*idemkv.ClusterInfo, error)
 	Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
 	Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)

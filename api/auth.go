@@ -21,6 +21,9 @@ const (
 	OpRead Operation = "read"
 	// OpList: page through a tenant's records.
 	OpList Operation = "list"
+	// OpListEveryTenant: page through records of every tenant at once (the in-doubt
+	// records of GET /v1/in-doubt), for a caller that may list every tenant.
+	OpListEveryTenant Operation = "list_every_tenant"
 	// OpCluster: read the membership (GET /v1/cluster).
 	OpCluster Operation = "cluster"
 	// OpAdmin: change the membership, take a backup, read Go's profiles.
@@ -81,6 +84,7 @@ var access = map[string]routeAccess{
 	"POST /v1/resolve":                  {OpWrite, tenantBody},
 	"GET /v1/records/{tenant}/{key...}": {OpRead, tenantPath},
 	"GET /v1/records/{tenant}":          {OpList, tenantPath},
+	"GET /v1/in-doubt":                  {OpListEveryTenant, tenantNone},
 	"GET /v1/cluster":                   {OpCluster, tenantNone},
 	"POST /v1/cluster/join":             {OpAdmin, tenantNone},
 	"POST /v1/cluster/remove":           {OpAdmin, tenantNone},

@@ -142,6 +142,7 @@ func TestRouteOperationsAskedOfTheCaller(t *testing.T) {
 		{http.MethodPost, "/v1/cluster/join", map[string]any{"id": "n9", "raft_addr": "127.0.0.1:1", "api_addr": "127.0.0.1:2"}, http.StatusForbidden, "admin "},
 		{http.MethodPost, "/v1/cluster/remove", map[string]any{"id": "n2"}, http.StatusForbidden, "admin "},
 		{http.MethodGet, "/metrics", nil, http.StatusForbidden, "metrics "},
+		{http.MethodGet, "/v1/in-doubt", nil, http.StatusForbidden, "list_every_tenant "},
 	}
 	for _, c := range cases {
 		resp := do(t, c.method, n.url+c.path, c.body, nil)

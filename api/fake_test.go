@@ -29,6 +29,7 @@ type FakeStore struct {
 	ResolveFunc      func(context.Context, *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
 	GetFunc          func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
 	ListFunc         func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error)
+	ListInDoubtFunc  func(context.Context, *idemkv.InDoubtRequest) (*idemkv.ListResult, error)
 	ClusterFunc      func(context.Context) (*idemkv.ClusterInfo, error)
 	JoinFunc         func(context.Context, *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
 	RemoveFunc       func(context.Context, *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
@@ -127,6 +128,14 @@ func (f *FakeStore) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.
 		return nil, notStubbed("List")
 	}
 	return f.ListFunc(ctx, req)
+}
+
+func (f *FakeStore) ListInDoubt(ctx context.Context, req *idemkv.InDoubtRequest) (*idemkv.ListResult, error) {
+	f.calls.Add(1)
+	if f.ListInDoubtFunc == nil {
+		return nil, notStubbed("ListInDoubt")
+	}
+	return f.ListInDoubtFunc(ctx, req)
 }
 
 func (f *FakeStore) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {

@@ -58,6 +58,7 @@ func (s *Server) routes() {
 	}, s.store.Resolve, nil))
 	s.handle(recordPattern, http.HandlerFunc(s.get))
 	s.handle("GET /v1/records/{tenant}", http.HandlerFunc(s.list))
+	s.handle("GET /v1/in-doubt", http.HandlerFunc(s.listInDoubt))
 	s.handle("GET /v1/cluster", http.HandlerFunc(s.cluster))
 	s.handle("POST /v1/cluster/join", leaderWrite(s, validJoin, s.store.Join, nil))
 	s.handle("POST /v1/cluster/remove", leaderWrite(s, validRemove, s.store.Remove, nil))
@@ -327,15 +328,46 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.EnsureDefaults()
-	// A list is a linearizable read served by the leader unless the caller asks for
-	// consistency=stale, as on a get.
-	if !stale && s.forwardIfFollower(w, r, nil, 0) {
-		return
-	}
 	if stale {
 		req.Consistency = idemkv.Stale
 	}
-	res, err := s.store.List(r.Context(), &req)
+	s.readPage(w, r, stale, func() (*idemkv.ListResult, error) { return s.store.List(r.Context(), &req) })
+}
+
+// listInDoubt pages through the in-doubt records of every tenant, oldest first, with
+// the paging and consistency parameters of a list.
+func (s *Server) listInDoubt(w http.ResponseWriter, r *http.Request) {
+	var req idemkv.InDoubtRequest
+	q, err := parseQuery(r)
+	if err == nil {
+		req.After = q.Get("after")
+		req.Limit, err = limitParam(q)
+	}
+	var stale bool
+	if err == nil {
+		stale, err = staleParam(q)
+	}
+	if err == nil {
+		err = req.Validate()
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	req.EnsureDefaults()
+	if stale {
+		req.Consistency = idemkv.Stale
+	}
+	s.readPage(w, r, stale, func() (*idemkv.ListResult, error) { return s.store.ListInDoubt(r.Context(), &req) })
+}
+
+// readPage answers a page of records read by call. A page is a linearizable read
+// served by the leader unless the caller asks for consistency=stale, as on a get.
+func (s *Server) readPage(w http.ResponseWriter, r *http.Request, stale bool, call func() (*idemkv.ListResult, error)) {
+	if !stale && s.forwardIfFollower(w, r, nil, 0) {
+		return
+	}
+	res, err := call()
 	if errors.Is(err, idemkv.ErrNotLeader) {
 		s.forwardToLeader(w, r, nil, 0)
 		return

@@ -3,10 +3,13 @@ package api_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/auth"
 )
 
 // TestInDoubtEndpointShapes: ?in_doubt reaches the store and refuses other values;
@@ -77,4 +80,135 @@ func TestInDoubtEndpointShapes(t *testing.T) {
 	if len(resolved) != calls {
 		t.Fatal("an invalid resolve reached the store")
 	}
+}
+
+// TestInDoubtAcrossTenantsShape: GET /v1/in-doubt takes a list's limit, after and
+// consistency, refuses what a list refuses with the same error body before the store
+// sees it, and answers a list's page ({"records":[]} when empty).
+func TestInDoubtAcrossTenantsShape(t *testing.T) {
+	var got idemkv.InDoubtRequest
+	fake := &FakeStore{ListInDoubtFunc: func(_ context.Context, req *idemkv.InDoubtRequest) (*idemkv.ListResult, error) {
+		got = *req
+		if req.After != "" {
+			return &idemkv.ListResult{}, nil
+		}
+		rec := pendingRecord("k1")
+		rec.InDoubt, rec.InDoubtSince, rec.LeaseExpiresAt = true, rec.UpdatedAt, 0
+		return &idemkv.ListResult{Records: []*idemkv.Record{rec}, Next: idemkv.DoubtPositionOf(rec).String()}, nil
+	}}
+	n := startNode(t, fake, nil)
+
+	m := do(t, "GET", n.url+"/v1/in-doubt?limit=1", nil, nil).object(t, http.StatusOK)
+	wantKeys(t, "in-doubt page", m, "records", "next")
+	records, _ := m["records"].([]any)
+	if len(records) != 1 || object(t, "records[0]", records[0])["in_doubt"] != true {
+		t.Fatalf("in-doubt page %v", m)
+	}
+	if got.Limit != 1 || got.After != "" || got.Consistency != idemkv.Linearizable {
+		t.Errorf("store got %+v", got)
+	}
+	next, _ := m["next"].(string)
+	r := do(t, "GET", n.url+"/v1/in-doubt?consistency=stale&after="+url.QueryEscape(next), nil, nil)
+	if r.object(t, http.StatusOK); strings.TrimSpace(string(r.body)) != `{"records":[]}` {
+		t.Errorf("empty page %s", r.body)
+	}
+	if got.Limit != idemkv.DefaultListLimit || got.After != next || got.Consistency != idemkv.Stale {
+		t.Errorf("store got %+v, want the default limit, after %q, stale", got, next)
+	}
+
+	calls := fake.Calls()
+	for _, c := range []struct{ query, field string }{
+		{"limit=0", "limit"},
+		{"limit=1001", "limit"},
+		{"limit=x", "limit"},
+		{"consistency=eventual", "consistency"},
+		{"after=acme%2Fk1", "after"},
+		{"after=1%2Facme%2F", "after"},
+	} {
+		r := do(t, "GET", n.url+"/v1/in-doubt?"+c.query, nil, nil)
+		r.wantError(t, http.StatusBadRequest, idemkv.CodeInvalidArgument, c.field)
+		if c.field == "after" {
+			continue // a list's after is a key
+		}
+		if list := do(t, "GET", n.url+"/v1/records/acme?"+c.query, nil, nil); string(r.body) != string(list.body) {
+			t.Errorf("%s: in-doubt answered %s, a list %s", c.query, r.body, list.body)
+		}
+	}
+	if fake.Calls() != calls {
+		t.Fatal("an invalid request reached the store")
+	}
+}
+
+// TestInDoubtAcrossTenantsNeedsEveryTenant: with authentication on, only a token that
+// may act on every tenant lists their in-doubt records: an admin, or a client of "*".
+// A client of some tenants and a monitor get 403, no token or a wrong one 401, and none
+// of them reaches the store.
+func TestInDoubtAcrossTenantsNeedsEveryTenant(t *testing.T) {
+	tokens := map[string]string{"ops": "idk_ops", "everyone": "idk_everyone", "acme": "idk_acme", "prometheus": "idk_prom"}
+	f, err := auth.Parse([]byte(`{"tokens":[
+		{"name":"ops","hash":"` + auth.HashToken(tokens["ops"]) + `","role":"admin"},
+		{"name":"everyone","hash":"` + auth.HashToken(tokens["everyone"]) + `","role":"client","tenants":["*"]},
+		{"name":"acme","hash":"` + auth.HashToken(tokens["acme"]) + `","role":"client","tenants":["acme","beta"]},
+		{"name":"prometheus","hash":"` + auth.HashToken(tokens["prometheus"]) + `","role":"monitor"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.New(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &FakeStore{
+		ListInDoubtFunc: func(context.Context, *idemkv.InDoubtRequest) (*idemkv.ListResult, error) {
+			return &idemkv.ListResult{}, nil
+		},
+		ListFunc: func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error) {
+			return &idemkv.ListResult{}, nil
+		},
+	}
+	n := startNode(t, fake, func(c *api.Config) { c.Middleware = a.Middleware })
+	bearer := func(token string) map[string]string {
+		if token == "" {
+			return nil
+		}
+		return map[string]string{"Authorization": "Bearer " + token}
+	}
+	for _, c := range []struct {
+		token  string
+		status int
+		code   string
+	}{
+		{tokens["ops"], http.StatusOK, ""},
+		{tokens["everyone"], http.StatusOK, ""},
+		{tokens["acme"], http.StatusForbidden, idemkv.CodePermissionDenied},
+		{tokens["prometheus"], http.StatusForbidden, idemkv.CodePermissionDenied},
+		{"", http.StatusUnauthorized, idemkv.CodeUnauthenticated},
+		{"idk_wrong", http.StatusUnauthorized, idemkv.CodeUnauthenticated},
+	} {
+		before := fake.Calls()
+		r := do(t, "GET", n.url+"/v1/in-doubt?limit=5", nil, bearer(c.token))
+		if c.status == http.StatusOK {
+			r.object(t, http.StatusOK)
+			if fake.Calls() != before+1 {
+				t.Errorf("token %q: the store was not asked", c.token)
+			}
+			continue
+		}
+		r.wantError(t, c.status, c.code, "")
+		if fake.Calls() != before {
+			t.Errorf("token %q: a refused request reached the store", c.token)
+		}
+	}
+	// The tenant-scoped token still lists its own tenant: only the listing of every
+	// tenant is closed to it.
+	do(t, "GET", n.url+"/v1/records/acme?in_doubt=true", nil, bearer(tokens["acme"])).object(t, http.StatusOK)
+}
+
+// TestInDoubtAcrossTenantsWithoutAuthentication: a server without tokens serves the
+// listing of every tenant to anyone, as it serves every other endpoint.
+func TestInDoubtAcrossTenantsWithoutAuthentication(t *testing.T) {
+	fake := &FakeStore{ListInDoubtFunc: func(context.Context, *idemkv.InDoubtRequest) (*idemkv.ListResult, error) {
+		return &idemkv.ListResult{}, nil
+	}}
+	n := startNode(t, fake, nil)
+	do(t, "GET", n.url+"/v1/in-doubt", nil, nil).object(t, http.StatusOK)
 }

@@ -207,12 +207,23 @@ func (p *Principal) Allow(op api.Operation, tenant string) error {
 		}
 		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q (role %s) may not perform %s operations", p.Name, p.Role, op)
 	case api.OpWrite, api.OpRead, api.OpList:
-		if p.Role == RoleAdmin || (p.Role == RoleClient && (p.allTenants || p.tenants[tenant])) {
+		if p.everyTenant() || (p.Role == RoleClient && p.tenants[tenant]) {
 			return nil
 		}
 		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q may not act on tenant %q", p.Name, tenant)
+	case api.OpListEveryTenant:
+		if p.everyTenant() {
+			return nil
+		}
+		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q may not list every tenant's records; that takes a token for every tenant (an admin)", p.Name)
 	}
 	return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q: unknown operation %q", p.Name, op)
+}
+
+// everyTenant reports whether p acts on the records of every tenant: an admin, or a
+// client whose tenants are "*".
+func (p *Principal) everyTenant() bool {
+	return p.Role == RoleAdmin || (p.Role == RoleClient && p.allTenants)
 }
 
 // entry is a token in memory: its hash as bytes, for the constant-time compare.

@@ -135,10 +135,37 @@ func TestAdminIsGlobal(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, op := range []api.Operation{api.OpWrite, api.OpRead, api.OpList, api.OpAdmin, api.OpMetrics} {
+		for _, op := range []api.Operation{api.OpWrite, api.OpRead, api.OpList, api.OpListEveryTenant, api.OpAdmin, api.OpMetrics} {
 			if err := p.Allow(op, "any-tenant"); err != nil {
 				t.Errorf("tenants %q: %s refused: %v", tenants, op, err)
 			}
+		}
+	}
+}
+
+// TestEveryTenantListing: listing every tenant's records at once takes a token that
+// acts on every tenant, an admin or a client of "*"; a client of named tenants, even
+// all those there are, may not.
+func TestEveryTenantListing(t *testing.T) {
+	for tenants, ok := range map[string]bool{`["*"]`: true, `["acme","*"]`: true, `["acme"]`: false, `["acme","beta"]`: false} {
+		f, err := auth.Parse([]byte(`{"tokens":[{"name":"c","hash":"` + auth.HashToken("t") + `","role":"client","tenants":` + tenants + `}]}`))
+		if err != nil {
+			t.Fatalf("tenants %s: %v", tenants, err)
+		}
+		a, err := auth.New(f, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := a.Authenticate("t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.Allow(api.OpListEveryTenant, "")
+		if ok && err != nil {
+			t.Errorf("client of %s: refused: %v", tenants, err)
+		}
+		if !ok && !errors.Is(err, idemkv.ErrPermissionDenied) {
+			t.Errorf("client of %s: %v, want permission denied", tenants, err)
 		}
 	}
 }
@@ -210,6 +237,11 @@ func TestAllowMatrix(t *testing.T) {
 		{monitor, api.OpAdmin, "", false},
 		{monitor, api.OpRead, "acme", false},
 		{monitor, api.OpList, "acme", false},
+		// Listing every tenant at once takes every tenant.
+		{client, api.OpListEveryTenant, "", false},
+		{client, api.OpListEveryTenant, "acme", false},
+		{admin, api.OpListEveryTenant, "", true},
+		{monitor, api.OpListEveryTenant, "", false},
 	}
 	for _, c := range cases {
 		err := c.p.Allow(c.op, c.tenant)

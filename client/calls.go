@@ -158,15 +158,7 @@ func (c *Client) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.Lis
 	if req.InDoubt {
 		q.Set("in_doubt", "true")
 	}
-	if req.Limit != 0 {
-		q.Set("limit", strconv.Itoa(req.Limit))
-	}
-	if req.After != "" {
-		q.Set("after", req.After)
-	}
-	if req.Consistency != "" {
-		q.Set("consistency", string(req.Consistency))
-	}
+	pageQuery(q, req.Limit, req.After, req.Consistency)
 	var out idemkv.ListResult
 	cl := call{
 		method: http.MethodGet,
@@ -179,6 +171,31 @@ func (c *Client) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.Lis
 		return nil, err
 	}
 	return &out, nil
+}
+
+// ListInDoubt pages through the in-doubt records of every tenant, oldest first. It
+// takes a token that may list every tenant (an admin's).
+func (c *Client) ListInDoubt(ctx context.Context, req *idemkv.InDoubtRequest) (*idemkv.ListResult, error) {
+	q := url.Values{}
+	pageQuery(q, req.Limit, req.After, req.Consistency)
+	var out idemkv.ListResult
+	if _, err := c.do(ctx, call{method: http.MethodGet, route: "/v1/in-doubt", path: "/v1/in-doubt", query: q}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// pageQuery sets the paging and consistency parameters of a listing.
+func pageQuery(q url.Values, limit int, after string, c idemkv.Consistency) {
+	if limit != 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if c != "" {
+		q.Set("consistency", string(c))
+	}
 }
 
 // Cluster describes the cluster as the answering node sees it.

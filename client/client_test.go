@@ -71,6 +71,10 @@ func (s *apiStore) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.L
 	return out, nil
 }
 
+func (s *apiStore) ListInDoubt(context.Context, *idemkv.InDoubtRequest) (*idemkv.ListResult, error) {
+	return nil, idemkv.Errorf(idemkv.ErrInvalidArgument, "not in this test")
+}
+
 func (s *apiStore) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 	addr, _ := s.Leader()
 	return &idemkv.ClusterInfo{Leader: idemkv.LeaderInfo{ID: "n1", APIAddr: addr}, Term: 3,

@@ -235,19 +235,40 @@ func (n *Node) pollOnce(ctx context.Context, r *idemkv.GetRequest, deadline time
 	return nil, false, nil
 }
 
-// List pages through a tenant's records in key order, linearizably.
+// List pages through a tenant's records in key order, linearizably unless stale.
 func (n *Node) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.ListResult, error) {
 	r := *req
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
 	r.EnsureDefaults()
-	if r.Consistency != idemkv.Stale {
-		if err := n.readIndex(ctx); err != nil {
-			return nil, err
-		}
+	if err := n.readAt(ctx, r.Consistency); err != nil {
+		return nil, err
 	}
 	return n.fsm.List(&r, n.now())
+}
+
+// ListInDoubt pages through the in-doubt records of every tenant, oldest first, read
+// as List reads: linearizably unless stale. It reads the in-doubt index alone.
+func (n *Node) ListInDoubt(ctx context.Context, req *idemkv.InDoubtRequest) (*idemkv.ListResult, error) {
+	r := *req
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	r.EnsureDefaults()
+	if err := n.readAt(ctx, r.Consistency); err != nil {
+		return nil, err
+	}
+	return n.fsm.ListInDoubt(&r, n.now())
+}
+
+// readAt readies a local read of consistency c: a linearizable one takes a read index
+// (on the leader alone, ErrNotLeader elsewhere); a stale one reads what is applied.
+func (n *Node) readAt(ctx context.Context, c idemkv.Consistency) error {
+	if c == idemkv.Stale {
+		return nil
+	}
+	return n.readIndex(ctx)
 }
 
 // propose replicates cmd and returns the state machine's answer. An error wrapping
