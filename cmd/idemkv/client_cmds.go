@@ -309,15 +309,28 @@ func newListCommand(cf *clientFlags) *cobra.Command {
 	var all, stale bool
 	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "List a tenant's records in key order",
+		Short: "List a tenant's records in key order, or every tenant's in-doubt records oldest first",
 		Example: `  idemkv ls --tenant acme --status pending
   idemkv ls --tenant acme --prefix conversation_9: --all
-  idemkv ls --tenant acme --in-doubt --all     # effects nobody can tell happened; settle with idemkv resolve`,
+  idemkv ls --tenant acme --in-doubt --all     # effects nobody can tell happened; settle with idemkv resolve
+  idemkv ls --in-doubt --all --token "$ADMIN"  # every tenant's, oldest first: tenant, key, tool, age, attempts`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Status = idemkv.Status(status)
 			if stale {
 				req.Consistency = idemkv.Stale
+			}
+			if req.Tenant == "" {
+				if !req.InDoubt {
+					return errors.New("--tenant is required; only --in-doubt lists every tenant")
+				}
+				if req.Prefix != "" || req.Status != "" {
+					return errors.New("--prefix and --status need --tenant")
+				}
+				doubt := idemkv.InDoubtRequest{Limit: req.Limit, After: req.After, Consistency: req.Consistency}
+				return cf.run(cmd, func(ctx context.Context, c *client.Client) (any, error) {
+					return listInDoubt(ctx, c, &doubt, all, time.Now())
+				})
 			}
 			return cf.run(cmd, func(ctx context.Context, c *client.Client) (any, error) {
 				page, err := c.List(ctx, &req)
@@ -337,14 +350,53 @@ func newListCommand(cf *clientFlags) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&req.Tenant, "tenant", "", "tenant (required)")
+	f.StringVar(&req.Tenant, "tenant", "", "tenant (required, but for --in-doubt, which without it lists every tenant)")
 	f.StringVar(&req.Prefix, "prefix", "", "only keys with this prefix")
 	f.StringVar(&status, "status", "", "only records with this status: pending, committed, failed")
 	f.IntVar(&req.Limit, "limit", 0, "records per page (default 100, max 1000)")
-	f.StringVar(&req.After, "after", "", "start after this key (the next of a previous page)")
+	f.StringVar(&req.After, "after", "", "start after this key, or this cursor without --tenant (the next of a previous page)")
 	f.BoolVar(&all, "all", false, "follow next until the last page")
-	f.BoolVar(&req.InDoubt, "in-doubt", false, "only pending records marked in doubt (settle them with idemkv resolve)")
+	f.BoolVar(&req.InDoubt, "in-doubt", false, "only pending records marked in doubt (settle them with idemkv resolve); "+
+		"without --tenant, those of every tenant, oldest first (takes an admin token)")
 	f.BoolVar(&stale, "stale", false, "read the node's local replica")
-	_ = cmd.MarkFlagRequired("tenant")
 	return cmd
+}
+
+// doubtEntry is what ls --in-doubt shows of a record when it lists every tenant: who to
+// ask, how long it has waited, and what idemkv resolve needs.
+type doubtEntry struct {
+	Tenant       string           `json:"tenant"`
+	Key          string           `json:"idempotency_key"`
+	Tool         string           `json:"tool"`
+	Age          string           `json:"age"`
+	Attempts     uint32           `json:"attempts"`
+	InDoubtSince idemkv.Timestamp `json:"in_doubt_since"`
+}
+
+// doubtPage is a page of doubtEntry, in the shape of a list's page.
+type doubtPage struct {
+	Records []doubtEntry `json:"records"`
+	Next    string       `json:"next,omitempty"`
+}
+
+// listInDoubt reads one page of every tenant's in-doubt records, or with all every
+// page, and shows each record's age at now (this machine's clock).
+func listInDoubt(ctx context.Context, c *client.Client, req *idemkv.InDoubtRequest, all bool, now time.Time) (*doubtPage, error) {
+	out := &doubtPage{Records: []doubtEntry{}}
+	for {
+		page, err := c.ListInDoubt(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		for _, rec := range page.Records {
+			age := max(now.Sub(rec.InDoubtSince.Time()), 0).Truncate(time.Second)
+			out.Records = append(out.Records, doubtEntry{Tenant: rec.Tenant, Key: rec.Key, Tool: rec.Tool,
+				Age: age.String(), Attempts: rec.Attempts, InDoubtSince: rec.InDoubtSince})
+		}
+		out.Next = page.Next
+		if !all || page.Next == "" {
+			return out, nil
+		}
+		req.After = page.Next
+	}
 }
