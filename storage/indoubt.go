@@ -71,7 +71,10 @@ func (s *Store) InDoubtStats() (count int, oldest idemkv.Timestamp, err error) {
 }
 
 // ScanInDoubt calls fn for the in-doubt records of tenant whose key starts with prefix
-// and is greater than after, in key order, until fn returns false or an error.
+// and is greater than after, in key order, until fn returns false or an error. Index
+// and records are read from one Pebble snapshot: read from the live database, a record
+// resolved during the scan was missing behind its index entry (a false corruption) or
+// listed committed.
 func (s *Store) ScanInDoubt(tenant, prefix, after string, fn func(*idemkv.Record) (bool, error)) error {
 	lower := doubtKey(tenant, prefix)
 	if after != "" {
@@ -85,7 +88,9 @@ func (s *Store) ScanInDoubt(tenant, prefix, after string, fn func(*idemkv.Record
 	}
 	// fn runs with the store held shared: it must not call back into the store.
 	defer s.mu.RUnlock()
-	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(doubtKey(tenant, prefix))})
+	snap := db.NewSnapshot()
+	defer snap.Close()
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: prefixEnd(doubtKey(tenant, prefix))})
 	if err != nil {
 		return fmt.Errorf("storage: scan in doubt: %w", err)
 	}
@@ -96,7 +101,7 @@ func (s *Store) ScanInDoubt(tenant, prefix, after string, fn func(*idemkv.Record
 		if i < 0 {
 			return fmt.Errorf("%w: in-doubt key without separator", ErrCorrupt)
 		}
-		rec, err := getRecord(db, string(rest[:i]), string(rest[i+1:]))
+		rec, err := getRecord(snap, string(rest[:i]), string(rest[i+1:]))
 		if err != nil {
 			return err
 		}

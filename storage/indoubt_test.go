@@ -202,3 +202,50 @@ func TestOldestInDoubt(t *testing.T) {
 		t.Fatal("a page of 0 records")
 	}
 }
+
+// TestScanInDoubtIsOneView: a listing of a tenant's in-doubt records reads the index
+// and the records at one point. A resolve applied during the scan (here: in the
+// callback, between two records) used to leave it an index entry whose record was
+// gone, which it reported as corruption, or a committed record listed as in doubt.
+func TestScanInDoubtIsOneView(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	rec := func(key string, status idemkv.Status) *idemkv.Record {
+		r := &idemkv.Record{Tenant: "acme", Key: key, Fingerprint: "sha256:ab", Tool: "create_ticket",
+			Status: status, Fence: 1, Attempts: 1, CreatedAt: ts, UpdatedAt: ts, ExpiresAt: ts + 1000}
+		if status == idemkv.StatusPending {
+			r.InDoubt, r.InDoubtSince = true, ts+1
+		} else {
+			r.Receipt = &idemkv.StoredReceipt{RemoteSystem: "linear", RemoteID: "LIN-1"}
+		}
+		return r
+	}
+	put(t, s, rec("a", idemkv.StatusPending), rec("b", idemkv.StatusPending), rec("c", idemkv.StatusPending))
+	var seen []string
+	err := s.ScanInDoubt("acme", "", "", func(r *idemkv.Record) (bool, error) {
+		if !r.InDoubt || r.Status != idemkv.StatusPending {
+			t.Errorf("listed %+v", r)
+		}
+		seen = append(seen, r.Key)
+		if r.Key == "a" {
+			// Released and committed while the scan is between a and b.
+			b := s.NewBatch()
+			defer b.Close()
+			if _, err := b.DeleteRecord("acme", "b"); err != nil {
+				return false, err
+			}
+			if err := b.PutRecord(rec("c", idemkv.StatusCommitted)); err != nil {
+				return false, err
+			}
+			if err := b.Commit(); err != nil {
+				return false, err
+			}
+		}
+		return true, nil
+	})
+	if err != nil || !slices.Equal(seen, []string{"a", "b", "c"}) {
+		t.Fatalf("scan saw %v, %v; want the three records as they were when it began", seen, err)
+	}
+	if got := inDoubtKeys(t, s, "acme"); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("the next scan: %v", got)
+	}
+}
