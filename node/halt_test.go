@@ -53,11 +53,10 @@ func TestStorageReadErrorStopsReplicaThenConverges(t *testing.T) {
 		}
 	}))
 	ctx := opsCtx(t)
-	l := c.WaitLeader()
-	if l == 2 {
+	if c.WaitLeader() == 2 {
 		c.Stop(2) // hands leadership over
 		c.Restart(2)
-		l = c.WaitLeader()
+		c.WaitLeader()
 	}
 	fences := map[string]uint64{}
 	for i := range 300 {
@@ -78,7 +77,7 @@ func TestStorageReadErrorStopsReplicaThenConverges(t *testing.T) {
 	c.Stop(2)
 	c.Restart(2)
 	c.WaitConverged()
-	l = c.WaitLeader()
+	c.WaitLeader()
 
 	// A committed record the replica holds before it halts.
 	settled := "k001"
