@@ -73,10 +73,19 @@ type Config struct {
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
 	LeaderLeaseTimeout time.Duration
-	CommitTimeout      time.Duration
-	SnapshotThreshold  uint64
-	SnapshotInterval   time.Duration
-	TrailingLogs       uint64
+	// CommitTimeout is how long the leader's replication to a follower waits with no
+	// new entry before it sends an AppendEntries anyway (hashicorp/raft picks a wait
+	// between it and twice it). That is how followers learn the commit index of the
+	// last write and apply it, since heartbeats carry none: a follower may be up to
+	// twice this behind on a write once writes stop. It is also nearly all that an
+	// idle cluster costs. Three idle nodes on loopback, 2 cores: at 5 ms the leader
+	// used 7.1-7.6% of a core and each follower 2.0-2.2%, with these rounds (about
+	// 120 a second to each follower) 95% of its AppendEntries and heartbeats the
+	// rest; at 50 ms (hashicorp/raft's default), 1.7-2.0% and 0.5-0.6%.
+	CommitTimeout     time.Duration
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
 	// MaxAppendEntries bounds the entries sent (and group-committed) at once.
 	MaxAppendEntries int
 	// ApplyTimeout bounds how long a proposal may wait when the caller's context has
