@@ -156,21 +156,7 @@ func TestNoNotificationsBeforeInitialize(t *testing.T) {
 
 	// A session connected after the client's is told after it: once this one has
 	// been told, whatever the gateway sent the client was written already.
-	notified := make(chan struct{}, 8)
-	observer := mcp.NewClient(&mcp.Implementation{Name: "observer"}, &mcp.ClientOptions{
-		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { notified <- struct{}{} },
-	})
-	ct, st := mcp.NewInMemoryTransports()
-	ss, err := gw.Server().Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ss.Close() })
-	sess, err := observer.Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sess.Close() })
+	_, notified := connectWatching(ctx, t, gw, "observer")
 
 	mcp.AddTool(upstream, &mcp.Tool{Name: "b", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, noop)
 	select {

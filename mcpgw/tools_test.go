@@ -47,21 +47,7 @@ func TestToolListFollowsUpstream(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = gw.Close() })
 
-	notified := make(chan struct{}, 8)
-	agent := mcp.NewClient(&mcp.Implementation{Name: "agent"}, &mcp.ClientOptions{
-		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { notified <- struct{}{} },
-	})
-	ct, st := mcp.NewInMemoryTransports()
-	ss, err := gw.Server().Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ss.Close() })
-	sess, err := agent.Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sess.Close() })
+	sess, notified := connectWatching(ctx, t, gw, "agent")
 
 	names := func() []string {
 		res, err := sess.ListTools(ctx, nil)
@@ -114,4 +100,27 @@ type mismatch struct{ got, want []string }
 
 func (m *mismatch) Error() string {
 	return fmt.Sprintf("tools %v, want %v", m.got, m.want)
+}
+
+// connectWatching connects an in-memory MCP client named name to gw and returns its
+// session and a channel that gets a value each time the client is told the tool list
+// changed.
+func connectWatching(ctx context.Context, t *testing.T, gw *mcpgw.Gateway, name string) (*mcp.ClientSession, <-chan struct{}) {
+	t.Helper()
+	notified := make(chan struct{}, 8)
+	client := mcp.NewClient(&mcp.Implementation{Name: name}, &mcp.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { notified <- struct{}{} },
+	})
+	ct, st := mcp.NewInMemoryTransports()
+	ss, err := gw.Server().Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ss.Close() })
+	sess, err := client.Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sess.Close() })
+	return sess, notified
 }
