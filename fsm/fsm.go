@@ -489,10 +489,9 @@ func (f *FSM) List(req *idemkv.ListRequest, now idemkv.Timestamp) (*idemkv.ListR
 		return nil, err
 	}
 	now = max(now, f.Clock())
-	limit := req.Limit
-	if limit <= 0 {
-		limit = idemkv.DefaultListLimit
-	}
+	page := *req
+	page.EnsureDefaults() // the root package owns the default page size
+	limit := page.Limit
 	res := &idemkv.ListResult{Records: []*idemkv.Record{}}
 	scanned, lastKey := 0, ""
 	scan := f.st.ScanRecords
@@ -528,10 +527,9 @@ func (f *FSM) ListInDoubt(req *idemkv.InDoubtRequest, now idemkv.Timestamp) (*id
 		return nil, err
 	}
 	now = max(now, f.Clock())
-	limit := req.Limit
-	if limit <= 0 {
-		limit = idemkv.DefaultListLimit
-	}
+	page := *req
+	page.EnsureDefaults() // the root package owns the default page size
+	limit := page.Limit
 	var after *idemkv.DoubtPosition
 	if req.After != "" {
 		p, err := idemkv.ParseDoubtPosition(req.After)
