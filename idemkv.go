@@ -408,6 +408,25 @@ type ClusterInfo struct {
 	Term         uint64     `json:"term"`
 	CommitIndex  uint64     `json:"commit_index"`
 	AppliedIndex uint64     `json:"applied_index"`
+	// Clock is the answering node's clock against the state machine's.
+	Clock *ClockInfo `json:"clock,omitempty"`
+}
+
+// ClockInfo is what a node knows of its wall clock against the state machine clock
+// (docs/protocol.md "Time").
+type ClockInfo struct {
+	// Anchored: the node has applied a live entry or stamped one since it started; until
+	// then its stamps and reads follow the state machine clock, not its wall clock.
+	Anchored bool `json:"anchored"`
+	// OffsetMs is the state machine clock minus this node's wall clock, measured at the
+	// latest stamp it applied, MeasuredAgoMs ago; absent until measured.
+	OffsetMs      *int64 `json:"offset_ms,omitempty"`
+	MeasuredAgoMs *int64 `json:"measured_ago_ms,omitempty"`
+	// LocalAnswers: the node answers replays and conflicts of terminal records from its
+	// own state; LocalAnswersOff says why not (unanchored, offset_unmeasured,
+	// offset_beyond_margin, no_leader_contact).
+	LocalAnswers    bool   `json:"local_answers"`
+	LocalAnswersOff string `json:"local_answers_off,omitempty"`
 }
 
 // JoinRequest adds a node (POST /v1/cluster/join).

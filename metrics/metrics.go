@@ -178,6 +178,12 @@ type NodeStats struct {
 	// InDoubtOldestAge is how long the oldest of them has waited (0 if none).
 	InDoubt          int
 	InDoubtOldestAge time.Duration
+	// ClockOffset is the state machine clock minus this node's wall clock, as the node
+	// last measured it (ClockMeasured).
+	ClockOffset   time.Duration
+	ClockMeasured bool
+	// LocalAnswers: the node answers replays and conflicts from its own state now.
+	LocalAnswers bool
 }
 
 // RaftStates are the values of the state label of idemkv_raft_state.
@@ -202,6 +208,10 @@ var (
 		"Pending records marked in doubt: an attempt died and nobody can tell whether its effect happened. Each waits for idemkv resolve.", nil, nil)
 	descInDoubtAge = prometheus.NewDesc(namespace+"_in_doubt_oldest_age_seconds",
 		"How long the oldest in-doubt record has waited for a resolve (0 when there is none).", nil, nil)
+	descClockOffset = prometheus.NewDesc(namespace+"_clock_offset_seconds",
+		"The state machine clock minus this node's wall clock, measured at the latest stamp it applied (absent until measured).", nil, nil)
+	descLocalAnswers = prometheus.NewDesc(namespace+"_local_answers_enabled",
+		"1 while this node answers replays and conflicts from its own state; 0 while its clock is unanchored, its offset unmeasured or beyond the margin, or it has not heard a leader for longer than the margin.", nil, nil)
 )
 
 // RegisterNode adds the figures of a running node to the registry, read from stats on
@@ -214,7 +224,7 @@ type nodeCollector func() NodeStats
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommitIndex, descAppliedIndex,
-		descLastLogIndex, descLastContact, descRecords, descInDoubt, descInDoubtAge} {
+		descLastLogIndex, descLastContact, descRecords, descInDoubt, descInDoubtAge, descClockOffset, descLocalAnswers} {
 		ch <- d
 	}
 }
@@ -238,4 +248,12 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(s.Records))
 	ch <- prometheus.MustNewConstMetric(descInDoubt, prometheus.GaugeValue, float64(s.InDoubt))
 	ch <- prometheus.MustNewConstMetric(descInDoubtAge, prometheus.GaugeValue, s.InDoubtOldestAge.Seconds())
+	if s.ClockMeasured {
+		ch <- prometheus.MustNewConstMetric(descClockOffset, prometheus.GaugeValue, s.ClockOffset.Seconds())
+	}
+	local := 0.0
+	if s.LocalAnswers {
+		local = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descLocalAnswers, prometheus.GaugeValue, local)
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -17,11 +18,18 @@ const clockWarnEvery = 10 * time.Second
 // it has seen, advanced by its monotonic clock since.
 //
 // The band needs a moment on this node's monotonic clock at which that time was
-// current: the node's own stamp, or an entry applied live. Entries it replays from its
-// own log after a start were stamped an unknown while ago (a whole cluster may have
-// been down for a night), so until the first live one the node is unanchored and
-// follows its wall clock forward (never back behind the state machine clock). A clock
-// far off when a whole cluster starts cannot be told from a long outage.
+// current: an entry applied live, or the moment this node started stamping. Entries it
+// replays from its own log after a start were stamped an unknown while ago, so until
+// then the node is unanchored. An unanchored node never follows its wall clock: a node
+// that followed it stamped its first entry after a restart with a clock 3 h fast at
+// once, and the state machine clock jumped 3 h, expiring a live lease and a record
+// committed seconds earlier (issue 22, point 1). Its first stamp anchors at the latest
+// state-machine time instead (a leader first applies every entry of earlier terms:
+// establish), so a clock wrong at boot moves the state machine clock no faster than
+// fsm.ClockSlew allows. The price is that after a whole cluster was down, the state
+// machine clock resumes where it stopped and catches up at a tenth of real time: a
+// node cannot tell a clock far off from a long outage. The leader's clock ticks
+// (tickClock) keep the time it stopped at recent.
 type stampClock struct {
 	wall func() time.Time
 	mono func() time.Duration
@@ -34,6 +42,16 @@ type stampClock struct {
 	// are applied live.
 	liveAfter uint64
 	lastWarn  time.Duration
+	// lastStamp is mono() at this node's latest stamp (0: none yet).
+	lastStamp time.Duration
+
+	// applied is the state machine clock at the latest observe.
+	applied idemkv.Timestamp
+	// offset is the state machine clock minus this node's wall clock, measured when a
+	// live entry advanced the state machine clock, at offsetAt on the monotonic clock.
+	offset   time.Duration
+	offsetAt time.Duration
+	measured bool
 }
 
 // processStart anchors the default monotonic clock.
@@ -48,25 +66,35 @@ func (c *stampClock) observe(clock idemkv.Timestamp, index uint64) {
 	t := clock.Time()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if clock == 0 || !t.After(c.prev) {
-		if index > c.liveAfter && clock != 0 && !c.anchored {
-			// A live entry: the state machine time is current now.
-			c.at, c.anchored = c.mono(), true
-		}
-		return
+	live := index > c.liveAfter && clock != 0
+	now := c.mono()
+	if clock != 0 && t.After(c.prev) {
+		c.prev, c.at = t, now
 	}
-	c.prev, c.at = t, c.mono()
-	c.anchored = c.anchored || index > c.liveAfter
+	if live && clock > c.applied {
+		// A stamp applied now was made moments ago, on the leader's bounded clock
+		// (this node's own, on a leader): what it differs from this node's wall clock
+		// by is the offset between the two, less the replication delay.
+		c.offset, c.offsetAt, c.measured = t.Sub(c.wall()), now, true
+	}
+	c.applied = max(c.applied, clock)
+	if live && !c.anchored {
+		// A live entry: the state machine time is current now.
+		c.at, c.anchored = now, true
+	}
 }
 
-// bound is fsm.BoundStamp from the anchor, or the wall clock (never behind prev) while
-// unanchored.
+// bound is fsm.BoundStamp from the anchor. An unanchored node reads at the latest
+// state-machine time it has seen (its wall clock only when none was ever stamped).
 func (c *stampClock) bound(now time.Duration, wall time.Time) (time.Time, bool) {
-	if !c.anchored || unboundedClock() {
+	if unboundedClock() || (!c.anchored && (c.prev.IsZero() || unanchoredStamps())) {
 		if wall.Before(c.prev) {
 			return c.prev, false
 		}
 		return wall, false
+	}
+	if !c.anchored {
+		return c.prev, !wall.Equal(c.prev)
 	}
 	return fsm.BoundStamp(c.prev, now-c.at, wall)
 }
@@ -80,19 +108,59 @@ func (c *stampClock) read() (idemkv.Timestamp, bool) {
 }
 
 // stamp returns the stamp for a command about to be proposed and makes it the latest
-// time seen. warn reports that a clamp is worth a log line now.
-func (c *stampClock) stamp() (ts idemkv.Timestamp, clamped, warn bool, wall time.Time) {
+// time seen. An unanchored node anchors first, at the latest state-machine time it has
+// seen (first). warn reports that a clamp is worth a log line now: a first stamp's
+// always is.
+func (c *stampClock) stamp() (ts idemkv.Timestamp, clamped, warn, first bool, wall time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now, wall := c.mono(), c.wall()
+	if !c.anchored && !c.prev.IsZero() && !unanchoredStamps() {
+		c.at, c.anchored, first = now, true, true
+	}
 	s, clamped := c.bound(now, wall)
 	if !s.Before(c.prev) {
 		c.prev, c.at, c.anchored = s, now, true
 	}
-	if clamped && (c.lastWarn == 0 || now-c.lastWarn >= clockWarnEvery) {
+	c.lastStamp = max(now, 1)
+	// A leader's stamps are the state machine clock: its offset is theirs to its wall
+	// clock.
+	c.offset, c.offsetAt, c.measured = s.Sub(wall), now, true
+	if clamped && (first || c.lastWarn == 0 || now-c.lastWarn >= clockWarnEvery) {
 		c.lastWarn, warn = now, true
 	}
-	return idemkv.TimestampOf(s), clamped, warn, wall
+	return idemkv.TimestampOf(s), clamped, warn, first, wall
+}
+
+// sinceStamp is how long ago, on the monotonic clock, this node last stamped a command;
+// ok is false if it never has.
+func (c *stampClock) sinceStamp() (d time.Duration, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lastStamp == 0 {
+		return 0, false
+	}
+	return c.mono() - c.lastStamp, true
+}
+
+// ClockState is what a node knows of its clock against the state machine's.
+type ClockState struct {
+	// Anchored: the node has applied a live entry or stamped one since it started.
+	Anchored bool
+	// Measured: Offset was measured, Age ago.
+	Measured bool
+	Offset   time.Duration
+	Age      time.Duration
+}
+
+func (c *stampClock) state() ClockState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := ClockState{Anchored: c.anchored, Measured: c.measured}
+	if c.measured {
+		s.Offset, s.Age = c.offset, c.mono()-c.offsetAt
+	}
+	return s
 }
 
 // watchClock keeps the stamp clock up with the state machine clock, so that a node that
@@ -118,15 +186,61 @@ func (n *Node) now() idemkv.Timestamp {
 	return max(t, n.fsm.Clock())
 }
 
-// stampNow is the time a command is stamped with. A clamp is counted and logged.
+// stampNow is the time a command is stamped with. A clamp is counted and logged; so is
+// every first stamp after a start that the bound clamped, whatever the rate limit.
 func (n *Node) stampNow() idemkv.Timestamp {
-	t, clamped, warn, wall := n.clock.stamp()
+	t, clamped, warn, first, wall := n.clock.stamp()
 	if clamped {
 		n.metrics.ClockStampsClamped.Inc()
-		if warn {
+		switch {
+		case first:
+			n.log.Warn("first stamp since start anchored at the state machine clock, not the wall clock; stamps catch up within fsm.ClockSlew of real time",
+				"wall", wall.UTC().Format(idemkv.TimeFormat), "stamp", t.String(), "off_by", wall.Sub(t.Time()).Round(time.Millisecond))
+		case warn:
 			n.log.Warn("wall clock outside the bound of the state machine clock; stamps follow the bound",
 				"wall", wall.UTC().Format(idemkv.TimeFormat), "stamp", t.String(), "off_by", wall.Sub(t.Time()).Round(time.Millisecond))
 		}
 	}
 	return max(t, n.fsm.Clock())
+}
+
+// anchorClock makes the stamp clock of a node that just won an election start from the
+// latest stamp committed: while it has applied no live entry since it started, it
+// first applies every entry of earlier terms (a barrier), then raises its clock to the
+// state machine's. Its first stamp then anchors there (stampClock.stamp).
+func (n *Node) anchorClock() error {
+	if n.clock.state().Anchored {
+		return nil
+	}
+	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
+		return err
+	}
+	n.clock.observe(n.fsm.Clock(), 0)
+	return nil
+}
+
+// tickClock stamps an entry (this node's addresses, as establish does) whenever the
+// leader has stamped nothing for Config.ClockTick, so that the state machine clock
+// stays near real time in a quiet period: a node that restarts after one resumes from
+// there (stampClock), and followers keep measuring their offset (localClockTrusted).
+func (n *Node) tickClock(ctx context.Context) {
+	if n.cfg.ClockTick < 0 {
+		return
+	}
+	t := time.NewTicker(n.cfg.ClockTick / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if d, ok := n.clock.sinceStamp(); ok && d < n.cfg.ClockTick {
+			continue
+		}
+		self := idemkv.NodeInfo{ID: n.cfg.ID, RaftAddr: string(n.transport.LocalAddr()), APIAddr: n.cfg.APIAddr}
+		if _, err := n.propose(ctx, &fsm.Command{Op: fsm.OpSetNode, Node: &self}); err != nil && ctx.Err() == nil {
+			n.log.Debug("clock tick not applied", "err", err)
+		}
+	}
 }

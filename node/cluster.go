@@ -90,6 +90,7 @@ func (n *Node) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 		Term:         n.raft.CurrentTerm(),
 		CommitIndex:  n.raft.CommitIndex(),
 		AppliedIndex: n.fsm.AppliedIndex(),
+		Clock:        n.ClockInfo(),
 	}
 	for _, s := range f.Configuration().Servers {
 		ni := idemkv.NodeInfo{

@@ -40,6 +40,11 @@ func (n *Node) startLeaderWork() {
 		if !n.establish(ctx) {
 			return
 		}
+		n.leaderWG.Add(1)
+		go func() {
+			defer n.leaderWG.Done()
+			n.tickClock(ctx)
+		}()
 		n.sweeper.Run(ctx)
 	}()
 }
@@ -94,6 +99,9 @@ func (n *Node) establish(ctx context.Context) bool {
 func (n *Node) applyEstablish(self *idemkv.NodeInfo) error {
 	if n.establishByBarrier() {
 		return n.raft.Barrier(n.cfg.ApplyTimeout).Error()
+	}
+	if err := n.anchorClock(); err != nil {
+		return err
 	}
 	cmd := &fsm.Command{Op: fsm.OpSetNode, Node: self, Now: n.stampNow()}
 	buf, err := cmd.AppendBinary(nil)

@@ -3,6 +3,8 @@ package node
 import (
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
 )
@@ -25,6 +27,49 @@ import (
 // applied, says what time it is (localNow).
 const LocalAnswerMargin = time.Minute
 
+// LocalAnswerMaxOffset is the largest offset between this node's wall clock and the
+// state machine clock (as the node measured it at the stamps it applied) at which it
+// still answers locally: the half of LocalAnswerMargin that the argument above grants
+// each clock. Beyond it, one of the two is off by more than the margin allows, and the
+// node cannot tell which (issue 22, point 2).
+const LocalAnswerMaxOffset = LocalAnswerMargin / 2
+
+// localRefusal says why this node may not answer from its own state now, or "" if it
+// may. The margin's argument needs the clocks it assumes: a node that has applied no
+// live entry since it started has measured nothing, an offset beyond
+// LocalAnswerMaxOffset or one measured longer than LocalAnswerMargin ago says nothing
+// of now, and a follower that has heard no leader for longer than the margin may miss
+// entries stamped past expires_at.
+func (n *Node) localRefusal() string {
+	s := n.clock.state()
+	switch {
+	case !s.Anchored:
+		return "unanchored"
+	case !s.Measured || s.Age > LocalAnswerMargin:
+		return "offset_unmeasured"
+	case s.Offset > LocalAnswerMaxOffset || s.Offset < -LocalAnswerMaxOffset:
+		return "offset_beyond_margin"
+	}
+	if n.raft.State() != raft.Leader {
+		if lc := n.raft.LastContact(); lc.IsZero() || time.Since(lc) > LocalAnswerMargin {
+			return "no_leader_contact"
+		}
+	}
+	return ""
+}
+
+// ClockInfo is this node's clock as GET /v1/cluster shows it.
+func (n *Node) ClockInfo() *idemkv.ClockInfo {
+	s := n.clock.state()
+	ci := &idemkv.ClockInfo{Anchored: s.Anchored, LocalAnswersOff: n.localRefusal()}
+	ci.LocalAnswers = ci.LocalAnswersOff == ""
+	if s.Measured {
+		off, ago := s.Offset.Milliseconds(), s.Age.Milliseconds()
+		ci.OffsetMs, ci.MeasuredAgoMs = &off, &ago
+	}
+	return ci
+}
+
 // ReserveLocal answers req from this node's applied state when the answer is a replay
 // of, or a conflict with, a committed or failed record that expires more than
 // LocalAnswerMargin after this node's time, on a leader and a follower alike. ok is
@@ -42,6 +87,9 @@ func (n *Node) ReserveLocal(req *idemkv.ReserveRequest) (res *idemkv.ReserveResu
 // answerLocally is ReserveLocal for a request already checked by reserveRequest; nil
 // when the state does not settle the answer. The decision is fsm.Decide's.
 func (n *Node) answerLocally(r *idemkv.ReserveRequest) *idemkv.ReserveResult {
+	if n.localRefusal() != "" {
+		return nil
+	}
 	now := n.localNow()
 	cur, err := n.fsm.Get(r.Tenant, r.Key, now)
 	if err != nil {

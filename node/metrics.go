@@ -31,6 +31,9 @@ func (n *Node) RegisterMetrics(m *metrics.Metrics) error {
 			s.InDoubt = count
 			s.InDoubtOldestAge = max(n.now().Time().Sub(oldest.Time()), 0)
 		}
+		cs := n.clock.state()
+		s.ClockMeasured, s.ClockOffset = cs.Measured, cs.Offset
+		s.LocalAnswers = n.localRefusal() == ""
 		if state == raft.Leader {
 			s.LastContact = 0
 		} else if lc := n.raft.LastContact(); !lc.IsZero() {

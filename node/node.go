@@ -95,6 +95,15 @@ type Config struct {
 	// Sweep configures the expiry sweeper that runs on the leader.
 	Sweep expiry.Config
 
+	// ClockTick is how long a leader may stamp nothing before it stamps an entry of its
+	// own, to keep the state machine clock near real time in a quiet period (default
+	// DefaultClockTick; negative: never). A node restarted after a quiet period resumes
+	// the state machine clock from its last stamp, so this bounds how far behind real
+	// time it resumes, besides the time the cluster was down; and followers measure
+	// their clock offset at each stamp (LocalAnswerMaxOffset). Each tick is one small
+	// Raft entry, fsynced on every node.
+	ClockTick time.Duration
+
 	// Now is the clock the leader stamps commands with; default time.Now.
 	Now func() time.Time
 	// Monotonic measures real time for the bound on stamps (fsm.BoundStamp); default Go's
@@ -135,6 +144,7 @@ func DefaultConfig() Config {
 		MaxAppendEntries:     512,
 		RaftWALSegmentBytes:  DefaultRaftWALSegmentBytes,
 		ApplyTimeout:         10 * time.Second,
+		ClockTick:            DefaultClockTick,
 		RaftHandshakeTimeout: DefaultRaftHandshakeTimeout,
 		RaftIdleTimeout:      DefaultRaftIdleTimeout,
 		RaftMaxPending:       DefaultRaftMaxPending,
@@ -160,6 +170,7 @@ func (c *Config) withDefaults() {
 	setDur(&c.CommitTimeout, d.CommitTimeout)
 	setDur(&c.SnapshotInterval, d.SnapshotInterval)
 	setDur(&c.ApplyTimeout, d.ApplyTimeout)
+	setDur(&c.ClockTick, d.ClockTick)
 	setDur(&c.RaftHandshakeTimeout, d.RaftHandshakeTimeout)
 	setDur(&c.RaftIdleTimeout, d.RaftIdleTimeout)
 	if c.RaftMaxPending == 0 {
@@ -211,6 +222,10 @@ func (c Config) Validate() error {
 	}
 	return c.Limits.Validate()
 }
+
+// DefaultClockTick is Config.ClockTick's default: a tenth of LocalAnswerMargin, so a
+// follower's offset is never older than that in a quiet cluster.
+const DefaultClockTick = LocalAnswerMargin / 10
 
 // raftShutdownTimeout bounds how long Close waits for Raft's goroutines.
 const raftShutdownTimeout = 30 * time.Second

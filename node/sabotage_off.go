@@ -29,6 +29,10 @@ func (n *Node) establishByBarrier() bool { return false }
 // unboundedClock is always false here: stamps stay within fsm.BoundStamp's band.
 func unboundedClock() bool { return false }
 
+// unanchoredStamps is always false here: a node that has seen no live entry stamps from
+// the state machine clock (stampClock).
+func unanchoredStamps() bool { return false }
+
 // localPending is always false here: only committed and failed records are answered
 // from local state.
 func localPending() bool { return false }

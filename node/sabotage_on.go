@@ -166,6 +166,12 @@ func (n *Node) establishByBarrier() bool { return testhooks.Sabotaged(testhooks.
 // behind the previous stamp).
 func unboundedClock() bool { return testhooks.Sabotaged(testhooks.UnboundedClock) }
 
+// unanchoredStamps is the UnanchoredStamps sabotage of the test build, the code before
+// the fix of issue 22's point 1: until it applies a live entry, a node stamps with its
+// wall clock (never behind the state machine clock), so a node restarted with a clock
+// hours fast moves the state machine clock by hours with its first stamp.
+func unanchoredStamps() bool { return testhooks.Sabotaged(testhooks.UnanchoredStamps) }
+
 // localPending is the LocalPending sabotage of the test build: a node answers reserves
 // of pending records from its own state too (in_progress, conflict), which a follower
 // that has not applied the latest entries gets wrong.

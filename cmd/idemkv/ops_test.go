@@ -34,6 +34,7 @@ type opsProc struct {
 	raftAddr string
 	args     []string
 	env      []string // added to the test's environment
+	bin      string   // the binary to run (default idemkvBinary)
 	cmd      *exec.Cmd
 	mu       sync.Mutex
 	logs     bytes.Buffer
@@ -53,7 +54,11 @@ func (p *opsProc) output() string {
 
 func (p *opsProc) start() {
 	p.t.Helper()
-	p.cmd = exec.Command(idemkvBinary(p.t), p.args...)
+	bin := p.bin
+	if bin == "" {
+		bin = idemkvBinary(p.t)
+	}
+	p.cmd = exec.Command(bin, p.args...)
 	if p.env != nil {
 		p.cmd.Env = append(os.Environ(), p.env...)
 	}

@@ -57,7 +57,8 @@ type proc struct {
 	*opsProc
 	dataDir string
 	join    string
-	raftLog string // --raft-log, if set
+	raftLog string   // --raft-log, if set
+	extra   []string // more serve flags, after the others
 }
 
 func freePort(t *testing.T) string {
@@ -90,6 +91,7 @@ func (p *proc) start() {
 	if p.raftLog != "" {
 		p.args = append(p.args, "--raft-log", p.raftLog)
 	}
+	p.args = append(p.args, p.extra...)
 	p.opsProc.start()
 }
 

@@ -62,6 +62,11 @@ const (
 	// a follower that has not applied the commit answers in_progress where the leader
 	// replays. jepsen-lite's register workload must catch it behind a partition.
 	LocalPending
+	// UnanchoredStamps restores the code before the fix of issue 22's point 1: a node
+	// that has applied no live entry since it started stamps with its wall clock, so a
+	// node restarted with a clock hours fast that wins an election moves the state
+	// machine clock by hours at once. jepsen-lite's clock-restart nemesis must catch it.
+	UnanchoredStamps
 )
 
 var modeNames = []struct {
@@ -79,6 +84,7 @@ var modeNames = []struct {
 	{WedgeGap, "wedge-gap"},
 	{UnboundedClock, "unbounded-clock"},
 	{LocalPending, "local-pending"},
+	{UnanchoredStamps, "unanchored-stamps"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -167,7 +173,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {
