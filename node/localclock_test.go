@@ -1,0 +1,114 @@
+package node_test
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/node"
+)
+
+// A follower answers from its own state only while the clocks the margin's argument
+// assumes are measured and within it (issue 22, point 2): not once it measured its
+// wall clock beyond node.LocalAnswerMaxOffset from the state machine clock, and not
+// after a restart before a live entry anchored it. Node.Reserve on a follower never
+// forwards, so ErrNotLeader is a refusal to answer locally.
+func TestLocalAnswersNeedAMeasuredClock(t *testing.T) {
+	var ahead [3]atomic.Int64 // each node's wall clock offset
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.Now = func() time.Time { return time.Now().Add(time.Duration(ahead[i].Load())) }
+		cfg.ClockTick = -1 // no entry but the test's own
+	}))
+	ctx := ctxT(t)
+	li := c.LeaderIndex(t)
+	fi := (li + 1) % 3
+	leader := c.Node(li)
+	settle(t, leader, reserveReq("done", "a1", fp("done")), idemkv.StatusCommitted)
+	writes := 0
+	write := func() {
+		t.Helper()
+		writes++
+		settle(t, c.Node(c.LeaderIndex(t)), reserveReq(fmt.Sprintf("w%d", writes), "a1", fp("w")), idemkv.StatusCommitted)
+		want := c.Node(c.LeaderIndex(t)).AppliedIndex()
+		waitFor(t, 10*time.Second, "the follower applies the write", func() error {
+			if got := c.Node(fi).AppliedIndex(); got < want {
+				return fmt.Errorf("follower at %d, leader at %d", got, want)
+			}
+			return nil
+		})
+	}
+	ask := func() error {
+		_, err := c.Node(fi).Reserve(ctx, reserveReq("done", "a2", fp("done")))
+		return err
+	}
+	answers := func(why string) {
+		t.Helper()
+		waitFor(t, 10*time.Second, "a local answer "+why, ask)
+	}
+	refuses := func(why string) {
+		t.Helper()
+		if err := ask(); !errors.Is(err, idemkv.ErrNotLeader) {
+			t.Errorf("follower reserve of a committed record %s: %v; want ErrNotLeader (no local answer)", why, err)
+		}
+	}
+
+	write()
+	answers("with every clock right")
+	if ci := c.Node(fi).ClockInfo(); !ci.LocalAnswers || ci.OffsetMs == nil || *ci.OffsetMs > 5000 || *ci.OffsetMs < -5000 {
+		t.Errorf("clock info with every clock right: %+v", ci)
+	}
+
+	// 5 min fast: the record's expiry (24 h) is still far beyond the margin of its wall
+	// clock, so only the measured offset can refuse.
+	ahead[fi].Store(int64(5 * time.Minute))
+	write()
+	refuses("once the follower measured its clock 5 min off")
+	if ci := c.Node(fi).ClockInfo(); ci.LocalAnswers || ci.LocalAnswersOff != "offset_beyond_margin" {
+		t.Errorf("clock info 5 min off: %+v", ci)
+	}
+	ahead[fi].Store(0)
+	write()
+	answers("once the follower measured its clock right again")
+
+	// Restarted in a quiet cluster: nothing live anchors it until the next write.
+	c.Stop(fi)
+	c.Restart(fi)
+	waitFor(t, 10*time.Second, "the restarted follower knows the leader", func() error {
+		if addr, _ := c.Node(fi).Leader(); addr == "" {
+			return errors.New("no leader known")
+		}
+		return nil
+	})
+	refuses("right after a restart, before any live entry")
+	if ci := c.Node(fi).ClockInfo(); ci.Anchored || ci.LocalAnswersOff != "unanchored" {
+		t.Errorf("clock info right after a restart: %+v", ci)
+	}
+	write()
+	answers("after a live entry")
+}
+
+// In a quiet period the leader stamps an entry of its own every ClockTick, so the state
+// machine clock a restart resumes from is recent, and the offset a node measures stays
+// fresh.
+func TestLeaderTicksTheClockInAQuietPeriod(t *testing.T) {
+	cfg := opsNodeConfig(t, "n1", t.TempDir())
+	cfg.Bootstrap = true
+	quickTimings(&cfg)
+	cfg.ClockTick = 200 * time.Millisecond
+	n := openNode(t, cfg)
+	waitLeaderReady(t, n)
+	start := n.AppliedIndex()
+	waitFor(t, 10*time.Second, "three ticks without a write", func() error {
+		if got := n.AppliedIndex(); got < start+3 {
+			return fmt.Errorf("applied index %d, started at %d", got, start)
+		}
+		return nil
+	})
+	if ci := n.ClockInfo(); ci.MeasuredAgoMs == nil || *ci.MeasuredAgoMs > 1000 || !ci.LocalAnswers {
+		t.Errorf("clock info while ticking: %+v", ci)
+	}
+}
