@@ -33,6 +33,12 @@ func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
 		// machine's clock along; once the clock is reset, a 1 s lease does not run out.
 		{testhooks.UnboundedClock, []string{nemesis.FamilyClockJump}, 30 * time.Second,
 			[]string{"time-frozen", "lease-cut-short", "orphan-effect"}},
+		// A node restarted with its clock hours fast that wins the first election
+		// stamps with its wall clock until it applies a live entry: its first stamp
+		// moves the state machine clock by hours, expiring a live lease and a record
+		// committed seconds before (issue 22, point 1).
+		{testhooks.UnanchoredStamps, []string{nemesis.FamilyClockRestart}, 30 * time.Second,
+			[]string{nemesis.FindingClockRestartExpired, "early-recover", "lease-cut-short", "double-effect"}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {

@@ -68,6 +68,8 @@ type Node struct {
 	exited chan struct{}
 	paused bool
 	starts int
+	// nextEnv is added to the environment of the next start only (StartNodeWithEnv).
+	nextEnv []string
 }
 
 // Cluster is a running set of nodes and their link proxies.
@@ -205,13 +207,19 @@ func (c *Cluster) waitFor(ctx context.Context, timeout time.Duration, what strin
 }
 
 // StartNode starts node i if it is not running.
-func (c *Cluster) StartNode(i int) error {
+func (c *Cluster) StartNode(i int) error { return c.StartNodeWithEnv(i) }
+
+// StartNodeWithEnv starts node i if it is not running, with env added to its
+// environment for this start alone (a clock offset at boot, say): a later restart by
+// another fault starts it as usual.
+func (c *Cluster) StartNodeWithEnv(i int, env ...string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.nodes[i]
 	if n.cmd != nil {
 		return nil
 	}
+	n.nextEnv = env
 	if err := os.MkdirAll(filepath.Dir(n.DataDir), 0o755); err != nil {
 		return err
 	}
@@ -237,7 +245,8 @@ func (c *Cluster) StartNode(i int) error {
 	n.starts++
 	fmt.Fprintf(logf, "\n===== jepsen-lite: start #%d of %s at %s =====\n", n.starts, n.ID, time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(c.cfg.Binary, args...)
-	cmd.Env = append(os.Environ(), c.cfg.Env...)
+	cmd.Env = append(append(os.Environ(), c.cfg.Env...), n.nextEnv...)
+	n.nextEnv = nil
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group, so a Ctrl-C on the harness reaches the harness first and
 	// the harness decides how the nodes stop.
