@@ -56,11 +56,14 @@ Nemesis families (--nemesis all, none, or a comma list):
   storage     Pebble disk full, Raft log writes or reads failing, a snapshot install
               failing midway (test build only; a node the fault stops is restarted)
   clock-jump  one node's clock jumps minutes forward, then minutes back
+  clock-restart
+              every node SIGKILLed, one started first with its clock hours off so that
+              it wins the first election; alone or with a partition (test build only)
 
 Sabotage modes (--sabotage, to prove the checkers can fail):
   stale-reads, ignore-fences, early-ack, fail-writes, internal-errors,
   early-recover, orphan-effects, skip-failed-restore, wedge-gap, unbounded-clock,
-  local-pending
+  local-pending, unanchored-stamps
 
 Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed (a fault that
 did not apply or showed no effect counts as a harness failure).`,
