@@ -124,7 +124,7 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	if err := privateDataDir(cfg.DataDir, cfg.Logger.With("node", cfg.ID)); err != nil {
 		return nil, fmt.Errorf("node: restore: %w", err)
 	}
 	entries, err := os.ReadDir(cfg.DataDir)
@@ -138,7 +138,7 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 		if err == nil {
 			return
 		}
-		for _, name := range []string{"pebble", boltLogFile, walLogDir, "snapshots", raftLogMarker} {
+		for _, name := range []string{"pebble", boltLogFile, walLogDir, snapshotsDir, raftLogMarker} {
 			if rmErr := os.RemoveAll(filepath.Join(cfg.DataDir, name)); rmErr != nil {
 				err = errors.Join(err, rmErr)
 			}
@@ -201,9 +201,9 @@ func restoreAddress(addr string) (raft.ServerAddress, error) {
 }
 
 func writeRestoreSnapshot(cfg Config, logger *slog.Logger, f *fsm.FSM, addr raft.ServerAddress, index, term uint64) error {
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, newHCLogger(logger))
+	snaps, err := openSnapshotStore(cfg.DataDir, newHCLogger(logger))
 	if err != nil {
-		return fmt.Errorf("node: restore: snapshot store: %w", err)
+		return fmt.Errorf("node: restore: %w", err)
 	}
 	// The snapshot store only asks the transport to encode peer addresses for old
 	// snapshot versions; an in-memory one does that the same way as the network one.

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -33,7 +32,8 @@ import (
 type Config struct {
 	// ID names the node in the cluster; it must never change for a data dir.
 	ID string
-	// DataDir holds the Raft log, snapshots and the Pebble store.
+	// DataDir holds the Raft log, snapshots and the Pebble store. Open makes it, and
+	// everything in it, private to the user the node runs as (datadir.go).
 	DataDir string
 	// RaftLog is the Raft log backend, RaftLogBolt or RaftLogWAL. Empty means the one
 	// the data dir already holds, or DefaultRaftLog for a new data dir. A data dir
@@ -275,8 +275,8 @@ func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("node: data dir: %w", err)
+	if err := privateDataDir(cfg.DataDir, cfg.Logger.With("node", cfg.ID)); err != nil {
+		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), metrics: cfg.Metrics, clock: &stampClock{wall: cfg.Now, mono: cfg.Monotonic}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -331,9 +331,9 @@ func (n *Node) open() error {
 		return err
 	}
 	n.log.Info("raft log opened", "backend", backend)
-	fileSnaps, err := raft.NewFileSnapshotStoreWithLogger(n.cfg.DataDir, 2, hlog)
+	fileSnaps, err := openSnapshotStore(n.cfg.DataDir, hlog)
 	if err != nil {
-		return fmt.Errorf("node: snapshot store: %w", err)
+		return err
 	}
 	stores := RaftStores{Log: n.raftLog, Stable: n.raftLog, Snapshots: fileSnaps}
 	if n.cfg.WrapRaftStores != nil {

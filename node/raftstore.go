@@ -16,7 +16,12 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	wal "github.com/hashicorp/raft-wal"
+	walfs "github.com/hashicorp/raft-wal/fs"
+	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
 	"go.etcd.io/bbolt"
+
+	"github.com/idemkv/idemkv/storage"
 )
 
 // The Raft log backends: the store under Raft's log and its stable state (current term,
@@ -199,12 +204,17 @@ func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger
 		return s, nil
 	case RaftLogWAL:
 		dir := filepath.Join(dataDir, walLogDir)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+		if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
-		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(walSegmentBytes))
+		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(walSegmentBytes),
+			wal.WithSegmentFiler(segment.NewFiler(dir, privateWALFS{walfs.New()})))
 		if err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
+		}
+		// raft-wal opens its meta store (the term, the vote, the segment list) 0644.
+		if err := makePrivate(filepath.Join(dir, metadb.FileName)); err != nil {
+			return nil, errors.Join(fmt.Errorf("node: raft log (%s): %w", backend, err), w.Close())
 		}
 		return w, nil
 	}

@@ -86,8 +86,9 @@ const DefaultCacheBytes = 256 << 20
 type Options struct {
 	// CacheBytes sizes the block cache (default DefaultCacheBytes).
 	CacheBytes int64
-	// FS is the filesystem Pebble works through (default the OS's). Fault tests put an
-	// error-injecting or crash-simulating one here (Pebble's vfs is the seam).
+	// FS is the filesystem Pebble works through (default the OS's, whose files and
+	// directories the store makes PrivateFileMode and PrivateDirMode). Fault tests put
+	// an error-injecting or crash-simulating one here (Pebble's vfs is the seam).
 	FS vfs.FS
 }
 
@@ -109,6 +110,7 @@ func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 	if o.FS == nil {
 		o.FS = vfs.Default
 	}
+	o.FS = newPrivateFS(o.FS)
 	s := &Store{dir: filepath.Clean(dir), opts: o, logger: logger, recent: newRecentRecords(recentCapacity),
 		captures: make(map[*Snapshot]struct{})}
 	if err := s.recoverSwap(); err != nil {

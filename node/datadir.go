@@ -1,0 +1,159 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	walfs "github.com/hashicorp/raft-wal/fs"
+	"github.com/hashicorp/raft-wal/types"
+
+	"github.com/idemkv/idemkv/storage"
+)
+
+// The data dir holds every tenant's records, so nothing under it may be readable by
+// another local user. os.MkdirAll(dir, 0o700) does nothing to a dir that exists (a
+// Docker volume, a `mkdir -p` made under umask 022 are 0755), and the stores under it
+// create their files 0644 and directories 0755: raft-wal's segments and wal-meta.db,
+// Raft's file snapshot store, Pebble (storage makes its own files private). So the
+// node makes the data dir private when it opens it, tightening whatever an older
+// version or another tool left in it, and each store's new files private as they are
+// created. It does not refuse to start on a dir that was open: the fix is its own to
+// make, and an upgrade must not turn into a failed start. It refuses only a dir it
+// cannot make private (owned by another user), saying so.
+
+// privateDataDir creates dir PrivateDirMode, or makes the one that exists so, and
+// removes the group and other bits of every file and directory already under it
+// (symbolic links are left alone: a chmod would follow them out of the data dir). It
+// logs what it changed, once.
+func privateDataDir(dir string, log *slog.Logger) error {
+	if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
+		return fmt.Errorf("node: data dir: %w", err)
+	}
+	info, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("node: data dir: %w", err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("node: data dir %s is not a directory", dir)
+	}
+	if info.Mode().Perm() != storage.PrivateDirMode {
+		if err := os.Chmod(dir, storage.PrivateDirMode); err != nil {
+			return fmt.Errorf("node: data dir %s is %v and cannot be made %v (it holds every tenant's records; "+
+				"run idemkv as the dir's owner, or chmod 700 it): %w", dir, info.Mode().Perm(), storage.PrivateDirMode, err)
+		}
+		log.Warn("made the data dir private: it was readable by other local users", "dir", dir,
+			"was", info.Mode().Perm().String(), "now", storage.PrivateDirMode.String())
+	}
+	tightened := 0
+	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || path == dir || d.Type()&fs.ModeSymlink != 0 {
+			return err
+		}
+		changed, err := dropGroupOther(path)
+		if changed {
+			tightened++
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("node: make the data dir private: %w", err)
+	}
+	if tightened > 0 {
+		log.Warn("made files in the data dir private: they were readable by other local users", "dir", dir, "entries", tightened)
+	}
+	return nil
+}
+
+// dropGroupOther removes the group and other bits of path's mode, reporting whether
+// there were any.
+func dropGroupOther(path string) (bool, error) {
+	info, err := os.Lstat(path)
+	if err != nil {
+		return false, err
+	}
+	perm := info.Mode().Perm()
+	if perm&0o077 == 0 {
+		return false, nil
+	}
+	return true, os.Chmod(path, perm&^0o077)
+}
+
+// makePrivate gives each of paths PrivateFileMode, or PrivateDirMode if it is a
+// directory.
+func makePrivate(paths ...string) error {
+	for _, p := range paths {
+		info, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		mode := storage.PrivateFileMode
+		if info.IsDir() {
+			mode = storage.PrivateDirMode
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// privateWALFS is raft-wal's filesystem with its segment files made private as they are
+// created (raft-wal creates them 0644), before anything is written to them.
+type privateWALFS struct{ *walfs.FS }
+
+func (p privateWALFS) Create(dir, name string, size uint64) (types.WritableFile, error) {
+	f, err := p.FS.Create(dir, name, size)
+	if err != nil {
+		return nil, err
+	}
+	if err := makePrivate(filepath.Join(dir, name)); err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	return f, nil
+}
+
+// snapshotsDir is where Raft's file snapshot store keeps its snapshots in a data dir.
+const snapshotsDir = "snapshots"
+
+// openSnapshotStore opens Raft's file snapshot store in dataDir, keeping two snapshots,
+// with its directory and every snapshot it creates private (Raft makes them 0755 and
+// 0666: a snapshot is every record of every tenant).
+func openSnapshotStore(dataDir string, hlog hclog.Logger) (raft.SnapshotStore, error) {
+	s, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
+	if err != nil {
+		return nil, fmt.Errorf("node: snapshot store: %w", err)
+	}
+	dir := filepath.Join(dataDir, snapshotsDir)
+	if err := makePrivate(dir); err != nil {
+		return nil, fmt.Errorf("node: snapshot store: %w", err)
+	}
+	return &privateSnapshots{FileSnapshotStore: s, dir: dir}, nil
+}
+
+type privateSnapshots struct {
+	*raft.FileSnapshotStore
+	dir string
+}
+
+// Create makes the new snapshot's directory and the two files Raft has created in it
+// private before the sink is handed out, so before any state is written; the rename
+// that finishes the snapshot keeps the modes.
+func (p *privateSnapshots) Create(version raft.SnapshotVersion, index, term uint64, conf raft.Configuration,
+	confIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
+	sink, err := p.FileSnapshotStore.Create(version, index, term, conf, confIndex, trans)
+	if err != nil {
+		return nil, err
+	}
+	// Raft's names: <dir>/<id>.tmp/{meta.json,state.bin} until the sink is closed.
+	tmp := filepath.Join(p.dir, sink.ID()+".tmp")
+	if err := makePrivate(tmp, filepath.Join(tmp, "meta.json"), filepath.Join(tmp, "state.bin")); err != nil {
+		return nil, errors.Join(fmt.Errorf("node: snapshot store: %w", err), sink.Cancel())
+	}
+	return sink, nil
+}
