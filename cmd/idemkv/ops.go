@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -139,11 +140,70 @@ func runBackup(ctx context.Context, c *client.Client, out string, w io.Writer) (
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), out); err != nil {
+	if err := placeExclusively(tmp.Name(), out); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintf(w, "wrote %s: %d bytes, %d records, index %d, term %d\n", out, written, v.Records, v.Index, v.Term)
 	return err
+}
+
+// placeExclusively gives the finished file tmp the name out, failing if out exists by
+// then: the check at the start is long past (a backup takes minutes), and a rename
+// would replace whatever was created at out meanwhile. A hard link is made only if the
+// name is free, atomically; where the file system has no hard links, the bytes are
+// copied into a file created with O_EXCL. tmp is gone afterwards either way, and out
+// is synced into its directory.
+func placeExclusively(tmp, out string) (err error) {
+	defer func() { err = errors.Join(err, os.Remove(tmp)) }()
+	switch err := os.Link(tmp, out); {
+	case errors.Is(err, fs.ErrExist):
+		return createdMeanwhile(out)
+	case err != nil:
+		if err := copyExclusively(tmp, out); err != nil {
+			return err
+		}
+	}
+	return syncDir(filepath.Dir(out))
+}
+
+func createdMeanwhile(out string) error {
+	return fmt.Errorf("%s was created while the backup ran; backups never overwrite (this backup is discarded)", out)
+}
+
+// copyExclusively copies tmp into a new file out, made with O_EXCL.
+func copyExclusively(tmp, out string) (err error) {
+	src, err := os.Open(tmp)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, storage.PrivateFileMode)
+	if errors.Is(err, fs.ErrExist) {
+		return createdMeanwhile(out)
+	}
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, os.Remove(out))
+		}
+	}()
+	if _, err := io.Copy(dst, src); err != nil {
+		return errors.Join(err, dst.Close())
+	}
+	if err := dst.Sync(); err != nil {
+		return errors.Join(err, dst.Close())
+	}
+	return dst.Close()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // verifyBackup restores r into a scratch store in dir, which checks every frame and
