@@ -54,7 +54,8 @@ func decodeJSON(body []byte, v any) error {
 	// encoding/json would rewrite invalid UTF-8 and lone surrogates to U+FFFD, so
 	// that keys "inv\xff" and "inv\xfe" name one record, and a result would be stored
 	// that no JSON parser reads back. Refuse them before decoding.
-	if err := checkBody(body); err != nil {
+	named, err := scanBody(body)
+	if err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -64,6 +65,18 @@ func decodeJSON(body []byte, v any) error {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return idemkv.Invalid("", "the request body must hold exactly one JSON object; more data follows it")
+	}
+	return refuseExplicitZero(named, v)
+}
+
+// refuseExplicitZero refuses a time the body gives that decodes to the zero Timestamp,
+// which the request types read as "not given": "expires_at":"1970-01-01T00:00:00Z"
+// (or any instant in its first millisecond) used to get the default TTL. Every such
+// time is decades outside any TTL range, so it is refused like one, naming the field.
+func refuseExplicitZero(named bodyNames, v any) error {
+	if q, ok := v.(*idemkv.ReserveRequest); ok && named.expiresAt && q.ExpiresAt == 0 {
+		return idemkv.Invalid("expires_at", "expires_at %s is outside the TTL range (it is the zero time, which idemkv does not read as an expiry); "+
+			"give a time within the TTL range from now, or leave expires_at out for the default TTL", idemkv.Timestamp(0))
 	}
 	return nil
 }
@@ -82,6 +95,18 @@ func decodeJSON(body []byte, v any) error {
 // Every request body passes through here before encoding/json, so it is on the path
 // of every write: it reads the body once and folds ASCII names without Unicode tables.
 func checkBody(body []byte) error {
+	_, err := scanBody(body)
+	return err
+}
+
+// bodyNames says which of the top-level members that decodeJSON must know about, beyond
+// what encoding/json tells it, a body names (as encoding/json matches names).
+type bodyNames struct {
+	expiresAt bool
+}
+
+// scanBody is checkBody, reporting the names too.
+func scanBody(body []byte) (bodyNames, error) {
 	if !utf8.Valid(body) {
 		off := 0
 		for off < len(body) {
@@ -92,7 +117,7 @@ func checkBody(body []byte) error {
 			off += size
 		}
 		field := memberAt(body, off)
-		return idemkv.Invalid(field, "%s is not valid UTF-8 (byte %d of the body)", orBody(field), off)
+		return bodyNames{}, idemkv.Invalid(field, "%s is not valid UTF-8 (byte %d of the body)", orBody(field), off)
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	object := len(trimmed) > 0 && trimmed[0] == '{'
@@ -112,17 +137,17 @@ func checkBody(body []byte) error {
 		case '"':
 			end, escaped, err := scanString(body, i)
 			if err != nil || end < 0 {
-				return err // end < 0: the string never ends, which the decoder reports
+				return bodyNames{}, err // end < 0: the string never ends, which the decoder reports
 			}
 			if object && depth == 1 && followedByColon(body, end+1) {
 				if err := names.add(body[i+1:end], escaped); err != nil {
-					return err
+					return bodyNames{}, err
 				}
 			}
 			i = end
 		}
 	}
-	return nil
+	return names.named, nil
 }
 
 // scanString reads the JSON string whose opening quote is at body[start] and returns
@@ -225,7 +250,12 @@ type memberNames struct {
 	ends   []int  // where each folded name ends in folded
 	raw    [][]byte
 	byName map[string]int
+	named  bodyNames
 }
+
+// foldedExpiresAt is "expires_at" folded as memberNames folds (every letter's orbit
+// has its upper case as its smallest rune).
+const foldedExpiresAt = "EXPIRES_AT"
 
 const memberNamesLinear = 32
 
@@ -246,6 +276,9 @@ func (m *memberNames) add(raw []byte, escaped bool) error {
 		m.folded = append(m.folded, foldName(name)...)
 	}
 	key := m.folded[start:]
+	if string(key) == foldedExpiresAt {
+		m.named.expiresAt = true
+	}
 	first := -1
 	if m.byName != nil {
 		if j, dup := m.byName[string(key)]; dup {

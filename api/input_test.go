@@ -98,6 +98,20 @@ func TestBadInputNeverReachesTheStore(t *testing.T) {
 			with(validReserve(), "ttl_ms", 10*minute, "expires_at", "2099-01-01T00:00:00Z"), 400, "invalid_argument", "expires_at"},
 		{"expires_at in the past", "POST", "/v1/reserve",
 			with(validReserve(), "expires_at", "2001-01-01T00:00:00.000Z"), 400, "invalid_argument", "expires_at"},
+		// The zero time is what the request types read as "no expires_at": given, it
+		// got the default TTL (issue 22, point 9). However the name is spelt.
+		{"expires_at of the zero time", "POST", "/v1/reserve",
+			with(validReserve(), "expires_at", "1970-01-01T00:00:00Z"), 400, "invalid_argument", "expires_at"},
+		{"expires_at in the zero time's millisecond", "POST", "/v1/reserve",
+			with(validReserve(), "expires_at", "1970-01-01T00:00:00.000999Z"), 400, "invalid_argument", "expires_at"},
+		{"expires_at of the zero time, in another zone", "POST", "/v1/reserve",
+			with(validReserve(), "expires_at", "1970-01-01T02:00:00+02:00"), 400, "invalid_argument", "expires_at"},
+		{"expires_at of the zero time, name in capitals", "POST", "/v1/reserve",
+			`{"tenant":"acme","idempotency_key":"k","tool":"t","effect_fingerprint":"f","EXPIRES_AT":"1970-01-01T00:00:00Z"}`,
+			400, "invalid_argument", "expires_at"},
+		{"expires_at of the zero time, name escaped", "POST", "/v1/reserve",
+			`{"tenant":"acme","idempotency_key":"k","tool":"t","effect_fingerprint":"f","expire\u017f_at":"1970-01-01T00:00:00Z"}`,
+			400, "invalid_argument", "expires_at"},
 
 		// Commit, fail, release.
 		{"fence missing", "POST", "/v1/commit", with(validCommit(), "fence", remove), 400, "invalid_argument", "fence"},
