@@ -20,7 +20,9 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -238,6 +240,7 @@ type Authenticator struct {
 	path    string
 	log     *slog.Logger
 	entries atomic.Pointer[[]entry]
+	refused refusalLog
 }
 
 // New returns an Authenticator for f, which must be valid.
@@ -338,6 +341,38 @@ func (a *Authenticator) Authenticate(token string) (*Principal, error) {
 	return found, nil
 }
 
+// Anyone may send requests without a token, as many and with paths as long as they
+// like (100 requests with 60 KB paths added 5.9 MB to the log when each was logged
+// whole). So the refusals are logged at most once per unauthenticatedLogEvery, each
+// line saying how many were left out since the previous one, with the path clipped to
+// maxLoggedPathBytes (and its length given). Every refusal still counts in the
+// request metrics by code.
+const (
+	unauthenticatedLogEvery = time.Second
+	maxLoggedPathBytes      = 256
+)
+
+// refusalLog decides which refusals are logged.
+type refusalLog struct {
+	mu         sync.Mutex
+	next       time.Time // no line before this
+	suppressed int       // refusals left out since the last line
+}
+
+// admit reports whether a refusal at now is logged and, if so, how many were left out
+// before it.
+func (l *refusalLog) admit(now time.Time) (log bool, suppressed int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.suppressed++
+		return false, 0
+	}
+	l.next = now.Add(unauthenticatedLogEvery)
+	suppressed, l.suppressed = l.suppressed, 0
+	return true, suppressed
+}
+
 // BearerToken returns the token of an "Authorization: Bearer <token>" header, or "".
 func BearerToken(r *http.Request) string {
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -362,9 +397,12 @@ func (a *Authenticator) Middleware(next http.Handler) http.Handler {
 		}
 		p, err := a.Authenticate(BearerToken(r))
 		if err != nil {
-			a.log.LogAttrs(r.Context(), slog.LevelInfo, "unauthenticated request",
-				slog.String("method", r.Method), slog.String("path", r.URL.Path),
-				slog.String("remote", r.RemoteAddr), slog.Any("err", err))
+			if log, suppressed := a.refused.admit(time.Now()); log {
+				a.log.LogAttrs(r.Context(), slog.LevelInfo, "unauthenticated request",
+					slog.String("method", idemkv.ClipText(r.Method, maxLoggedPathBytes)),
+					slog.String("path", idemkv.ClipText(r.URL.Path, maxLoggedPathBytes)), slog.Int("path_bytes", len(r.URL.Path)),
+					slog.String("remote", r.RemoteAddr), slog.Any("err", err), slog.Int("suppressed", suppressed))
+			}
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemkv"`)
 			api.WriteError(w, r, err)
 			return
