@@ -373,11 +373,23 @@ func TestToolLabelsAreBounded(t *testing.T) {
 		return &idemkv.ReserveResult{Decision: idemkv.DecisionExecute, Fence: 1, Record: pendingRecord(req.Key)}, nil
 	}}
 	const max = 10
-	n := startNode(t, fake, func(c *api.Config) { c.Metrics.Tools.SetMax(max) })
+	n := startNode(t, fake, func(c *api.Config) { c.Metrics.Tools.SetMax(max, max) })
 	const sent = 1000
 	for i := range sent {
 		do(t, "POST", n.url+"/v1/reserve", with(validReserve(), "tool", fmt.Sprintf("tool-%d", i)), nil).object(t, http.StatusOK)
 	}
+	tools := decisionsByTool(t, n)
+	if len(tools) != max+1 {
+		t.Errorf("%d tool series, want %d and other", len(tools), max)
+	}
+	if tools["tool-0"] != 1 || tools["other"] != sent-max {
+		t.Errorf("tool-0 counted %v, other %v; want 1 and %d", tools["tool-0"], tools["other"], sent-max)
+	}
+}
+
+// decisionsByTool sums the node's reserve decisions by their tool label.
+func decisionsByTool(t *testing.T, n *testNode) map[string]float64 {
+	t.Helper()
 	families, err := n.metrics.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -395,11 +407,49 @@ func TestToolLabelsAreBounded(t *testing.T) {
 			}
 		}
 	}
-	if len(tools) != max+1 {
-		t.Errorf("%d tool series, want %d and other", len(tools), max)
+	return tools
+}
+
+// TestOneTenantCannotTakeEveryToolLabel: with a cap in all only, one tenant sending
+// made-up tool names took every series, and every other tenant's tools counted as
+// "other" until restart (issue 22, point 9). A tenant claims at most its share; a name
+// one tenant claimed counts for every tenant.
+func TestOneTenantCannotTakeEveryToolLabel(t *testing.T) {
+	fake := &FakeStore{ReserveFunc: func(_ context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+		return &idemkv.ReserveResult{Decision: idemkv.DecisionExecute, Fence: 1, Record: pendingRecord(req.Key)}, nil
+	}}
+	const max, perTenant = 10, 4
+	n := startNode(t, fake, func(c *api.Config) { c.Metrics.Tools.SetMax(max, perTenant) })
+	reserve := func(tenant, tool string) {
+		t.Helper()
+		do(t, "POST", n.url+"/v1/reserve", with(validReserve(), "tenant", tenant, "tool", tool), nil).object(t, http.StatusOK)
 	}
-	if tools["tool-0"] != 1 || tools["other"] != sent-max {
-		t.Errorf("tool-0 counted %v, other %v; want 1 and %d", tools["tool-0"], tools["other"], sent-max)
+	for i := range 1000 {
+		reserve("hostile", fmt.Sprintf("made-up-%d", i))
+	}
+	for _, tool := range []string{"create_ticket", "send_email", "refund"} {
+		reserve("acme", tool)
+	}
+	reserve("beta", "made-up-0") // claimed by another tenant: its series, no claim of beta's
+	for _, tool := range []string{"t1", "t2", "t3", "t4", "t5"} {
+		reserve("beta", tool)
+	}
+	tools := decisionsByTool(t, n)
+	for _, tool := range []string{"create_ticket", "send_email", "refund", "t1", "t2", "t3"} {
+		if tools[tool] != 1 {
+			t.Errorf("%s counted %v under its own name, want 1; series: %v", tool, tools[tool], tools)
+		}
+	}
+	if tools["made-up-0"] != 2 || tools["made-up-3"] != 1 || tools["made-up-4"] != 0 {
+		t.Errorf("the hostile tenant's first names counted %v, %v, %v; want 2, 1 and no series past its share of %d",
+			tools["made-up-0"], tools["made-up-3"], tools["made-up-4"], perTenant)
+	}
+	// beta's fifth new name is past the cap in all (4 + 3 + 3 = 10).
+	if tools["t4"] != 0 || tools["t5"] != 0 || tools["other"] != 1000-perTenant+2 {
+		t.Errorf("past the cap in all: t4 %v, t5 %v, other %v; want 0, 0 and %d", tools["t4"], tools["t5"], tools["other"], 1000-perTenant+2)
+	}
+	if len(tools) != max+1 {
+		t.Errorf("%d tool series, want %d and other: %v", len(tools), max, tools)
 	}
 }
 

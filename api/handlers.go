@@ -252,7 +252,7 @@ func localFirstWrite[Q, A any](s *Server, validate func(*Q) error, local func(*Q
 
 // countDecision counts a reserve decision and puts it on the request's span.
 func (s *Server) countDecision(ctx context.Context, req *idemkv.ReserveRequest, res *idemkv.ReserveResult) {
-	s.metrics.Decisions.WithLabelValues(s.metrics.Tools.Value(req.Tool), string(res.Decision)).Inc()
+	s.metrics.Decisions.WithLabelValues(s.metrics.Tools.Value(req.Tenant, req.Tool), string(res.Decision)).Inc()
 	telemetry.AnnotateReserve(ctx, req, res)
 }
 

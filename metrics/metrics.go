@@ -20,7 +20,8 @@ type Metrics struct {
 	// Decisions counts reserve decisions by tool and decision. Its tool label comes
 	// from requests: pass it through Tools.
 	Decisions *prometheus.CounterVec
-	// Tools bounds the values of the tool label (DefaultMaxToolLabels).
+	// Tools bounds the values of the tool label, in all and per tenant
+	// (DefaultMaxToolLabels, DefaultMaxToolLabelsPerTenant).
 	Tools *BoundedLabel
 	// Requests times API requests by endpoint and status code.
 	Requests *prometheus.HistogramVec
@@ -55,43 +56,55 @@ const namespace = "idemkv"
 // series that lived until restart.
 const DefaultMaxToolLabels = 200
 
+// DefaultMaxToolLabelsPerTenant is how many of those one tenant's requests may claim:
+// with a cap in all only, one tenant sending 200 made-up names left every other tenant's
+// tools in "other" until restart. It leaves room for several tenants' tens of tools,
+// and a tool name one tenant claimed counts for every tenant that uses it.
+const DefaultMaxToolLabelsPerTenant = 50
+
 // OtherLabel is the value every label value beyond a BoundedLabel's cap folds into.
 const OtherLabel = "other"
 
 // BoundedLabel keeps the values of a label that clients choose to a fixed number:
 // the first max distinct values seen keep their name, the rest count as OtherLabel,
-// so a hostile or buggy client cannot grow the series without bound.
+// so a hostile or buggy client cannot grow the series without bound. Each value is
+// claimed by the owner (the tenant) whose request brought it first, and one owner
+// claims at most maxPerOwner, so that no tenant can take every series from the others.
 type BoundedLabel struct {
-	mu   sync.Mutex
-	max  int
-	seen map[string]struct{}
+	mu          sync.Mutex
+	max         int
+	maxPerOwner int
+	seen        map[string]struct{}
+	// claimed counts the values each owner brought first; it holds at most max owners.
+	claimed map[string]int
 }
 
-// NewBoundedLabel returns a BoundedLabel keeping max values (0 or less: every value
-// folds into OtherLabel).
-func NewBoundedLabel(max int) *BoundedLabel {
-	return &BoundedLabel{max: max, seen: map[string]struct{}{}}
+// NewBoundedLabel returns a BoundedLabel keeping max values in all and maxPerOwner
+// per owner (0 or less: every value folds into OtherLabel).
+func NewBoundedLabel(max, maxPerOwner int) *BoundedLabel {
+	return &BoundedLabel{max: max, maxPerOwner: maxPerOwner, seen: map[string]struct{}{}, claimed: map[string]int{}}
 }
 
-// SetMax changes the cap. Values already admitted keep their series.
-func (b *BoundedLabel) SetMax(max int) {
+// SetMax changes the caps. Values already admitted keep their series.
+func (b *BoundedLabel) SetMax(max, maxPerOwner int) {
 	b.mu.Lock()
-	b.max = max
+	b.max, b.maxPerOwner = max, maxPerOwner
 	b.mu.Unlock()
 }
 
-// Value returns v if it has its own series or there is room for one, and otherwise
-// OtherLabel.
-func (b *BoundedLabel) Value(v string) string {
+// Value returns v if it has its own series, or if there is room for one in all and
+// among owner's, and otherwise OtherLabel.
+func (b *BoundedLabel) Value(owner, v string) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.seen[v]; ok {
 		return v
 	}
-	if len(b.seen) >= b.max {
+	if len(b.seen) >= b.max || b.claimed[owner] >= b.maxPerOwner {
 		return OtherLabel
 	}
 	b.seen[v] = struct{}{}
+	b.claimed[owner]++
 	return v
 }
 
@@ -101,7 +114,7 @@ func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
 		Registry: reg,
-		Tools:    NewBoundedLabel(DefaultMaxToolLabels),
+		Tools:    NewBoundedLabel(DefaultMaxToolLabels, DefaultMaxToolLabelsPerTenant),
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "decisions_total",
 			Help: "Reserve decisions by tool and decision.",

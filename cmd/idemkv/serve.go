@@ -27,26 +27,27 @@ import (
 )
 
 type serveOptions struct {
-	node          node.Config
-	httpAddr      string
-	advertiseHTTP string
-	join          []string
-	peerAddresses []string
-	logLevel      string
-	logFormat     string
-	pprof         bool
-	maxToolLabels int
-	maxLongPolls  int
-	maxPollsToken int
-	cacheMB       int64
-	shutdownGrace time.Duration
-	limits        idemkv.Limits
-	extra         serveExtras
+	node           node.Config
+	httpAddr       string
+	advertiseHTTP  string
+	join           []string
+	peerAddresses  []string
+	logLevel       string
+	logFormat      string
+	pprof          bool
+	maxToolLabels  int
+	maxToolsTenant int
+	maxLongPolls   int
+	maxPollsToken  int
+	cacheMB        int64
+	shutdownGrace  time.Duration
+	limits         idemkv.Limits
+	extra          serveExtras
 }
 
 func newServeCommand() *cobra.Command {
 	o := serveOptions{node: node.DefaultConfig(), limits: idemkv.DefaultLimits(), shutdownGrace: 10 * time.Second,
-		maxToolLabels: metrics.DefaultMaxToolLabels, maxLongPolls: api.DefaultMaxLongPolls, maxPollsToken: api.DefaultMaxLongPollsPerCaller}
+		maxToolLabels: metrics.DefaultMaxToolLabels, maxToolsTenant: metrics.DefaultMaxToolLabelsPerTenant, maxLongPolls: api.DefaultMaxLongPolls, maxPollsToken: api.DefaultMaxLongPollsPerCaller}
 	o.node.Sweep = expiry.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -79,6 +80,7 @@ asks the cluster to add it and retries until it is in.
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	f.BoolVar(&o.pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the API address, to admin tokens only")
 	f.IntVar(&o.maxToolLabels, "metrics-max-tools", o.maxToolLabels, "distinct tool names that get metric series of their own; the rest count as \"other\"")
+	f.IntVar(&o.maxToolsTenant, "metrics-max-tools-per-tenant", o.maxToolsTenant, "of those, how many one tenant's requests may claim (a name counts for the tenant that used it first)")
 	f.IntVar(&o.maxLongPolls, "max-long-polls", o.maxLongPolls, "long-polls (get with wait_ms) this node holds at once; beyond, 429 resource_exhausted")
 	f.IntVar(&o.maxPollsToken, "max-long-polls-per-token", o.maxPollsToken, "long-polls one token holds on this node at once; beyond, 429 resource_exhausted")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
@@ -180,7 +182,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	cfg.Limits = o.limits
 	cfg.Logger = logger
 	cfg.Metrics = metrics.New()
-	cfg.Metrics.Tools.SetMax(o.maxToolLabels)
+	cfg.Metrics.Tools.SetMax(o.maxToolLabels, o.maxToolsTenant)
 
 	ex, err := o.extra.setup(ctx, &cfg, logger)
 	if err != nil {
