@@ -5,7 +5,8 @@
 #                               outside what the containers mount: keep it offline
 #   n1.pem, n1-key.pem, ...     one certificate per node, for its API (TLS) and for Raft
 #                               (mutual TLS): SANs n1, localhost and 127.0.0.1, server
-#                               and client auth
+#                               and client auth, and the URI SAN idemkv://node/n1 that
+#                               binds it to its node id
 #   tokens.yaml                 the --auth-file: hashes only
 #   admin-token, client-token,  the tokens themselves; admin-token is also the
 #   monitor-token               --join-token-file of joining nodes
@@ -35,7 +36,7 @@ openssl req -x509 "${ec[@]}" -days "$days" -subj "/CN=idemkv cluster CA" \
 	-keyout "$cakey" -out ca.pem 2>/dev/null
 for n in n1 n2 n3; do
 	openssl req "${ec[@]}" -subj "/CN=$n" -keyout "$n-key.pem" -out "$n.csr" 2>/dev/null
-	printf 'subjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\n' "$n" >"$n.ext"
+	printf 'subjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1,URI:idemkv://node/%s\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=critical,digitalSignature\n' "$n" "$n" >"$n.ext"
 	openssl x509 -req -in "$n.csr" -CA ca.pem -CAkey "$cakey" -CAcreateserial -days "$days" \
 		-extfile "$n.ext" -out "$n.pem" 2>/dev/null
 	rm "$n.csr" "$n.ext"

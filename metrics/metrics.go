@@ -41,6 +41,10 @@ type Metrics struct {
 	// no read index and no leader, by decision (replay or conflict against a
 	// committed or failed record: docs/protocol.md "Followers").
 	LocalAnswers *prometheus.CounterVec
+	// RaftConnsClosed counts connections the Raft listener closed before Raft saw
+	// them, or because an RPC claimed a node id the peer's certificate does not name,
+	// by reason (node/raftlisten.go).
+	RaftConnsClosed *prometheus.CounterVec
 
 	// Sweeper figures.
 	Swept         prometheus.Counter
@@ -150,6 +154,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "reserve_local_answers_total",
 			Help: "Reserves answered from this node's own state, with no read index and no leader (replay or conflict against a committed or failed record), by decision.",
 		}, []string{"decision"}),
+		RaftConnsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "raft_connections_closed_total",
+			Help: "Connections the Raft listener closed: evicted or refused while in their handshake (source_full, listener_full, refused), a failed handshake (handshake), or an RPC that claimed another node's id (wrong_node_id).",
+		}, []string{"reason"}),
 		Swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "expiry_swept_records_total",
 			Help: "Records deleted by the expiry sweeper.",
@@ -168,7 +176,7 @@ func New() *Metrics {
 			Help: "How long the oldest expired, unswept record has been overdue.",
 		}),
 	}
-	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.ClockStampsClamped, m.LongPollWakeups, m.LocalAnswers,
+	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.ClockStampsClamped, m.LongPollWakeups, m.LocalAnswers, m.RaftConnsClosed,
 		m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

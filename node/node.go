@@ -57,12 +57,15 @@ type Config struct {
 	// RaftTLS, when set, wraps Raft traffic in TLS in both directions; set ClientAuth
 	// and ClientCAs for mutual TLS.
 	RaftTLS *tls.Config
-	// RaftHandshakeTimeout, RaftIdleTimeout and RaftMaxPending bound the connections
-	// the Raft listener accepts (defaults DefaultRaftHandshakeTimeout,
-	// DefaultRaftIdleTimeout, DefaultRaftMaxPending).
-	RaftHandshakeTimeout time.Duration
-	RaftIdleTimeout      time.Duration
-	RaftMaxPending       int
+	// RaftHandshakeTimeout, RaftIdleTimeout, RaftMaxPending and
+	// RaftMaxPendingPerSource bound the connections the Raft listener accepts
+	// (defaults DefaultRaftHandshakeTimeout, DefaultRaftIdleTimeout,
+	// DefaultRaftMaxPending, DefaultRaftMaxPendingPerSource; raftlisten.go says how
+	// a full listener makes room).
+	RaftHandshakeTimeout    time.Duration
+	RaftIdleTimeout         time.Duration
+	RaftMaxPending          int
+	RaftMaxPendingPerSource int
 
 	Limits idemkv.Limits
 	// CacheBytes sizes Pebble's block cache (default storage.DefaultCacheBytes).
@@ -151,6 +154,8 @@ func DefaultConfig() Config {
 		// cmd passes the test build's offset clock in; a library user gets the wall
 		// clock.
 		Now: time.Now,
+
+		RaftMaxPendingPerSource: DefaultRaftMaxPendingPerSource,
 	}
 }
 
@@ -175,6 +180,9 @@ func (c *Config) withDefaults() {
 	setDur(&c.RaftIdleTimeout, d.RaftIdleTimeout)
 	if c.RaftMaxPending == 0 {
 		c.RaftMaxPending = d.RaftMaxPending
+	}
+	if c.RaftMaxPendingPerSource == 0 {
+		c.RaftMaxPendingPerSource = d.RaftMaxPendingPerSource
 	}
 	if c.SnapshotThreshold == 0 {
 		c.SnapshotThreshold = d.SnapshotThreshold
@@ -216,6 +224,8 @@ func (c Config) Validate() error {
 		return errors.New("node: an API address is required")
 	case c.LeaderLeaseTimeout > c.HeartbeatTimeout && c.HeartbeatTimeout != 0:
 		return errors.New("node: the leader lease must not exceed the heartbeat timeout")
+	case c.RaftMaxPending < 0 || c.RaftMaxPendingPerSource < 0 || c.RaftHandshakeTimeout < 0 || c.RaftIdleTimeout < 0:
+		return errors.New("node: the raft listener's bounds must not be negative (zero means the default)")
 	}
 	if err := checkRaftLog(c.RaftLog, c.RaftWALSegmentBytes); err != nil {
 		return err
@@ -350,8 +360,9 @@ func (n *Node) open() error {
 	if err := n.restoreIfBehind(snaps); err != nil {
 		return err
 	}
-	stream, err := newStreamLayer(n.cfg.RaftAddr, n.cfg.RaftAdvertise, n.cfg.RaftTLS,
-		listenLimits{handshake: n.cfg.RaftHandshakeTimeout, idle: n.cfg.RaftIdleTimeout, maxPending: n.cfg.RaftMaxPending})
+	stream, err := newStreamLayer(n.cfg.ID, n.cfg.RaftAddr, n.cfg.RaftAdvertise, n.cfg.RaftTLS,
+		listenPolicy{handshake: n.cfg.RaftHandshakeTimeout, idle: n.cfg.RaftIdleTimeout, maxPending: n.cfg.RaftMaxPending, perSource: n.cfg.RaftMaxPendingPerSource},
+		n.log, n.metrics.RaftConnsClosed)
 	if err != nil {
 		return err
 	}
@@ -394,6 +405,7 @@ func (n *Node) open() error {
 	if n.raft, err = raft.NewRaft(rc, n.raftFSM(), logs, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
+	stream.preferMembers(n.raft, n.cfg.PeerAddresses)
 	if peers != nil {
 		peers.raft.Store(n.raft)
 	}

@@ -69,7 +69,7 @@ func TestPeerMutualTLSRefusesPeersWithoutACertificateFromTheCA(t *testing.T) {
 	ca := testpki.NewCA(t, "idemkv peers")
 	certs := make([]*testpki.Leaf, 3)
 	for i := range certs {
-		certs[i] = ca.Issue(t, fmt.Sprintf("n%d", i+1))
+		certs[i] = ca.IssueNode(t, fmt.Sprintf("n%d", i+1))
 	}
 	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
 		cfg.RaftTLS = node.PeerTLS(ca.Pool(), certs[i].TLS)
@@ -103,7 +103,7 @@ func TestPeerMutualTLSRefusesPeersWithoutACertificateFromTheCA(t *testing.T) {
 		"cert from another CA": {RootCAs: ca.Pool(), GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			return &foreign, nil
 		}},
-		"another CA with the same name": {RootCAs: ca.Pool(), Certificates: []tls.Certificate{testpki.NewCA(t, "idemkv peers").Issue(t, "n1").TLS}},
+		"another CA with the same name": {RootCAs: ca.Pool(), Certificates: []tls.Certificate{testpki.NewCA(t, "idemkv peers").IssueNode(t, "intruder").TLS}},
 	}
 	for name, conf := range attacks {
 		t.Run(name, func(t *testing.T) {
@@ -134,7 +134,7 @@ func TestPeerMutualTLSRefusesPeersWithoutACertificateFromTheCA(t *testing.T) {
 
 	// Control: the same message with a certificate the CA signed is obeyed. This is
 	// what the refusals above prevented.
-	insider := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Issue(t, "intruder").TLS}}
+	insider := &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.IssueNode(t, "intruder").TLS}}
 	if err := usurp(rogue(t, insider), follower.ID(), followerAddr, startTerm+100); err != nil {
 		t.Fatalf("a peer with a valid certificate was refused: %v", err)
 	}

@@ -33,7 +33,7 @@ func TestRaftListenerDropsIdleSockets(t *testing.T) {
 			ca := testpki.NewCA(t, "idemkv peers")
 			c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
 				if withTLS {
-					cfg.RaftTLS = node.PeerTLS(ca.Pool(), ca.Issue(t, fmt.Sprintf("n%d", i+1)).TLS)
+					cfg.RaftTLS = node.PeerTLS(ca.Pool(), ca.IssueNode(t, fmt.Sprintf("n%d", i+1)).TLS)
 				}
 				cfg.RaftHandshakeTimeout = handshake
 				cfg.RaftIdleTimeout = idle

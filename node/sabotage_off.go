@@ -3,6 +3,9 @@
 package node
 
 import (
+	"net"
+	"time"
+
 	"github.com/hashicorp/raft"
 
 	"github.com/idemkv/idemkv/fsm"
@@ -36,3 +39,9 @@ func unanchoredStamps() bool { return false }
 // localPending is always false here: only committed and failed records are answered
 // from local state.
 func localPending() bool { return false }
+
+// admitLegacy never handles a connection here: the listener admits by its policy.
+func (g *guardedListener) admitLegacy(net.Conn) (admitted, handled bool) { return false, false }
+
+// legacyHandshake returns the listener's handshake bound unchanged here.
+func legacyHandshake(d time.Duration) time.Duration { return d }

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -176,3 +178,42 @@ func unanchoredStamps() bool { return testhooks.Sabotaged(testhooks.UnanchoredSt
 // of pending records from its own state too (in_progress, conflict), which a follower
 // that has not applied the latest entries gets wrong.
 func localPending() bool { return testhooks.Sabotaged(testhooks.LocalPending) }
+
+// The listener's policy before issue 22, point 7: one cap on pending handshakes, the
+// newest connection refused when it is reached, each held for up to 10 s.
+const (
+	legacyMaxPending       = 64
+	legacyHandshakeTimeout = 10 * time.Second
+)
+
+// admitLegacy is the LegacyListenPolicy sabotage of the test build: under it the Raft
+// listener admits c by the old policy (handled is true); otherwise it admits by its
+// own.
+func (g *guardedListener) admitLegacy(c net.Conn) (admitted, handled bool) {
+	if !testhooks.Sabotaged(testhooks.LegacyListenPolicy) {
+		return false, false
+	}
+	g.mu.Lock()
+	full := len(g.pending) >= legacyMaxPending
+	if !full {
+		g.seq++
+		p := &pendingConn{conn: c, source: sourceIP(c.RemoteAddr()), seq: g.seq}
+		g.pending[c] = p
+		g.bySource[p.source] = append(g.bySource[p.source], p)
+	}
+	g.mu.Unlock()
+	if full {
+		c.Close()
+		g.count(closedRefused)
+	}
+	return !full, true
+}
+
+// legacyHandshake is the handshake bound: 10 s under the LegacyListenPolicy sabotage,
+// d otherwise.
+func legacyHandshake(d time.Duration) time.Duration {
+	if testhooks.Sabotaged(testhooks.LegacyListenPolicy) {
+		return legacyHandshakeTimeout
+	}
+	return d
+}

@@ -4,12 +4,14 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // streamLayer carries Raft RPCs over TCP, optionally wrapped in (mutual) TLS. With a
@@ -19,15 +21,19 @@ type streamLayer struct {
 	net.Listener
 	advertise net.Addr
 	tls       *tls.Config
+	guard     *guardedListener
 }
 
-// listenLimits bound the connections the Raft listener accepts (guardedListener).
-type listenLimits struct {
-	handshake, idle time.Duration
-	maxPending      int
-}
-
-func newStreamLayer(bind, advertise string, tlsConf *tls.Config, lim listenLimits) (*streamLayer, error) {
+// newStreamLayer listens on bind for Raft. With TLS it checks first that this node's
+// own certificate may act as node id.
+func newStreamLayer(id, bind, advertise string, tlsConf *tls.Config, policy listenPolicy, log *slog.Logger, closed *prometheus.CounterVec) (*streamLayer, error) {
+	ids, err := checkOwnPeerCert(id, tlsConf)
+	if err != nil {
+		return nil, err
+	}
+	if tlsConf != nil && len(ids) == 0 {
+		log.Warn("the raft TLS certificate names no node id: peers that bind certificates to ids refuse it; reissue it with the URI SAN "+nodeIDURIPrefix+id, "node_id", id)
+	}
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, fmt.Errorf("node: listen for raft on %s: %w", bind, err)
@@ -45,9 +51,24 @@ func newStreamLayer(bind, advertise string, tlsConf *tls.Config, lim listenLimit
 		ln.Close()
 		return nil, errors.New("node: the raft address peers dial must not be unspecified (0.0.0.0); set an advertise address")
 	}
-	s := &streamLayer{advertise: adv, tls: tlsConf,
-		Listener: newGuardedListener(ln, tlsConf, lim.handshake, lim.idle, lim.maxPending)}
-	return s, nil
+	g := newGuardedListener(ln, tlsConf, policy, log, closed)
+	return &streamLayer{advertise: adv, tls: tlsConf, Listener: g, guard: g}, nil
+}
+
+// preferMembers makes the listener prefer connections from the hosts of the servers
+// in r's latest configuration, and of the peer addresses this node dials instead (a
+// proxy or NAT in front of a peer).
+func (s *streamLayer) preferMembers(r *raft.Raft, overrides map[string]string) {
+	s.guard.watchMembers(func() []string {
+		var addrs []string
+		for _, srv := range r.GetConfiguration().Configuration().Servers {
+			addrs = append(addrs, string(srv.Address))
+		}
+		for _, a := range overrides {
+			addrs = append(addrs, a)
+		}
+		return addrs
+	})
 }
 
 // advertiseAddr is the Raft address exactly as the operator gave it. A name stays a

@@ -119,6 +119,7 @@ func fastServeArgs(id, dataDir, httpAddr, raftAddr string) []string {
 type secureEnv struct {
 	dir       string
 	apiCA     *testpki.CA
+	peerCA    *testpki.CA
 	tokens    map[string]string // name -> token
 	authFile  string
 	serveTLS  []string // API TLS, peer TLS and auth flags of serve
@@ -131,10 +132,10 @@ func newSecureEnv(t *testing.T) *secureEnv {
 	dir := t.TempDir()
 	e := &secureEnv{dir: dir, apiCA: testpki.NewCA(t, "idemkv api"), tokens: map[string]string{}}
 	peerCA := testpki.NewCA(t, "idemkv peers")
+	e.peerCA = peerCA
 	apiCAFile := e.apiCA.WriteCA(t, dir, "api-ca")
 	peerCAFile := peerCA.WriteCA(t, dir, "peer-ca")
 	apiCert, apiKey := e.apiCA.Issue(t, "node").Write(t, dir, "api")
-	peerCert, peerKey := peerCA.Issue(t, "peer").Write(t, dir, "peer")
 	client := e.apiCA.Issue(t, "operator")
 	clientCert, clientKey := client.Write(t, dir, "client")
 
@@ -167,7 +168,7 @@ func newSecureEnv(t *testing.T) *secureEnv {
 	}
 	e.serveTLS = []string{"--auth-file", e.authFile,
 		"--tls-cert", apiCert, "--tls-key", apiKey, "--tls-client-ca", apiCAFile, "--tls-ca", apiCAFile,
-		"--peer-ca", peerCAFile, "--peer-cert", peerCert, "--peer-key", peerKey, "--join-token-file", joinToken}
+		"--peer-ca", peerCAFile, "--join-token-file", joinToken}
 	e.cliTLS = []string{"--ca-cert", apiCAFile, "--client-cert", clientCert, "--client-key", clientKey}
 	e.tlsClient = &tls.Config{RootCAs: e.apiCA.Pool(), Certificates: []tls.Certificate{client.TLS}}
 	return e
@@ -176,6 +177,9 @@ func newSecureEnv(t *testing.T) *secureEnv {
 func (e *secureEnv) proc(t *testing.T, id, join string) *opsProc {
 	p := &opsProc{t: t, id: id, httpAddr: freePort(t), raftAddr: freePort(t)}
 	p.args = append(fastServeArgs(id, filepath.Join(e.dir, id), p.httpAddr, p.raftAddr), e.serveTLS...)
+	// Each node's peer certificate names its id: peers refuse RPCs that claim another.
+	peerCert, peerKey := e.peerCA.IssueNode(t, id).Write(t, e.dir, "peer-"+id)
+	p.args = append(p.args, "--peer-cert", peerCert, "--peer-key", peerKey)
 	if join != "" {
 		p.args = append(p.args, "--join", join)
 	}

@@ -35,6 +35,7 @@ type serveExtras struct {
 	tlsCA           string
 
 	peerCA, peerCert, peerKey string
+	peerAllowUnbound          bool
 
 	joinToken     string
 	joinTokenFile string
@@ -61,8 +62,9 @@ func (e *serveExtras) register(cmd *cobra.Command) {
 	f.StringVar(&e.tlsClientCA, "tls-client-ca", "", "PEM CA bundle: API clients must present a certificate it signed (mutual TLS)")
 	f.StringVar(&e.tlsCA, "tls-ca", "", "PEM CA bundle that signs the other nodes' API certificates, for forwarding and joining (default: the system roots)")
 	f.StringVar(&e.peerCA, "peer-ca", "", "PEM CA bundle for Raft peer traffic: peers must present a certificate it signed")
-	f.StringVar(&e.peerCert, "peer-cert", "", "PEM certificate this node presents to Raft peers (server and client auth, SAN of its Raft host)")
+	f.StringVar(&e.peerCert, "peer-cert", "", "PEM certificate this node presents to Raft peers (server and client auth, SAN of its Raft host, URI SAN idemkv://node/ID)")
 	f.StringVar(&e.peerKey, "peer-key", "", "PEM key of --peer-cert")
+	f.BoolVar(&e.peerAllowUnbound, "peer-allow-unbound-certs", false, "accept peer certificates that name no node id (URI SAN idemkv://node/ID) as any node, while migrating to bound ones")
 	f.StringVar(&e.joinToken, "join-token", "", "admin token that --join sends (prefer IDEMKV_JOIN_TOKEN or --join-token-file)")
 	f.StringVar(&e.joinTokenFile, "join-token-file", "", "file holding the admin token that --join sends")
 	e.httpAddr = f.Lookup("http-addr")
@@ -201,6 +203,9 @@ func (e *serveExtras) raftTLS() (*tls.Config, error) {
 	}
 	switch set {
 	case 0:
+		if e.peerAllowUnbound {
+			return nil, errors.New("--peer-allow-unbound-certs needs --peer-ca, --peer-cert and --peer-key")
+		}
 		return nil, nil
 	case 3:
 	default:
@@ -213,6 +218,9 @@ func (e *serveExtras) raftTLS() (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(e.peerCert, e.peerKey)
 	if err != nil {
 		return nil, fmt.Errorf("--peer-cert: %w", err)
+	}
+	if e.peerAllowUnbound {
+		return node.PeerTLSAllowingUnboundCerts(pool, cert), nil
 	}
 	return node.PeerTLS(pool, cert), nil
 }

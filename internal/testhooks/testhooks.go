@@ -67,6 +67,12 @@ const (
 	// node restarted with a clock hours fast that wins an election moves the state
 	// machine clock by hours at once. jepsen-lite's clock-restart nemesis must catch it.
 	UnanchoredStamps
+	// LegacyListenPolicy restores the Raft listener's policy before the fix of issue
+	// 22's point 7: one cap of 64 connections in their handshake, the newest refused
+	// when it is reached, each held for up to 10 s. Idle sockets from a stranger keep
+	// peers out and a new leader from being elected. jepsen-lite's Raft-port nemesis
+	// must catch it.
+	LegacyListenPolicy
 )
 
 var modeNames = []struct {
@@ -85,6 +91,7 @@ var modeNames = []struct {
 	{UnboundedClock, "unbounded-clock"},
 	{LocalPending, "local-pending"},
 	{UnanchoredStamps, "unanchored-stamps"},
+	{LegacyListenPolicy, "legacy-listen-policy"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -173,7 +180,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

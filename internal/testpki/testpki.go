@@ -14,8 +14,10 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -73,6 +75,28 @@ func (ca *CA) Pool() *x509.CertPool {
 // (IP addresses or DNS names; 127.0.0.1 and localhost are always included).
 func (ca *CA) Issue(tb testing.TB, name string, hosts ...string) *Leaf {
 	tb.Helper()
+	return ca.issue(tb, name, nil, hosts)
+}
+
+// IssueNode signs a Raft peer certificate for node id: Issue's, bound to the id by
+// the URI SAN idemkv://node/<id> that node.PeerTLS requires (node.NodeIDURI).
+func (ca *CA) IssueNode(tb testing.TB, id string, hosts ...string) *Leaf {
+	tb.Helper()
+	return ca.issue(tb, id, []*url.URL{{Scheme: "idemkv", Host: "node", Path: "/" + id}}, hosts)
+}
+
+// IssueNodes signs one certificate bound to every id in ids.
+func (ca *CA) IssueNodes(tb testing.TB, ids []string, hosts ...string) *Leaf {
+	tb.Helper()
+	var uris []*url.URL
+	for _, id := range ids {
+		uris = append(uris, &url.URL{Scheme: "idemkv", Host: "node", Path: "/" + id})
+	}
+	return ca.issue(tb, strings.Join(ids, ","), uris, hosts)
+}
+
+func (ca *CA) issue(tb testing.TB, name string, uris []*url.URL, hosts []string) *Leaf {
+	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		tb.Fatal(err)
@@ -86,6 +110,7 @@ func (ca *CA) Issue(tb testing.TB, name string, hosts ...string) *Leaf {
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		DNSNames:     []string{"localhost"},
+		URIs:         uris,
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
