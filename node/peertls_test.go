@@ -11,10 +11,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/internal/testpki"
+	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/node"
 )
 
@@ -56,8 +58,13 @@ func term(n *node.Node) uint64 {
 // usurp sends a follower the heartbeat of a self-proclaimed leader in a much later
 // term: a follower that accepts it adopts the term and the new leader.
 func usurp(trans *raft.NetworkTransport, id, addr string, inTerm uint64) error {
+	return usurpAs(trans, "intruder", id, addr, inTerm)
+}
+
+// usurpAs is usurp with the sender claiming node id claimed.
+func usurpAs(trans *raft.NetworkTransport, claimed, id, addr string, inTerm uint64) error {
 	req := &raft.AppendEntriesRequest{
-		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("intruder"), Addr: []byte(trans.LocalAddr())},
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(claimed), Addr: []byte(trans.LocalAddr())},
 		Term:      inTerm,
 	}
 	var resp raft.AppendEntriesResponse
@@ -104,6 +111,9 @@ func TestPeerMutualTLSRefusesPeersWithoutACertificateFromTheCA(t *testing.T) {
 			return &foreign, nil
 		}},
 		"another CA with the same name": {RootCAs: ca.Pool(), Certificates: []tls.Certificate{testpki.NewCA(t, "idemkv peers").IssueNode(t, "intruder").TLS}},
+		// Before certificates were bound to node ids, any certificate of the CA could
+		// act as any node.
+		"cert from the CA that names no node id": {RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Issue(t, "intruder").TLS}},
 	}
 	for name, conf := range attacks {
 		t.Run(name, func(t *testing.T) {
@@ -146,4 +156,82 @@ func TestPeerMutualTLSRefusesPeersWithoutACertificateFromTheCA(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPeerCertificateActsOnlyAsItsNode: any certificate of the peer CA could act as
+// any node (issue 22, point 7). Now a certificate names the node ids it may act as
+// (URI SAN idemkv://node/<id>), and an RPC that claims another id closes the
+// connection before Raft reads it: n2's certificate, stolen, cannot make a follower
+// take an AppendEntries or a vote request as n3, even on a connection that carried a
+// request as n2 before.
+func TestPeerCertificateActsOnlyAsItsNode(t *testing.T) {
+	ctx := opsCtx(t)
+	ca := testpki.NewCA(t, "idemkv peers")
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.RaftTLS = node.PeerTLS(ca.Pool(), ca.IssueNode(t, fmt.Sprintf("n%d", i+1)).TLS)
+	}))
+	li := c.WaitLeader()
+	fi := (li + 1) % c.Len()
+	follower := c.Node(fi)
+	owner, victim := c.ID((fi+1)%c.Len()), c.ID((fi+2)%c.Len())
+	info, err := c.Node(li).Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var followerAddr string
+	for _, ni := range info.Nodes {
+		if ni.ID == follower.ID() {
+			followerAddr = ni.RaftAddr
+		}
+	}
+	startTerm := term(follower)
+	stolen := rogue(t, &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.IssueNode(t, owner).TLS}})
+
+	// As its own node, the certificate is heard: a vote request of a stale term gets
+	// an answer (a refusal of the vote, which changes nothing).
+	var vresp raft.RequestVoteResponse
+	vote := func(claimed string) error {
+		return stolen.RequestVote(raft.ServerID(follower.ID()), raft.ServerAddress(followerAddr), &raft.RequestVoteRequest{
+			RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(claimed), Addr: []byte(stolen.LocalAddr())},
+			Term:      1,
+		}, &vresp)
+	}
+	if err := vote(owner); err != nil {
+		t.Fatalf("a vote request as %s with %s's certificate was refused: %v", owner, owner, err)
+	}
+	if vresp.Granted {
+		t.Fatal("a stale vote request was granted")
+	}
+
+	// As another node, it is not: neither over the connection it used as its own
+	// node (the transport pools one), nor over a new one.
+	if err := usurpAs(stolen, victim, follower.ID(), followerAddr, startTerm+100); err == nil {
+		t.Fatalf("a follower took an AppendEntries as %s from %s's certificate", victim, owner)
+	} else {
+		t.Logf("AppendEntries as %s refused: %v", victim, err)
+	}
+	if err := vote(victim); err == nil {
+		t.Fatalf("a follower answered a vote request as %s from %s's certificate", victim, owner)
+	}
+	for i := range c.Len() {
+		if got := term(c.Node(i)); got != startTerm {
+			t.Errorf("%s is in term %d, was %d", c.ID(i), got, startTerm)
+		}
+	}
+	if got := closedFor(t, c.Metrics(fi), "wrong_node_id"); got < 2 {
+		t.Errorf("idemkv_raft_connections_closed_total{reason=wrong_node_id} = %v on the follower, want at least 2", got)
+	}
+	if _, err := reserveAndCommit(ctx, c.Node(c.WaitLeader()), "after", true); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged()
+}
+
+func closedFor(t *testing.T, m *metrics.Metrics, reason string) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.RaftConnsClosed.WithLabelValues(reason).Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetCounter().GetValue()
 }
