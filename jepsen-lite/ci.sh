@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Short jepsen-lite runs for CI on a three-node cluster: every fault family for
 # JEPSEN_TIME (default 60 s), then the families of issue 12 alone (leader churn without
-# writes, storage faults, clock jumps) for JEPSEN_NEW_TIME (default 30 s), then issue
-# 22's clock restarts for JEPSEN_CLOCK_TIME (default 30 s), so that each of them is
-# drawn in CI. Exits
+# writes, storage faults, clock jumps) and issue 22's Raft-port flood for
+# JEPSEN_NEW_TIME (default 30 s), then issue 22's clock restarts for JEPSEN_CLOCK_TIME
+# (default 30 s), so that each of them is drawn in CI. Exits
 # non-zero on any anomaly (1) or when the harness itself fails (2); the output
 # directories are kept for inspection.
 set -euo pipefail
@@ -16,7 +16,7 @@ status=0
 	--quiet 3s --hold 6s --out "$out/all" || status=$?
 # Reuse the idemkv binary the first run built.
 new=0
-"$bin" --nodes 3 --time "${JEPSEN_NEW_TIME:-30s}" --concurrency 12 --nemesis churn,storage,clock-jump \
+"$bin" --nodes 3 --time "${JEPSEN_NEW_TIME:-30s}" --concurrency 12 --nemesis churn,storage,clock-jump,raft-port \
 	--quiet 2s --hold 5s --binary "$out/all/idemkv" --out "$out/new" || new=$?
 # Issue 22's clock restarts on their own: every node killed, one started with its
 # clock hours off; they kill the whole cluster, so "all" draws them rarely.

@@ -39,6 +39,10 @@ func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
 		// committed seconds before (issue 22, point 1).
 		{testhooks.UnanchoredStamps, []string{nemesis.FamilyClockRestart}, 30 * time.Second,
 			[]string{nemesis.FindingClockRestartExpired, "early-recover", "lease-cut-short", "double-effect"}},
+		// The Raft listener's old policy (one cap of 64 pending handshakes, the newest
+		// refused, 10 s each) lets idle sockets from a stranger keep the survivors of a
+		// killed leader from reaching each other: no leader while the flood lasts.
+		{testhooks.LegacyListenPolicy, []string{nemesis.FamilyRaftPort}, 25 * time.Second, []string{nemesis.FindingLeaderless}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
@@ -61,5 +65,31 @@ func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
 			}
 			t.Logf("caught: %v", s.Anomalies)
 		})
+	}
+}
+
+// The Raft-port flood without the sabotage: every kill of the leader under the flood
+// is followed by a new leader within the limit, and the run is valid. Not parallel, so
+// that its progress is not judged beside a neighbour's run.
+func TestRaftPortFloodIsValid(t *testing.T) {
+	s, err := runHarness(t, func(cfg *config) {
+		cfg.Families = []string{nemesis.FamilyRaftPort}
+		cfg.Time = 25 * time.Second
+	})
+	if err != nil {
+		t.Fatalf("run: %v (anomalies %v)", err, s.Anomalies)
+	}
+	if s.Verdict != "valid" || len(s.Anomalies) != 0 || !s.Convergence.Converged {
+		t.Fatalf("verdict %q, anomalies %v, converged %v", s.Verdict, s.Anomalies, s.Convergence.Converged)
+	}
+	floods := 0
+	for _, f := range s.FaultLog {
+		if f.Kind == "raft-port-flood" {
+			floods++
+			t.Logf("%s", f.Detail)
+		}
+	}
+	if floods == 0 {
+		t.Fatalf("no flood in %d faults", len(s.FaultLog))
 	}
 }

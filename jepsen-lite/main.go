@@ -59,11 +59,13 @@ Nemesis families (--nemesis all, none, or a comma list):
   clock-restart
               every node SIGKILLed, one started first with its clock hours off so that
               it wins the first election; alone or with a partition (test build only)
+  raft-port   128 idle sockets on every node's Raft port from 8 other loopback
+              hosts while the leader is killed: a new leader must come within 10 s
 
 Sabotage modes (--sabotage, to prove the checkers can fail):
   stale-reads, ignore-fences, early-ack, fail-writes, internal-errors,
   early-recover, orphan-effects, skip-failed-restore, wedge-gap, unbounded-clock,
-  local-pending, unanchored-stamps
+  local-pending, unanchored-stamps, legacy-listen-policy
 
 Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed (a fault that
 did not apply or showed no effect counts as a harness failure).`,
