@@ -55,7 +55,8 @@ type Config struct {
 	// PeerAddresses overrides, per peer ID, the address this node dials for that peer.
 	PeerAddresses map[string]string
 	// RaftTLS, when set, wraps Raft traffic in TLS in both directions; set ClientAuth
-	// and ClientCAs for mutual TLS.
+	// and ClientCAs for mutual TLS. PeerTLS builds one that also binds each peer's
+	// certificate to the node ids it names.
 	RaftTLS *tls.Config
 	// RaftHandshakeTimeout, RaftIdleTimeout, RaftMaxPending and
 	// RaftMaxPendingPerSource bound the connections the Raft listener accepts

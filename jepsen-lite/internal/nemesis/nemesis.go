@@ -1,6 +1,7 @@
 // Package nemesis breaks a running cluster on a schedule while the workloads run:
 // partitions and bad links, crashes, pauses, membership changes, a partition long
-// enough that the returning node needs a snapshot, and clock offsets on the leader.
+// enough that the returning node needs a snapshot, clock offsets on the leader, and
+// (raftport.go) floods of idle sockets on the Raft ports while the leader is killed.
 // Every fault is healed before the next one starts, and HealAll puts the cluster back
 // together at the end.
 package nemesis
