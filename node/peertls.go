@@ -117,13 +117,15 @@ type rpcGuard struct {
 	log   *slog.Logger
 	count func(reason string)
 
-	br  *bufio.Reader
+	rec *recorder
 	dec *codec.Decoder
 	// buf is a checked request that Raft has not read yet; snapshot counts the bytes
 	// of snapshot data that follow it.
 	buf      []byte
 	snapshot int64
 	err      error
+	// back is the array under buf, reused for the next request once Raft read this one.
+	back []byte
 }
 
 // The RPC types of hashicorp/raft's NetworkTransport (net_transport.go).
@@ -144,8 +146,39 @@ type rpcHead struct {
 }
 
 func newRPCGuard(c net.Conn, ids []string, log *slog.Logger, count func(string)) *rpcGuard {
-	br := bufio.NewReader(c)
-	return &rpcGuard{Conn: c, ids: ids, log: log, count: count, br: br, dec: codec.NewDecoder(br, &codec.MsgpackHandle{})}
+	rec := &recorder{br: bufio.NewReader(c)}
+	return &rpcGuard{Conn: c, ids: ids, log: log, count: count, rec: rec, dec: codec.NewDecoder(rec, &codec.MsgpackHandle{})}
+}
+
+// recorder keeps every byte the decoder reads through it, so that the guard parses a
+// request once (the header, skipping the rest) and hands Raft those very bytes.
+// Decoding into codec.Raw and then the header from it parsed each request twice:
+// 2.4 times raft's own decoding time for a batch of 512 entries.
+type recorder struct {
+	br  *bufio.Reader
+	buf []byte
+}
+
+func (r *recorder) Read(p []byte) (int, error) {
+	n, err := r.br.Read(p)
+	r.buf = append(r.buf, p[:n]...)
+	return n, err
+}
+
+func (r *recorder) ReadByte() (byte, error) {
+	b, err := r.br.ReadByte()
+	if err == nil {
+		r.buf = append(r.buf, b)
+	}
+	return b, err
+}
+
+func (r *recorder) UnreadByte() error {
+	if err := r.br.UnreadByte(); err != nil {
+		return err
+	}
+	r.buf = r.buf[:len(r.buf)-1]
+	return nil
 }
 
 var errWrongNodeID = errors.New("node: a raft RPC claimed a node id its certificate does not name")
@@ -168,26 +201,23 @@ func (g *rpcGuard) Read(p []byte) (int, error) {
 	if int64(len(p)) > g.snapshot {
 		p = p[:g.snapshot]
 	}
-	n, err := g.br.Read(p)
+	n, err := g.rec.br.Read(p)
 	g.snapshot -= int64(n)
 	return n, err
 }
 
 // next reads and checks the next request into buf.
 func (g *rpcGuard) next() error {
-	typ, err := g.br.ReadByte()
+	typ, err := g.rec.br.ReadByte()
 	if err != nil {
 		return err
 	}
 	if typ > rpcRequestPreVote {
 		return fmt.Errorf("node: unknown raft RPC type %d", typ)
 	}
-	var raw codec.Raw
-	if err := g.dec.Decode(&raw); err != nil {
-		return err
-	}
+	g.rec.buf = append(g.back[:0], typ)
 	var head rpcHead
-	if err := codec.NewDecoderBytes(raw, &codec.MsgpackHandle{}).Decode(&head); err != nil {
+	if err := g.dec.Decode(&head); err != nil {
 		return err
 	}
 	if claimed := string(head.ID); !slices.Contains(g.ids, claimed) {
@@ -205,6 +235,7 @@ func (g *rpcGuard) next() error {
 		}
 		g.snapshot = head.Size
 	}
-	g.buf = append(append(make([]byte, 0, 1+len(raw)), typ), raw...)
+	// Raft reads this request before the guard reads the next into the same array.
+	g.buf, g.back, g.rec.buf = g.rec.buf, g.rec.buf, nil
 	return nil
 }

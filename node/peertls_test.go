@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -234,4 +235,61 @@ func closedFor(t *testing.T, m *metrics.Metrics, reason string) float64 {
 		t.Fatal(err)
 	}
 	return d.GetCounter().GetValue()
+}
+
+// While migrating (PeerTLSAllowingUnboundCerts), certificates that name no node id
+// work as before, and one that names ids is still held to them.
+func TestPeerTLSAllowingUnboundCertsForMigration(t *testing.T) {
+	ctx := opsCtx(t)
+	ca := testpki.NewCA(t, "idemkv peers")
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.RaftTLS = node.PeerTLSAllowingUnboundCerts(ca.Pool(), ca.Issue(t, fmt.Sprintf("n%d", i+1)).TLS)
+	}))
+	if err := c.OnLeader(func(n *node.Node) error {
+		_, err := reserveAndCommit(ctx, n, "unbound", true)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged()
+
+	li := c.WaitLeader()
+	fi := (li + 1) % c.Len()
+	info, err := c.Node(li).Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var followerAddr string
+	for _, ni := range info.Nodes {
+		if ni.ID == c.ID(fi) {
+			followerAddr = ni.RaftAddr
+		}
+	}
+	startTerm := term(c.Node(fi))
+	bound := rogue(t, &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.IssueNode(t, "n7").TLS}})
+	if err := usurpAs(bound, c.ID(li), c.ID(fi), followerAddr, startTerm+100); err == nil {
+		t.Fatal("a certificate bound to n7 acted as the leader while unbound certificates are allowed")
+	}
+	if got := term(c.Node(fi)); got != startTerm {
+		t.Fatalf("follower term %d, was %d", got, startTerm)
+	}
+}
+
+// A node does not start with a peer certificate bound to other nodes only: every peer
+// would refuse its RPCs.
+func TestNodeRefusesAPeerCertificateOfAnotherNode(t *testing.T) {
+	ca := testpki.NewCA(t, "idemkv peers")
+	cfg := node.DefaultConfig()
+	cfg.ID = "n1"
+	cfg.DataDir = t.TempDir()
+	cfg.RaftAddr, cfg.APIAddr = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.RaftTLS = node.PeerTLS(ca.Pool(), ca.IssueNode(t, "n2").TLS)
+	n, err := node.Open(cfg)
+	if err == nil {
+		n.Close()
+		t.Fatal("a node started with n2's peer certificate as n1")
+	}
+	if !strings.Contains(err.Error(), `names nodes n2, not this node "n1"`) {
+		t.Fatalf("error %q does not say whose certificate it is", err)
+	}
 }
