@@ -55,7 +55,7 @@ func PeerTLSAllowingUnboundCerts(ca *x509.CertPool, cert tls.Certificate) *tls.C
 	}
 }
 
-var errUnboundPeerCert = fmt.Errorf("node: the peer's certificate names no node id (a URI SAN %s<id>); reissue it, or allow unbound certificates while migrating", nodeIDURIPrefix)
+var errUnboundPeerCert = fmt.Errorf("node: the peer's certificate names no node id (a URI SAN %s<id>); reissue it, or accept unbound certificates while migrating (--peer-allow-unbound-certs, PeerTLSAllowingUnboundCerts)", nodeIDURIPrefix)
 
 const nodeIDURIPrefix = "idemkv://node/"
 

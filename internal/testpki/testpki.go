@@ -17,7 +17,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -83,16 +82,6 @@ func (ca *CA) Issue(tb testing.TB, name string, hosts ...string) *Leaf {
 func (ca *CA) IssueNode(tb testing.TB, id string, hosts ...string) *Leaf {
 	tb.Helper()
 	return ca.issue(tb, id, []*url.URL{{Scheme: "idemkv", Host: "node", Path: "/" + id}}, hosts)
-}
-
-// IssueNodes signs one certificate bound to every id in ids.
-func (ca *CA) IssueNodes(tb testing.TB, ids []string, hosts ...string) *Leaf {
-	tb.Helper()
-	var uris []*url.URL
-	for _, id := range ids {
-		uris = append(uris, &url.URL{Scheme: "idemkv", Host: "node", Path: "/" + id})
-	}
-	return ca.issue(tb, strings.Join(ids, ","), uris, hosts)
 }
 
 func (ca *CA) issue(tb testing.TB, name string, uris []*url.URL, hosts []string) *Leaf {
