@@ -1,74 +1,15 @@
 package node_test
 
 import (
-	"context"
 	"fmt"
-	"net"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkv/idemkv/internal/raftflood"
 	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/internal/testpki"
 	"github.com/idemkv/idemkv/node"
 )
-
-// flood keeps idle sockets open on a Raft port from other hosts (127.0.0.2 and up
-// stand for them on loopback): perSource connections from each of sources addresses,
-// each redialled as soon as the node closes it, none ever sending a byte.
-type flood struct {
-	dials, closedByNode atomic.Int64
-	cancel              context.CancelFunc
-	wg                  sync.WaitGroup
-}
-
-func startFlood(t *testing.T, targets []string, sources, perSource int) *flood {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	f := &flood{cancel: cancel}
-	for _, target := range targets {
-		for s := range sources {
-			src := &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+s))}
-			for range perSource {
-				f.wg.Add(1)
-				go f.hold(ctx, target, src)
-			}
-		}
-	}
-	t.Cleanup(f.stop)
-	return f
-}
-
-// hold keeps one socket open to target from src until ctx ends.
-func (f *flood) hold(ctx context.Context, target string, src *net.TCPAddr) {
-	defer f.wg.Done()
-	d := net.Dialer{LocalAddr: src, Timeout: 2 * time.Second}
-	for ctx.Err() == nil {
-		c, err := d.DialContext(ctx, "tcp", target)
-		if err != nil {
-			select {
-			case <-ctx.Done():
-			case <-time.After(10 * time.Millisecond):
-			}
-			continue
-		}
-		f.dials.Add(1)
-		stop := context.AfterFunc(ctx, func() { c.Close() })
-		var b [1]byte
-		_, _ = c.Read(b[:]) // returns when the node closes it, or at stop
-		stop()
-		c.Close()
-		if ctx.Err() == nil {
-			f.closedByNode.Add(1)
-		}
-	}
-}
-
-func (f *flood) stop() {
-	f.cancel()
-	f.wg.Wait()
-}
 
 // raftAddrs are the Raft addresses of the cluster's nodes, from the leader's view.
 func raftAddrs(t *testing.T, c *testcluster.Cluster) map[string]string {
@@ -140,15 +81,11 @@ func TestRaftPortFloodDoesNotStopElections(t *testing.T) {
 	for _, a := range addrs {
 		targets = append(targets, a)
 	}
-	f := startFlood(t, targets, sources, perSource)
+	f := raftflood.Start(targets, sources, perSource)
+	t.Cleanup(f.Stop)
 	// The flood is on once every socket has been dialled and the nodes are closing
 	// some of them (over the caps).
-	if err := testcluster.Eventually(30*time.Second, func() error {
-		if d, cl := f.dials.Load(), f.closedByNode.Load(); d < int64(len(targets)*sources*perSource) || cl == 0 {
-			return fmt.Errorf("%d dials, %d closed by the nodes", d, cl)
-		}
-		return nil
-	}); err != nil {
+	if err := f.TakeHold(ctx, len(targets)*sources*perSource, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
@@ -157,7 +94,7 @@ func TestRaftPortFloodDoesNotStopElections(t *testing.T) {
 	c.Stop(li)
 	flooded := awaitNewLeader(t, c, li, stopped, limit)
 	t.Logf("under the flood: a new leader %s after the leader stopped (%d dials, %d closed by the nodes)",
-		flooded.Round(time.Millisecond), f.dials.Load(), f.closedByNode.Load())
+		flooded.Round(time.Millisecond), f.Dials(), f.ClosedByNode())
 
 	// The new leader commits with the flood still on, and the old one catches up.
 	if err := c.OnLeader(func(n *node.Node) error {
@@ -168,5 +105,4 @@ func TestRaftPortFloodDoesNotStopElections(t *testing.T) {
 	}
 	c.Restart(li)
 	c.WaitConverged()
-	f.stop()
 }

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/idemkv/idemkv/internal/raftflood"
 )
 
 // The Raft-port family of issue 22, point 7: a stranger floods every node's Raft port
@@ -54,15 +53,15 @@ func (n *Nemesis) raftPortFlood(ctx, heal context.Context, hold time.Duration) (
 	for _, node := range n.c.Nodes() {
 		targets = append(targets, node.RaftAddr)
 	}
-	f := startFlood(targets, floodSources, floodPerSource)
-	defer f.stop()
+	f := raftflood.Start(targets, floodSources, floodPerSource)
+	defer f.Stop()
 	detail := func() string {
 		return fmt.Sprintf("%d idle sockets per Raft port from 127.0.0.2-127.0.0.%d, SIGKILL of the leader %s (%d dials, %d closed by the nodes)",
-			floodSources*floodPerSource, 1+floodSources, n.id(l), f.dials.Load(), f.closedByNode.Load())
+			floodSources*floodPerSource, 1+floodSources, n.id(l), f.Dials(), f.ClosedByNode())
 	}
 	// The flood shows its effect: every socket dialled, and the nodes closing some
 	// (the ones over their caps).
-	if err := f.takeHold(heal, len(targets)*floodSources*floodPerSource, floodTakeHold); err != nil {
+	if err := f.TakeHold(heal, len(targets)*floodSources*floodPerSource, floodTakeHold); err != nil {
 		return detail(), err
 	}
 	var errs []error
@@ -107,71 +106,4 @@ func (n *Nemesis) awaitLeaderOtherThan(ctx context.Context, old int, limit time.
 		sleep(ctx, 100*time.Millisecond)
 	}
 	return 0, false
-}
-
-// flood keeps idle sockets open on Raft ports: perSource connections from each of
-// sources loopback addresses (127.0.0.2 and up) to every target, each redialled as
-// soon as the node closes it, none ever sending a byte.
-type flood struct {
-	dials, closedByNode atomic.Int64
-	cancel              context.CancelFunc
-	wg                  sync.WaitGroup
-	once                sync.Once
-}
-
-func startFlood(targets []string, sources, perSource int) *flood {
-	ctx, cancel := context.WithCancel(context.Background())
-	f := &flood{cancel: cancel}
-	for _, target := range targets {
-		for s := range sources {
-			src := &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+s))}
-			for range perSource {
-				f.wg.Add(1)
-				go f.hold(ctx, target, src)
-			}
-		}
-	}
-	return f
-}
-
-func (f *flood) hold(ctx context.Context, target string, src *net.TCPAddr) {
-	defer f.wg.Done()
-	d := net.Dialer{LocalAddr: src, Timeout: 2 * time.Second}
-	for ctx.Err() == nil {
-		c, err := d.DialContext(ctx, "tcp", target)
-		if err != nil {
-			// The node is down (killed) or its backlog is full: try again shortly.
-			sleep(ctx, 20*time.Millisecond)
-			continue
-		}
-		f.dials.Add(1)
-		stop := context.AfterFunc(ctx, func() { c.Close() })
-		var b [1]byte
-		_, _ = c.Read(b[:]) // returns when the node closes it, or at stop
-		stop()
-		c.Close()
-		if ctx.Err() == nil {
-			f.closedByNode.Add(1)
-		}
-	}
-}
-
-// takeHold waits until at least sockets dials went through and the nodes closed some.
-func (f *flood) takeHold(ctx context.Context, sockets int, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if f.dials.Load() >= int64(sockets) && f.closedByNode.Load() > 0 {
-			return nil
-		}
-		sleep(ctx, 50*time.Millisecond)
-	}
-	return fmt.Errorf("nemesis: the flood did not take hold within %s: %d of %d sockets dialled, %d closed by the nodes",
-		limit, f.dials.Load(), sockets, f.closedByNode.Load())
-}
-
-func (f *flood) stop() {
-	f.once.Do(func() {
-		f.cancel()
-		f.wg.Wait()
-	})
 }
