@@ -97,8 +97,12 @@ func TestRaftPortFloodDoesNotStopElections(t *testing.T) {
 		flooded.Round(time.Millisecond), f.Dials(), f.ClosedByNode())
 
 	// The new leader commits with the flood still on, and the old one catches up.
+	// A fresh key per try: a try cut short by a leadership move may have gone through,
+	// and the same key would then be a replay.
+	tries := 0
 	if err := c.OnLeader(func(n *node.Node) error {
-		_, err := reserveAndCommit(ctx, n, "under-flood", true)
+		tries++
+		_, err := reserveAndCommit(ctx, n, fmt.Sprintf("under-flood-%d", tries), true)
 		return err
 	}); err != nil {
 		t.Fatal(err)
