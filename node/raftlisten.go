@@ -36,7 +36,8 @@ const (
 	// that is not a member of the Raft configuration (or is refused, when only
 	// members' connections are pending).
 	DefaultRaftMaxPending = 64
-	// DefaultRaftMaxPendingPerSource caps the pending connections of one source IP;
+	// DefaultRaftMaxPendingPerSource caps the pending connections of one source (an
+	// IPv4 address, an IPv6 /64);
 	// a new one beyond it evicts that source's oldest. A peer opens a handful at once
 	// (raft's pool holds 5, a snapshot install one more).
 	DefaultRaftMaxPendingPerSource = 8
@@ -60,7 +61,7 @@ type listenPolicy struct {
 }
 
 // guardedListener hands Raft only connections that completed their handshake within
-// a deadline, holds at most maxPending in that state and perSource per source IP, and
+// a deadline, holds at most maxPending in that state and perSource per source (sourceIP), and
 // closes established ones after idle time without traffic. With peer TLS, every RPC
 // on a connection must claim a node id the peer's certificate names (rpcGuard).
 type guardedListener struct {
@@ -70,7 +71,7 @@ type guardedListener struct {
 	log    *slog.Logger
 	closed *prometheus.CounterVec // may be nil
 
-	// members holds the IPs of the Raft configuration's servers (memberSet); their
+	// members holds the sources (sourceKey) of the Raft configuration's servers; their
 	// pending connections are never evicted for a stranger's.
 	members   atomic.Pointer[map[string]bool]
 	memberSrc atomic.Pointer[func() []string]
@@ -146,7 +147,7 @@ func (g *guardedListener) resolveMembers() {
 			continue
 		}
 		if ip := net.ParseIP(host); ip != nil {
-			set[ip.String()] = true
+			set[sourceKey(ip)] = true
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -160,7 +161,7 @@ func (g *guardedListener) resolveMembers() {
 			continue
 		}
 		for _, ip := range ips {
-			set[ip.IP.String()] = true
+			set[sourceKey(ip.IP)] = true
 		}
 	}
 	g.members.Store(&set)
@@ -294,16 +295,30 @@ func (g *guardedListener) forget(p *pendingConn) {
 	}
 }
 
-// sourceIP is the IP a connection came from, as a map key.
+// sourceIP is the source a connection came from, as a map key: its IPv4 address, or
+// the /64 of its IPv6 address (one host holds a whole /64, and may pick any address
+// in it for each connection).
 func sourceIP(a net.Addr) string {
 	if tcp, ok := a.(*net.TCPAddr); ok {
-		return tcp.IP.String()
+		return sourceKey(tcp.IP)
 	}
 	host, _, err := net.SplitHostPort(a.String())
 	if err != nil {
 		return a.String()
 	}
+	if ip := net.ParseIP(host); ip != nil {
+		return sourceKey(ip)
+	}
 	return host
+}
+
+var ipv6Source = net.CIDRMask(64, 128)
+
+func sourceKey(ip net.IP) string {
+	if v4 := ip.To4(); v4 != nil {
+		return v4.String()
+	}
+	return ip.Mask(ipv6Source).String() + "/64"
 }
 
 // admit runs the handshake of c under the deadline and hands the result to Accept.

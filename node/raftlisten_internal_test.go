@@ -221,3 +221,29 @@ func TestListenPolicyHandsOverHandshakenConnections(t *testing.T) {
 		}
 	}
 }
+
+// An IPv6 host holds a /64 and may dial from any address in it: the whole /64 is one
+// source. IPv4 addresses are sources of their own.
+func TestSourceKeys(t *testing.T) {
+	for _, c := range []struct{ a, b string }{
+		{"[2001:db8:1:2::1]:4000", "[2001:db8:1:2:ffff::9]:5000"},
+		{"127.0.0.2:1", "127.0.0.2:2"},
+		{"[::ffff:10.0.0.1]:1", "10.0.0.1:2"},
+	} {
+		a, _ := net.ResolveTCPAddr("tcp", c.a)
+		b, _ := net.ResolveTCPAddr("tcp", c.b)
+		if sourceIP(a) != sourceIP(b) {
+			t.Errorf("%s and %s are different sources (%s, %s)", c.a, c.b, sourceIP(a), sourceIP(b))
+		}
+	}
+	for _, c := range []struct{ a, b string }{
+		{"[2001:db8:1:2::1]:4000", "[2001:db8:1:3::1]:4000"},
+		{"127.0.0.2:1", "127.0.0.3:1"},
+	} {
+		a, _ := net.ResolveTCPAddr("tcp", c.a)
+		b, _ := net.ResolveTCPAddr("tcp", c.b)
+		if sourceIP(a) == sourceIP(b) {
+			t.Errorf("%s and %s are one source (%s)", c.a, c.b, sourceIP(a))
+		}
+	}
+}
