@@ -37,9 +37,8 @@ const (
 	// members' connections are pending).
 	DefaultRaftMaxPending = 64
 	// DefaultRaftMaxPendingPerSource caps the pending connections of one source (an
-	// IPv4 address, an IPv6 /64);
-	// a new one beyond it evicts that source's oldest. A peer opens a handful at once
-	// (raft's pool holds 5, a snapshot install one more).
+	// IPv4 address, an IPv6 /64); a new one beyond it evicts that source's oldest. A
+	// peer opens a handful at once (raft's pool holds 5, a snapshot install one more).
 	DefaultRaftMaxPendingPerSource = 8
 )
 
