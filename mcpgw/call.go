@@ -200,6 +200,9 @@ func (w *waiter) stop() {
 // admits it. The upstream has one session for all agents, so a message cannot be
 // tied to one call.
 func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
+	clean := *p
+	clean.Meta = withoutOwnMeta(p.Meta) // hostile.go
+	p = &clean
 	for ss := range g.server.Sessions() {
 		if err := ss.Log(context.WithoutCancel(ctx), p); err != nil {
 			g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))

@@ -75,6 +75,7 @@ func (t *tap) progress(params json.RawMessage) {
 		return
 	}
 	token, _ := p.ProgressToken.(string)
+	p.Meta = withoutOwnMeta(p.Meta)
 	t.mu.Lock()
 	f := t.relay[token]
 	t.mu.Unlock()
@@ -159,8 +160,13 @@ func (t *tap) received(msg jsonrpc.Message) {
 			var named struct {
 				Name string `json:"name"`
 			}
-			if json.Unmarshal(raw, &named) == nil && named.Name != "" {
-				t.tools[named.Name] = bytes.Clone(raw)
+			if json.Unmarshal(raw, &named) != nil || named.Name == "" {
+				continue
+			}
+			if clean := scrubTool(raw); clean != nil {
+				t.tools[named.Name] = bytes.Clone(clean)
+			} else {
+				delete(t.tools, named.Name)
 			}
 		}
 	}
@@ -371,6 +377,9 @@ func withMeta(raw json.RawMessage, own mcp.Meta) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A stored receipt may predate the gateway's normalising of duplicate members
+	// (hostile.go): the last of each is the one that was decided on.
+	ms, deduped := lastOfEach(ms)
 	var meta []member
 	at := -1
 	for i, m := range ms {
@@ -381,6 +390,9 @@ func withMeta(raw json.RawMessage, own mcp.Meta) (json.RawMessage, error) {
 		if meta, err = members(m.value); err != nil {
 			return nil, fmt.Errorf("_meta: %w", err)
 		}
+		var d bool
+		meta, d = lastOfEach(meta)
+		deduped = deduped || d
 	}
 	kept := meta[:0]
 	for _, m := range meta {
@@ -388,7 +400,7 @@ func withMeta(raw json.RawMessage, own mcp.Meta) (json.RawMessage, error) {
 			kept = append(kept, m)
 		}
 	}
-	changed := len(kept) != len(meta) || len(own) > 0
+	changed := deduped || len(kept) != len(meta) || len(own) > 0
 	if !changed {
 		return raw, nil
 	}

@@ -207,6 +207,10 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 		}
 		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused}
 	}
+	if res, raw, err = scrubResult(res, raw); err != nil {
+		// The tool ran and answered something the gateway cannot use.
+		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: true}
+	}
 	return res, raw, nil
 }
 
@@ -237,6 +241,7 @@ func (u *Upstream) Tools(ctx context.Context) ([]*mcp.Tool, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: listing tools: %w", ErrUpstream, err)
 		}
+		t.Meta = withoutOwnMeta(t.Meta) // hostile.go
 		tools = append(tools, t)
 	}
 	return tools, nil
