@@ -63,6 +63,9 @@ const (
 	// CodeInvalidArgument: the call cannot be recorded as it is (a key that is not
 	// printable, arguments that are not an object); nothing ran.
 	CodeInvalidArgument = "invalid_argument"
+	// CodeTenantNotAllowed: the call names a tenant the policy does not let calls
+	// pick (Policy.Tenants); nothing ran.
+	CodeTenantNotAllowed = "tenant_not_allowed"
 	// CodeInternal: anything else.
 	CodeInternal = "internal"
 )

@@ -331,6 +331,12 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 		if !isStr {
 			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaTenant+" must be a string", nil)
 		}
+		if !g.cfg.Policy.mayPick(s) {
+			return nil, errorResult(CodeTenantNotAllowed, fmt.Sprintf(
+				"idemkv gateway: this gateway records calls under tenant %q; the policy does not let a call pick tenant %q "+
+					"(its tenants list), so %s was not run.", g.cfg.Policy.tenant(), s, r.tool.Name),
+				map[string]any{"tenant": s, "tool": r.tool.Name})
+		}
 		c.tenant = s
 	}
 	if err := idemkv.ValidTenant(c.tenant); err != nil {

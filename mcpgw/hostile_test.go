@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/testcluster"
@@ -170,5 +171,49 @@ func TestUpstreamCannotSpeakForTheGateway(t *testing.T) {
 	}
 	if stored := string(rec.Receipt.Result); strings.Contains(stored, "io.idemkv/") || strings.Count(stored, `"_meta":`) != 1 {
 		t.Errorf("idemkv stores the upstream's io.idemkv/ keys or both _meta members: %s", stored)
+	}
+}
+
+// Issue 23 point 5: a call picks its tenant only from the policy's tenants list (none
+// by default). Before, any agent of a gateway whose idemkv token acts for every
+// tenant could name another tenant in _meta and get its receipt replayed, or its
+// remote ids in a conflict.
+func TestCallsPickOnlyAllowedTenants(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newM3Upstream()
+	url := up.serveHTTP(t)
+	victim := newGW(t, cluster, httpUpstream(url), gwOptions{policy: "tenant: victim\n"})
+	paid := goCall(t, victim.connectGo("victim-agent", nil), "place_order", order("o-1", 12, "EUR"), key("victim:o-1"))
+	if paid.IsError || meta(paid, mcpgw.MetaDecision) != "execute" {
+		t.Fatalf("the victim's call: %s", show(paid))
+	}
+
+	g := newGW(t, cluster, httpUpstream(url), gwOptions{policy: "tenant: shop\ntenants: [shop-eu]\n"})
+	agent := g.connectGo("agent", nil)
+	for _, args := range []map[string]any{order("o-1", 12, "EUR"), order("o-1", 99, "EUR")} {
+		res := goCall(t, agent, "place_order", args, mcp.Meta{mcpgw.MetaIdempotencyKey: "victim:o-1", mcpgw.MetaTenant: "victim"})
+		if !res.IsError || meta(res, mcpgw.MetaError) != mcpgw.CodeTenantNotAllowed || meta(res, mcpgw.MetaDecision) != "" {
+			t.Errorf("a call naming tenant victim got %s, want a %s refusal", show(res), mcpgw.CodeTenantNotAllowed)
+		}
+		if strings.Contains(show(res), "ledger_seq") || strings.Contains(show(res), "existing") {
+			t.Errorf("the refusal shows the victim's receipt: %s", show(res))
+		}
+	}
+	if n := up.calls("place_order"); n != 1 {
+		t.Errorf("place_order ran %d times, want 1 (the victim's)", n)
+	}
+	for tenant, meta0 := range map[string]mcp.Meta{"shop-eu": {mcpgw.MetaTenant: "shop-eu"}, "shop": {mcpgw.MetaTenant: "shop"}, "": nil} {
+		m := mcp.Meta{mcpgw.MetaIdempotencyKey: "own:" + tenant}
+		for k, v := range meta0 {
+			m[k] = v
+		}
+		res := goCall(t, agent, "place_order", order("o-"+tenant, 1, "EUR"), m)
+		want := tenant
+		if want == "" {
+			want = "shop"
+		}
+		if res.IsError || meta(res, mcpgw.MetaTenant) != want {
+			t.Errorf("a call naming tenant %q: %s, want it recorded under %s", tenant, show(res), want)
+		}
 	}
 }

@@ -67,6 +67,11 @@ const DefaultTenant = "default"
 type Policy struct {
 	// Tenant records calls whose _meta names no tenant.
 	Tenant string `yaml:"tenant"`
+	// Tenants are the tenants a call may pick with _meta["io.idemkv/tenant"]
+	// besides Tenant; "*" lets it pick any. None by default: the gateway's idemkv
+	// token may act for many tenants, and any agent that reaches the gateway
+	// could otherwise replay or probe another tenant's receipts.
+	Tenants []string `yaml:"tenants"`
 	// MissingKey is the default for tools that do not set their own.
 	MissingKey MissingKey `yaml:"missing_key"`
 	// LeaseTTL and TTL are the defaults for tools that do not set their own; zero:
@@ -166,6 +171,14 @@ func (p *Policy) Validate() error {
 	if p.Tenant != "" {
 		if err := idemkv.ValidTenant(p.Tenant); err != nil {
 			return fmt.Errorf("%w: tenant: %w", ErrPolicy, err)
+		}
+	}
+	for _, t := range p.Tenants {
+		if t == AnyTenant {
+			continue
+		}
+		if err := idemkv.ValidTenant(t); err != nil {
+			return fmt.Errorf("%w: tenants: %w", ErrPolicy, err)
 		}
 	}
 	if err := validMissingKey(p.MissingKey); err != nil {
@@ -350,6 +363,22 @@ func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
 		r.ttl = p.TTL
 	}
 	return r, nil
+}
+
+// AnyTenant in Policy.Tenants lets a call pick any tenant.
+const AnyTenant = "*"
+
+// mayPick reports whether a call may name tenant in its _meta.
+func (p *Policy) mayPick(tenant string) bool {
+	if tenant == p.tenant() {
+		return true
+	}
+	for _, t := range p.Tenants {
+		if t == AnyTenant || t == tenant {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Policy) tenant() string {
