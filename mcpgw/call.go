@@ -45,7 +45,7 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 			span.End()
 		}()
 		if r.class == client.ReadOnly {
-			res, err = g.passThrough(ctx, req)
+			res, err = g.passThrough(ctx, r, req)
 		} else {
 			res, err = g.mutate(ctx, r, req)
 		}
@@ -210,18 +210,47 @@ func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 	}
 }
 
-func (g *Gateway) passThrough(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.progressFor(ctx, req).relay())
+// errToolTimeout is the cause of a call's context cut at its tool's timeout.
+var errToolTimeout = errors.New("mcpgw: the tool's timeout passed")
+
+// upCall calls a tool upstream within r's timeout. When the timeout cuts a call that
+// was sent, the go-sdk cancels it upstream (notifications/cancelled) and the
+// callError says so: the upstream may still have done the effect.
+func (g *Gateway) upCall(ctx context.Context, r *rule, p *mcp.CallToolParams, progress func(*mcp.ProgressNotificationParams)) (*mcp.CallToolResult, json.RawMessage, error) {
+	tctx, cancel := context.WithTimeoutCause(ctx, r.timeout, errToolTimeout)
+	defer cancel()
+	res, raw, err := g.up.call(tctx, p, progress)
+	var ce *callError
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(tctx), errToolTimeout) && errors.As(err, &ce) {
+		ce.timeout = r.timeout
+	}
+	return res, raw, err
+}
+
+// timeoutDetails are the details of an answer to a call its timeout cut.
+func timeoutDetails(r *rule, d time.Duration) map[string]any {
+	return map[string]any{"reason": "upstream_timeout", "tool": r.tool.Name, "timeout": d.String()}
+}
+
+func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	res, raw, err := g.upCall(ctx, r, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.progressFor(ctx, req).relay())
 	if err == nil {
 		return withRaw(res, raw), nil
 	}
-	var we *jsonrpc.Error
-	if errors.As(err, &we) {
+	var (
+		we *jsonrpc.Error
+		ce *callError
+	)
+	switch {
+	case errors.As(err, &we):
 		// The upstream's own protocol error, passed on as it came.
 		return nil, we
-	}
-	if ctx.Err() != nil {
+	case ctx.Err() != nil:
 		return nil, context.Cause(ctx)
+	case errors.As(err, &ce) && ce.timeout != 0:
+		return errorResult(CodeUpstreamUnavailable, fmt.Sprintf(
+			"idemkv gateway: %s did not answer within its timeout of %s; the call was cancelled upstream.", r.tool.Name, ce.timeout),
+			timeoutDetails(r, ce.timeout)), nil
 	}
 	return errorResult(CodeUpstreamUnavailable, "idemkv gateway: the upstream MCP server failed: "+err.Error(), nil), nil
 }
@@ -241,7 +270,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return refusal, nil
 	}
 	if c.key == "" {
-		return g.passThrough(ctx, req)
+		return g.passThrough(ctx, r, req)
 	}
 	op := client.Op{
 		Tenant: c.tenant, Key: c.key, Tool: r.tool.Name, Actor: c.actor, Class: r.class,
@@ -267,7 +296,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	var upstream *mcp.CallToolResult
 	fn := func(ctx context.Context) (*client.Result, error) {
 		w.granted()
-		res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), progress.relay())
+		res, raw, err := g.upCall(ctx, r, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), progress.relay())
 		if err != nil {
 			var ce *callError
 			if errors.As(err, &ce) && !ce.sent {

@@ -3,6 +3,7 @@ package mcpgw_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -215,5 +216,103 @@ func TestCallsPickOnlyAllowedTenants(t *testing.T) {
 		if res.IsError || meta(res, mcpgw.MetaTenant) != want {
 			t.Errorf("a call naming tenant %q: %s, want it recorded under %s", tenant, show(res), want)
 		}
+	}
+}
+
+// Issue 23 point 7: a hung upstream no longer holds the key for ever. Past the tool's
+// timeout the call is cancelled upstream (the tool's context ends), the agent gets
+// outcome_unknown saying why, the record stays pending, and the retry recovers it
+// once the dead attempt's lease is gone (an idempotent tool simply runs again).
+func TestHungUpstreamTimesOut(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	var (
+		mu        sync.Mutex
+		runs      int
+		cancelled int
+	)
+	upstream := mcp.NewServer(&mcp.Implementation{Name: "hangs"}, nil)
+	upstream.AddTool(&mcp.Tool{Name: "sync_account", InputSchema: map[string]any{"type": "object"},
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: true}},
+		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			mu.Lock()
+			runs++
+			first := runs == 1
+			mu.Unlock()
+			if first {
+				<-ctx.Done() // hangs until the gateway gives up on it
+				mu.Lock()
+				cancelled++
+				mu.Unlock()
+				return nil, ctx.Err()
+			}
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "synced"}}}, nil
+		})
+	upstream.AddTool(&mcp.Tool{Name: "stare", InputSchema: map[string]any{"type": "object"},
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	transport := func() mcp.Transport {
+		c, s := mcp.NewInMemoryTransports()
+		if _, err := upstream.Connect(ctx, s, nil); err != nil {
+			t.Errorf("upstream connect: %v", err)
+		}
+		return c
+	}
+	g := newGW(t, cluster, transport, gwOptions{policy: `
+tenant: hang
+timeout: 1s
+tools:
+  sync_account: {lease_ttl: 1s}
+`})
+	agent := g.connectGo("agent", nil)
+
+	call := func(tool string, m mcp.Meta) (*mcp.CallToolResult, time.Duration) {
+		cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer ccancel()
+		start := time.Now()
+		res, err := agent.CallTool(cctx, &mcp.CallToolParams{Name: tool, Arguments: map[string]any{"account": "a-1"}, Meta: m})
+		if err != nil {
+			t.Fatalf("%s: %v (after %s)", tool, err, time.Since(start))
+		}
+		return res, time.Since(start)
+	}
+
+	res, took := call("sync_account", key("hang:a-1"))
+	if !res.IsError || meta(res, mcpgw.MetaError) != mcpgw.CodeOutcomeUnknown || !strings.Contains(text(res), "timeout of 1s") {
+		t.Fatalf("a hung call answered (after %s) %s, want outcome_unknown naming the timeout", took, show(res))
+	}
+	if d := details(t, res); d["reason"] != "upstream_timeout" || d["timeout"] != "1s" {
+		t.Errorf("details %v, want reason upstream_timeout, timeout 1s", d)
+	}
+	if err := testcluster.Eventually(20*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if cancelled != 1 {
+			return fmt.Errorf("the upstream tool's context has not ended (cancelled %d)", cancelled)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := g.idem.Get(context.Background(), &idemkv.GetRequest{Tenant: "hang", Key: "hang:a-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != idemkv.StatusPending {
+		t.Errorf("the record is %s after the timeout, want pending", rec.Status)
+	}
+
+	res, _ = call("sync_account", key("hang:a-1"))
+	if res.IsError || text(res) != "synced" || meta(res, mcpgw.MetaDecision) != string(idemkv.DecisionRecover) {
+		t.Fatalf("the retry: %s, want the tool run again (decision recover)", show(res))
+	}
+
+	res, took = call("stare", nil)
+	if !res.IsError || meta(res, mcpgw.MetaError) != mcpgw.CodeUpstreamUnavailable || details(t, res)["reason"] != "upstream_timeout" {
+		t.Fatalf("a hung read-only call answered (after %s) %s, want upstream_unavailable for its timeout", took, show(res))
 	}
 }

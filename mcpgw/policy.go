@@ -49,6 +49,18 @@ const (
 // DefaultTenant is the tenant of calls when neither the policy nor the call names one.
 const DefaultTenant = "default"
 
+// DefaultToolTimeout bounds an upstream tool call when the policy does not: a hung
+// upstream would otherwise hold its key for ever (the gateway heartbeats the lease
+// while the call runs). Agents' own SDKs commonly give up after 60 s (the
+// TypeScript SDK's default request timeout), so a call past it has no one waiting.
+const DefaultToolTimeout = 60 * time.Second
+
+// The bounds of a policy's timeout.
+const (
+	MinToolTimeout = 100 * time.Millisecond
+	MaxToolTimeout = 24 * time.Hour
+)
+
 // Policy is the gateway's policy file. Every field is optional: without a policy the
 // gateway classifies tools by their annotations, takes keys only from _meta, refuses
 // mutating calls without one, and records everything under DefaultTenant.
@@ -81,6 +93,9 @@ type Policy struct {
 	// ValidationErrors is the default for tools that do not set their own: release
 	// (the default) or store.
 	ValidationErrors NotExecuted `yaml:"validation_errors"`
+	// Timeout bounds every upstream call of tools that do not set their own;
+	// zero: DefaultToolTimeout.
+	Timeout time.Duration `yaml:"timeout"`
 	// RemoteSystem names the upstream in receipts; default: the upstream server's
 	// name from its initialize answer.
 	RemoteSystem string `yaml:"remote_system"`
@@ -113,6 +128,10 @@ type ToolPolicy struct {
 	// RetryableErrors: an isError answer means the effect did not happen and a retry
 	// may succeed, so the key is released instead of the failure being stored.
 	RetryableErrors bool `yaml:"retryable_errors"`
+	// Timeout bounds the tool's upstream call (and its probe's): past it the call
+	// is cancelled upstream and, for a mutating tool, its outcome is unknown (the
+	// record stays pending; a retry recovers it). Zero: the policy's Timeout.
+	Timeout time.Duration `yaml:"timeout"`
 	// ValidationErrors, MissingKey, LeaseTTL and TTL override the policy-wide
 	// defaults.
 	ValidationErrors NotExecuted   `yaml:"validation_errors"`
@@ -190,6 +209,9 @@ func (p *Policy) Validate() error {
 	if err := validDurations(p.LeaseTTL, p.TTL); err != nil {
 		return fmt.Errorf("%w: %w", ErrPolicy, err)
 	}
+	if err := validTimeout(p.Timeout); err != nil {
+		return fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
 	names := make([]string, 0, len(p.Tools))
 	for name := range p.Tools {
 		names = append(names, name)
@@ -221,6 +243,13 @@ func validNotExecuted(n NotExecuted) error {
 		return nil
 	}
 	return fmt.Errorf("%q is neither %s nor %s", n, Release, Store)
+}
+
+func validTimeout(d time.Duration) error {
+	if d != 0 && (d < MinToolTimeout || d > MaxToolTimeout) {
+		return fmt.Errorf("timeout %s outside [%s, %s]", d, MinToolTimeout, MaxToolTimeout)
+	}
+	return nil
 }
 
 func validDurations(lease, ttl time.Duration) error {
@@ -256,6 +285,9 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 		return nil, fmt.Errorf("validation_errors: %w", err)
 	}
 	if err := validDurations(tp.LeaseTTL, tp.TTL); err != nil {
+		return nil, err
+	}
+	if err := validTimeout(tp.Timeout); err != nil {
 		return nil, err
 	}
 	if tp.Key != "" {
@@ -331,6 +363,7 @@ type rule struct {
 	notExec    NotExecuted
 	leaseTTL   time.Duration
 	ttl        time.Duration
+	timeout    time.Duration // of each upstream call
 }
 
 func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
@@ -343,7 +376,13 @@ func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
 		return nil, err
 	}
 	r := &rule{tool: tool, class: Classify(tool, tp), policy: c,
-		missingKey: tp.MissingKey, notExec: tp.ValidationErrors, leaseTTL: tp.LeaseTTL, ttl: tp.TTL}
+		missingKey: tp.MissingKey, notExec: tp.ValidationErrors, leaseTTL: tp.LeaseTTL, ttl: tp.TTL, timeout: tp.Timeout}
+	if r.timeout == 0 {
+		r.timeout = p.Timeout
+	}
+	if r.timeout == 0 {
+		r.timeout = DefaultToolTimeout
+	}
 	if r.notExec == "" {
 		r.notExec = p.ValidationErrors
 	}

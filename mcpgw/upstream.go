@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -153,6 +154,8 @@ type callError struct {
 	// happened. Unsent requests and requests the upstream refused as malformed
 	// certainly did not take effect.
 	sent bool
+	// timeout, when not zero, is the tool's timeout that cut the call.
+	timeout time.Duration
 }
 
 func (e *callError) Error() string { return e.err.Error() }
