@@ -85,12 +85,23 @@ func (g *Gateway) extract(ctx context.Context, meta mcp.Meta) context.Context {
 	return g.prop.Extract(ctx, carrier)
 }
 
+// protocolMetaPrefix starts the _meta keys MCP itself defines per request (SEP-2575).
+const protocolMetaPrefix = "io.modelcontextprotocol/"
+
 // forward builds the upstream call: the same name and arguments, the agent's _meta
 // without the gateway's keys, and the trace context of ctx. The agent's progressToken
 // is replaced by one of the gateway's own (Upstream.call), which relay maps back.
 func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage, meta mcp.Meta) *mcp.CallToolParams {
 	out := withoutOwnMeta(meta)
 	delete(out, "progressToken")
+	for k := range out {
+		if strings.HasPrefix(k, protocolMetaPrefix) {
+			// The agent's protocol version, client info, capabilities and log
+			// level describe its hop, not the gateway's: the go-sdk fills in the
+			// gateway's own for an upstream of 2026-07-28.
+			delete(out, k)
+		}
+	}
 	carrier := propagation.MapCarrier{}
 	g.prop.Inject(ctx, carrier)
 	if len(carrier) > 0 && out == nil {

@@ -115,6 +115,9 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 			u.log.LogAttrs(ctx, slog.LevelDebug, "the upstream refused logging/setLevel", slog.Any("err", err))
 		}
 	}
+	if r := sess.InitializeResult(); r != nil {
+		u.log.LogAttrs(ctx, slog.LevelInfo, "connected to the upstream", slog.String("protocol", r.ProtocolVersion))
+	}
 	ended := make(chan struct{})
 	reconnect := u.connected
 	u.sess, u.ended, u.connected = sess, ended, true
@@ -198,6 +201,11 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 		p.Meta[k] = v
 	}
 	p.Meta["progressToken"] = token
+	if modern(sess.InitializeResult()) {
+		// 2026-07-28 has no logging/setLevel: a request asks for the log messages
+		// sent while it runs. The gateway's own sessions filter by each agent's level.
+		p.Meta[mcp.MetaKeyLogLevel] = "debug"
+	}
 	u.tap.expect(token, progress)
 	res, err = sess.CallTool(ctx, &p)
 	raw = u.tap.take(token)
@@ -215,6 +223,23 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: true}
 	}
 	return res, raw, nil
+}
+
+// ModernProtocol is the first MCP revision without initialize (SEP-2575): a request
+// carries its protocol version, client info and capabilities in _meta.
+const ModernProtocol = "2026-07-28"
+
+// modern reports whether a session negotiated ModernProtocol or later.
+func modern(r *mcp.InitializeResult) bool {
+	return r != nil && r.ProtocolVersion >= ModernProtocol
+}
+
+// Protocol is the MCP revision the upstream session speaks, "" before it connected.
+func (u *Upstream) Protocol() string {
+	if r := u.Info(); r != nil {
+		return r.ProtocolVersion
+	}
+	return ""
 }
 
 // drop forgets sess, if it is still the current session, and closes it in the
