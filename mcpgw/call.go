@@ -44,6 +44,7 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 			}
 			span.End()
 		}()
+		defer g.inFlight(ctx, req)()
 		if r.class == client.ReadOnly {
 			res, err = g.passThrough(ctx, r, req)
 		} else {
@@ -210,14 +211,46 @@ func (w *waiter) stop() {
 // relayLog sends an upstream log message to every agent session whose logging level
 // admits it. The upstream has one session for all agents, so a message cannot be
 // tied to one call.
+//
+// A 2026-07-28 agent has no session: it names a level in each request's _meta, and
+// gets log messages on that request's stream, so the upstream's go to the calls of
+// such agents in flight, each with its request's context, which carries its level.
 func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 	clean := *p
 	clean.Meta = withoutOwnMeta(p.Meta) // hostile.go
 	p = &clean
+	g.mu.Lock()
+	calls := make(map[*mcp.ServerSession]context.Context, len(g.modernCalls))
+	for ss, c := range g.modernCalls {
+		calls[ss] = c
+	}
+	g.mu.Unlock()
 	for ss := range g.server.Sessions() {
-		if err := ss.Log(context.WithoutCancel(ctx), p); err != nil {
+		lctx, ok := calls[ss]
+		if !ok {
+			if ss.InitializeParams() == nil {
+				continue
+			}
+			lctx = context.WithoutCancel(ctx)
+		}
+		if err := ss.Log(lctx, p); err != nil {
 			g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
 		}
+	}
+}
+
+// inFlight notes a 2026-07-28 call's session and context for relayLog until done.
+func (g *Gateway) inFlight(ctx context.Context, req *mcp.CallToolRequest) (done func()) {
+	if req.Session == nil || !modernRequest(req) {
+		return func() {}
+	}
+	g.mu.Lock()
+	g.modernCalls[req.Session] = ctx
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		delete(g.modernCalls, req.Session)
+		g.mu.Unlock()
 	}
 }
 

@@ -135,8 +135,11 @@ type Gateway struct {
 	prop         propagation.TextMapPropagator
 	log          *slog.Logger
 
-	mu      sync.Mutex        // guards rules and offered
+	mu      sync.Mutex        // guards rules, offered and modernCalls
 	offered map[string]string // tool name -> the tool as JSON, to notice changes
+	// modernCalls are the 2026-07-28 calls in flight, by their (one-request)
+	// session: where relayLog sends the upstream's log messages for them.
+	modernCalls map[*mcp.ServerSession]context.Context
 
 	storeDown atomic.Bool // an outage is logged; see noteStore
 
@@ -157,6 +160,7 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		runner:  cfg.Runner,
 		rules:   map[string]*rule{},
 		offered: map[string]string{},
+		modernCalls: map[*mcp.ServerSession]context.Context{},
 		tracer:  cfg.TracerProvider.Tracer(ScopeName),
 		prop:    cfg.Propagator,
 		log:     cfg.Logger,

@@ -105,8 +105,12 @@ func (c HTTPConfig) Validate() error {
 // Handler is HTTPHandler behind the checks of cfg: the bearer token, and a body read
 // whole, within MaxBodyBytes and ReadBodyTimeout, before anything decodes it.
 func (g *Gateway) Handler(cfg HTTPConfig) http.Handler {
+	return g.httpHandler(cfg, &mcp.StreamableHTTPOptions{Logger: g.log})
+}
+
+func (g *Gateway) httpHandler(cfg HTTPConfig, opts *mcp.StreamableHTTPOptions) http.Handler {
 	cfg.EnsureDefaults()
-	inner := g.HTTPHandler(&mcp.StreamableHTTPOptions{Logger: g.log})
+	inner := g.eras(opts)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if cfg.Token != "" && !bearerIs(r, cfg.Token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemkv-mcp-gateway"`)

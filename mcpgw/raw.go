@@ -442,17 +442,111 @@ func ownMeta(m mcp.Meta) mcp.Meta {
 // the go-sdk would encode them; embedding the go-sdk's result makes them mcp.Results.
 type rawCallResult struct {
 	*mcp.CallToolResult
-	raw json.RawMessage
+	raw    json.RawMessage
+	modern bool
 }
 
-func (r *rawCallResult) MarshalJSON() ([]byte, error) { return r.raw, nil }
+func (r *rawCallResult) MarshalJSON() ([]byte, error) {
+	return withProtocol(r.raw, r.CallToolResult.Meta, r.modern)
+}
 
 type rawListResult struct {
 	*mcp.ListToolsResult
-	raw json.RawMessage
+	raw    json.RawMessage
+	modern bool
 }
 
-func (r *rawListResult) MarshalJSON() ([]byte, error) { return r.raw, nil }
+func (r *rawListResult) MarshalJSON() ([]byte, error) {
+	return withProtocol(r.raw, r.ListToolsResult.Meta, r.modern)
+}
+
+// withProtocol adds to the bytes of an answer to a 2026-07-28 request what that era
+// puts on every result and the go-sdk set after the gateway built it: resultType
+// "complete" (the gateway never relays input_required) and the _meta keys under
+// io.modelcontextprotocol/ (the gateway's serverInfo). An answer in the earlier era
+// goes as it is.
+func withProtocol(raw json.RawMessage, meta mcp.Meta, modern bool) ([]byte, error) {
+	if !modern {
+		return raw, nil
+	}
+	ms, err := members(raw)
+	if err != nil {
+		return nil, err
+	}
+	ms, _ = lastOfEach(ms)
+	own := mcp.Meta{}
+	for k, v := range meta {
+		if strings.HasPrefix(k, protocolMetaPrefix) {
+			own[k] = v
+		}
+	}
+	hasType := false
+	for i, m := range ms {
+		switch m.name {
+		case "resultType":
+			hasType = true
+			ms[i].value = json.RawMessage(`"complete"`)
+		case "_meta":
+			inner, err := members(m.value)
+			if err != nil {
+				return nil, err
+			}
+			for _, im := range inner {
+				delete(own, im.name) // the upstream's own bytes win, as they do everywhere
+			}
+			for _, k := range sortedKeys(own) {
+				v, err := json.Marshal(own[k])
+				if err != nil {
+					return nil, err
+				}
+				inner = append(inner, member{k, v})
+			}
+			ms[i].value = writeObject(inner)
+			own = nil
+		}
+	}
+	if len(own) > 0 {
+		var inner []member
+		for _, k := range sortedKeys(own) {
+			v, err := json.Marshal(own[k])
+			if err != nil {
+				return nil, err
+			}
+			inner = append(inner, member{k, v})
+		}
+		ms = append(ms, member{"_meta", writeObject(inner)})
+	}
+	if !hasType {
+		ms = append(ms, member{"resultType", json.RawMessage(`"complete"`)})
+	}
+	return writeObject(ms), nil
+}
+
+func sortedKeys(m mcp.Meta) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// modernRequest reports whether req is of the 2026-07-28 era.
+func modernRequest(req mcp.Request) bool {
+	var meta mcp.Meta
+	switch r := req.(type) {
+	case *mcp.CallToolRequest:
+		if r.Params != nil {
+			meta = r.Params.Meta
+		}
+	case *mcp.ListToolsRequest:
+		if r.Params != nil {
+			meta = r.Params.Meta
+		}
+	}
+	v, _ := meta[mcp.MetaKeyProtocolVersion].(string)
+	return modernVersion(v)
+}
 
 // rawSlot carries the bytes of a tools/call answer from the tool handler to the
 // middleware that hands them to the go-sdk.
@@ -469,7 +563,7 @@ func (g *Gateway) passRaw(next mcp.MethodHandler) mcp.MethodHandler {
 			slot := &rawSlot{}
 			res, err := next(context.WithValue(ctx, rawSlotKey{}, slot), method, req)
 			if cr, ok := res.(*mcp.CallToolResult); ok && err == nil && slot.raw != nil {
-				return &rawCallResult{CallToolResult: cr, raw: slot.raw}, nil
+				return &rawCallResult{CallToolResult: cr, raw: slot.raw, modern: modernRequest(req)}, nil
 			}
 			return res, err
 		case "tools/list":
@@ -479,7 +573,7 @@ func (g *Gateway) passRaw(next mcp.MethodHandler) mcp.MethodHandler {
 				return res, err
 			}
 			if raw, ok := g.rawTools(lr); ok {
-				return &rawListResult{ListToolsResult: lr, raw: raw}, nil
+				return &rawListResult{ListToolsResult: lr, raw: raw, modern: modernRequest(req)}, nil
 			}
 			return res, err
 		}

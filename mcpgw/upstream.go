@@ -150,6 +150,9 @@ func (u *Upstream) Close() error {
 	return err
 }
 
+// errInputRequired: the upstream answered resultType "input_required".
+var errInputRequired = errors.New("the upstream asks for input (resultType input_required: elicitation or sampling), which the gateway does not relay")
+
 // callError says what a failed tools/call means for the effect.
 type callError struct {
 	err error
@@ -221,6 +224,12 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 	if res, raw, err = scrubResult(res, raw); err != nil {
 		// The tool ran and answered something the gateway cannot use.
 		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: true}
+	}
+	if res.NeedsInput() {
+		// A 2026-07-28 upstream asks for input before it completes the call
+		// (elicitation, sampling): the request did not complete, and the gateway
+		// relays no such requests.
+		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, errInputRequired)}
 	}
 	return res, raw, nil
 }
