@@ -155,15 +155,15 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	}
 	cfg.withDefaults()
 	g := &Gateway{
-		cfg:     cfg,
-		up:      cfg.Upstream,
-		runner:  cfg.Runner,
-		rules:   map[string]*rule{},
-		offered: map[string]string{},
+		cfg:         cfg,
+		up:          cfg.Upstream,
+		runner:      cfg.Runner,
+		rules:       map[string]*rule{},
+		offered:     map[string]string{},
 		modernCalls: map[*mcp.ServerSession]context.Context{},
-		tracer:  cfg.TracerProvider.Tracer(ScopeName),
-		prop:    cfg.Propagator,
-		log:     cfg.Logger,
+		tracer:      cfg.TracerProvider.Tracer(ScopeName),
+		prop:        cfg.Propagator,
+		log:         cfg.Logger,
 	}
 	tools, err := g.up.Tools(ctx)
 	if err != nil {
