@@ -282,6 +282,9 @@ func (g *Gateway) Close() error {
 // another transport works, with the go-sdk's answers to those.
 func (g *Gateway) Server() *mcp.Server { return g.server }
 
+// Upstream is the MCP server behind the gateway.
+func (g *Gateway) Upstream() *Upstream { return g.up }
+
 // Class returns the class the gateway gave a tool, and whether it offers the tool.
 func (g *Gateway) Class(tool string) (client.Class, bool) {
 	g.mu.Lock()
