@@ -186,8 +186,8 @@ type upstreamCase struct {
 	name      string
 	era       string
 	transport func() mcp.Transport
-	runs      func(order string) int // place_order runs for an order; nil: not counted per order
-	total     func() int             // place_order runs in all; nil: not counted
+	runs      func(order string) int    // place_order runs for an order; nil: not counted per order
+	total     func() int                // place_order runs in all; nil: not counted
 	sc        func(order string) string // the structured content place_order answers first
 }
 
@@ -283,3 +283,73 @@ func (g *gw) stored(tenant, key string) json.RawMessage {
 	return rec.Receipt.Result
 }
 
+// cutter cuts the response stream of the first tools/call it carries once the
+// answer has started (the headers came) and before it ends, as a dropped connection
+// does; 2026-07-28 has no stream resumption, so the client must re-issue the request.
+type cutter struct {
+	mu   sync.Mutex
+	cuts int
+}
+
+func (c *cutter) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body []byte
+	if req.Body != nil {
+		body, _ = io.ReadAll(req.Body)
+		req.Body = io.NopCloser(strings.NewReader(string(body)))
+	}
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || !strings.Contains(string(body), `"tools/call"`) {
+		return resp, err
+	}
+	c.mu.Lock()
+	cut := c.cuts == 0
+	c.cuts++
+	c.mu.Unlock()
+	if cut {
+		resp.Body.Close()
+		resp.Body = io.NopCloser(&failing{io.ErrUnexpectedEOF})
+	}
+	return resp, nil
+}
+
+type failing struct{ err error }
+
+func (f *failing) Read([]byte) (int, error) { return 0, f.err }
+
+// Issue 23 point 2: a 2026-07-28 client whose response stream broke mid-call re-issues
+// the request, with the same arguments and no key of ours: the policy's key template
+// makes it the same operation, and the ticket is created once.
+func TestReissuedRequestAfterACutStream(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	e := newEnv(t, cluster, envOptions{policy: ticketPolicy("reissue"), delay: 2 * time.Second})
+	srv := httptest.NewServer(e.gw.HTTPHandler(nil))
+	t.Cleanup(srv.Close)
+	var c cutter
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sess, err := mcp.NewClient(&mcp.Implementation{Name: "reissuing-agent", Version: "1"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: srv.URL, MaxRetries: -1, HTTPClient: &http.Client{Transport: &c}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if v := sess.InitializeResult().ProtocolVersion; v != modernEra {
+		t.Fatalf("the agent speaks %s, want %s", v, modernEra)
+	}
+	args := ticketArgs("INC-77", "disk full")
+	if _, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "create_ticket", Arguments: args}); err == nil {
+		t.Fatal("the first call answered although its stream was cut")
+	}
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "create_ticket", Arguments: args})
+	if err != nil {
+		t.Fatalf("the re-issued call: %v", err)
+	}
+	if res.IsError || meta(res, mcpgw.MetaDecision) == "" {
+		t.Fatalf("the re-issued call: %s", show(res))
+	}
+	st := e.upstream()
+	if len(st.Tickets) != 1 || st.CreateCalls != 1 {
+		t.Fatalf("the upstream holds %d tickets after %d create calls, want 1 and 1 (decision %s)", len(st.Tickets), st.CreateCalls, meta(res, mcpgw.MetaDecision))
+	}
+	t.Logf("the re-issued call's decision: %s", meta(res, mcpgw.MetaDecision))
+}
