@@ -417,25 +417,42 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	}
 	c.actor = actorOf(req)
 
+	// Where the key comes from: keys.go.
 	var why string
-	if v, ok := meta[MetaIdempotencyKey]; ok {
+	for _, name := range []string{MetaIdempotencyKey, MetaSEP3182Key} {
+		v, ok := meta[name]
+		if !ok {
+			continue
+		}
 		s, isStr := v.(string)
 		if !isStr || s == "" {
-			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaIdempotencyKey+" must be a non-empty string", nil)
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: the idempotency key "+name+" must be a non-empty string", nil)
 		}
 		c.key = s
-	} else if r.policy.key != nil {
+		break
+	}
+	switch {
+	case c.key != "":
+	case r.policy.key != nil:
 		key, err := r.policy.key.expand(scope{tenant: c.tenant, tool: r.tool.Name, args: c.args})
 		if err == nil {
 			c.key = key
 		} else {
 			why = fmt.Sprintf(" The policy's key template %s cannot be filled: %v.", r.policy.key, err)
 		}
+	case r.policy.derive != 0:
+		effect, err := effectOf(r, c)
+		if err == nil {
+			c.key, err = deriveKey(c.tenant, c.actor, r.tool.Name, effect, r.policy.Volatile, r.policy.derive, g.cfg.Now())
+		}
+		if err != nil {
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: deriving the idempotency key: "+err.Error(), nil)
+		}
 	}
 	if c.key == "" && r.missingKey != PassThrough {
 		return nil, errorResult(CodeMissingKey, fmt.Sprintf(
 			"idemkv gateway: %s changes things (%s) and the call has no idempotency key, so it was not run.%s "+
-				"Send one in _meta[%q] naming the business operation, so that a retry of it cannot run twice.",
+				"Send one in _meta[%q] (or SEP-3182's idempotencyKey) naming the business operation, so that a retry of it cannot run twice.",
 			r.tool.Name, r.class, why, MetaIdempotencyKey), map[string]any{"tool": r.tool.Name, "class": r.class})
 	}
 	return c, nil

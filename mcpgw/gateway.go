@@ -57,6 +57,8 @@ type Config struct {
 	// its key) tells an agent that asked for progress (a progressToken) that it is
 	// still waiting: clients that time calls out reset the clock on progress.
 	WaitProgress time.Duration
+	// Now is the clock of derived keys' windows (key: derive); default time.Now.
+	Now func() time.Time
 	// Name and Version are what the gateway tells its clients it is.
 	Name    string
 	Version string
@@ -87,6 +89,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.Policy == nil {
 		c.Policy = &Policy{}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

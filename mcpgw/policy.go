@@ -55,6 +55,18 @@ const DefaultTenant = "default"
 // TypeScript SDK's default request timeout), so a call past it has no one waiting.
 const DefaultToolTimeout = 60 * time.Second
 
+// KeyDerive as a tool's key derives keys for calls that carry none (see deriveKey).
+const KeyDerive = "derive"
+
+// DefaultDeriveWindow is derive_window when the policy names none: longer than an
+// agent's retries of one call usually take (its SDK's timeout and a few retries),
+// short enough that a person asking for the same thing again an hour later gets it.
+const DefaultDeriveWindow = 10 * time.Minute
+
+// MaxDeriveWindow bounds derive_window: a derived key is only as good as the
+// record behind it, which idemkv keeps for its TTL (default 24 h).
+const MaxDeriveWindow = 24 * time.Hour
+
 // The bounds of a policy's timeout.
 const (
 	MinToolTimeout = 100 * time.Millisecond
@@ -108,8 +120,13 @@ type ToolPolicy struct {
 	// Class overrides what the tool's annotations say (read_only,
 	// idempotent_mutation, non_idempotent_mutation).
 	Class client.Class `yaml:"class"`
-	// Key is the key template used when the call's _meta carries no key.
+	// Key is the key template used when the call carries no key, or KeyDerive:
+	// the key is derived from the tenant, the caller, the tool, the canonical
+	// effect and the DeriveWindow the call falls in.
 	Key string `yaml:"key"`
+	// DeriveWindow is how long calls with Key: derive that are the same effect by
+	// the same caller are one operation (default DefaultDeriveWindow).
+	DeriveWindow time.Duration `yaml:"derive_window"`
 	// Effect lists the argument paths that define the side effect; empty: every
 	// argument except Volatile.
 	Effect []string `yaml:"effect"`
@@ -267,6 +284,7 @@ func validDurations(lease, ttl time.Duration) error {
 type compiled struct {
 	*ToolPolicy
 	key       *Template
+	derive    time.Duration // the window of key: derive; zero: no derived keys
 	probeArgs map[string]*Template
 }
 
@@ -290,7 +308,18 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 	if err := validTimeout(tp.Timeout); err != nil {
 		return nil, err
 	}
-	if tp.Key != "" {
+	if tp.DeriveWindow != 0 && tp.Key != KeyDerive {
+		return nil, fmt.Errorf("derive_window is only for key: %s", KeyDerive)
+	}
+	if tp.DeriveWindow < 0 || tp.DeriveWindow > MaxDeriveWindow || (tp.DeriveWindow != 0 && tp.DeriveWindow < time.Second) {
+		return nil, fmt.Errorf("derive_window %s outside [1s, %s]", tp.DeriveWindow, MaxDeriveWindow)
+	}
+	if tp.Key == KeyDerive {
+		c.derive = tp.DeriveWindow
+		if c.derive == 0 {
+			c.derive = DefaultDeriveWindow
+		}
+	} else if tp.Key != "" {
 		t, err := ParseTemplate(tp.Key)
 		if err != nil {
 			return nil, fmt.Errorf("key: %w", err)
@@ -436,6 +465,9 @@ func (r *rule) String() string {
 	}
 	if r.policy.key != nil {
 		fmt.Fprintf(&b, ", key %s", r.policy.key)
+	}
+	if r.policy.derive != 0 {
+		fmt.Fprintf(&b, ", key derived within %s", r.policy.derive)
 	}
 	if r.policy.Probe != nil {
 		fmt.Fprintf(&b, ", probe %s", r.policy.Probe.Tool)

@@ -140,7 +140,8 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 func (l *lockedWriter) Close() error { return nil }
 
 // preInitReader passes lines through to the go-sdk, except requests before
-// initialize, which it answers on out itself; from initialize on it only passes bytes.
+// initialize, which it answers on out itself, and with a SEP-3182 key lifted into
+// _meta (liftSEP3182Key).
 type preInitReader struct {
 	src     *bufio.Reader
 	out     io.Writer
@@ -151,11 +152,10 @@ type preInitReader struct {
 
 func (p *preInitReader) Read(b []byte) (int, error) {
 	for len(p.pending) == 0 {
-		if p.through {
-			return p.src.Read(b)
-		}
 		line, err := p.src.ReadBytes('\n')
-		if len(line) > 0 {
+		if len(line) > 0 && p.through {
+			p.pending = liftSEP3182Key(line)
+		} else if len(line) > 0 {
 			answer, initialize := preInitAnswer(line)
 			switch {
 			case answer != nil:
@@ -164,7 +164,7 @@ func (p *preInitReader) Read(b []byte) (int, error) {
 				}
 			default:
 				p.through = initialize
-				p.pending = line
+				p.pending = liftSEP3182Key(line)
 			}
 		}
 		if err != nil && len(p.pending) == 0 {
@@ -205,11 +205,11 @@ func (g *Gateway) eras(opts *mcp.StreamableHTTPOptions) http.Handler {
 		return stateless
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if modernVersion(r.Header.Get("Mcp-Protocol-Version")) {
-			stateless.ServeHTTP(w, r)
-			return
-		}
 		if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
+			if modernVersion(r.Header.Get("Mcp-Protocol-Version")) {
+				stateless.ServeHTTP(w, r)
+				return
+			}
 			sessions.ServeHTTP(w, r)
 			return
 		}
@@ -219,10 +219,12 @@ func (g *Gateway) eras(opts *mcp.StreamableHTTPOptions) http.Handler {
 			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
 			return
 		}
+		body = liftSEP3182Key(body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
 		msg, derr := jsonrpc.DecodeMessage(bytes.TrimSpace(body))
 		switch {
-		case derr == nil && modernMessage(msg):
+		case modernVersion(r.Header.Get("Mcp-Protocol-Version")) || (derr == nil && modernMessage(msg)):
 			stateless.ServeHTTP(w, r)
 			return
 		case r.Header.Get("Mcp-Session-Id") == "":
