@@ -9,9 +9,16 @@
 // define the effect, and which upstream tool can probe for an effect whose attempt
 // died.
 //
+// The gateway speaks both of MCP's eras, 2026-07-28 (stateless: no initialize, the
+// protocol version in each request's _meta) and 2025-11-25 and earlier, to agents on
+// one endpoint, decided per request (serve.go), and to each upstream in the newest
+// era both speak.
+//
 // The gateway never decides on its own whether a duplicate is safe: idemkv does. It
 // must never call an upstream mutating tool without a reservation, except when the
-// policy explicitly allows calls without a key through.
+// policy explicitly allows calls without a key through. The _meta keys under
+// io.idemkv/ are its alone: it never forwards them upstream, and drops what an
+// upstream sends under them (hostile.go).
 package mcpgw
 
 import (
