@@ -18,9 +18,11 @@ import (
 
 // The go-sdk decodes what an upstream answers into Go types, and that loses things the
 // gateway must pass on exactly: structuredContent and _meta are decoded into float64
-// (an integer beyond 2^53 such as 9007199254740993 becomes ...992), and a tool's
-// annotations drop every hint that is false (readOnlyHint and idempotentHint are
-// plain bools with omitempty). The tap below keeps the upstream's own bytes of every
+// (an integer beyond 2^53 such as 9007199254740993 becomes ...992; still so in
+// v1.8.0), and a tool's annotations are re-encoded: before v1.7.0 every false hint was
+// dropped (readOnlyHint and idempotentHint were plain bools with omitempty); since,
+// a hint the upstream left out is written as false, and the tool's members come in
+// the go-sdk's order. The tap below keeps the upstream's own bytes of every
 // tools/call and tools/list answer, read off the transport before the go-sdk decodes
 // them, and the gateway answers its agents with those bytes.
 
