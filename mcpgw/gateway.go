@@ -21,6 +21,8 @@
 // upstream sends under them (hostile.go).
 package mcpgw
 
+//lint:file-ignore SA1019 MCP 2026-07-28 deprecates logging (SEP-2577) but keeps it working for at least a year; the gateway relays the upstream's log messages in both eras until it is gone.
+
 import (
 	"context"
 	"encoding/json"
