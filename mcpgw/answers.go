@@ -63,6 +63,9 @@ const (
 	// CodeInvalidArgument: the call cannot be recorded as it is (a key that is not
 	// printable, arguments that are not an object); nothing ran.
 	CodeInvalidArgument = "invalid_argument"
+	// CodeTenantNotAllowed: the call names a tenant the policy does not let calls
+	// pick (Policy.Tenants); nothing ran.
+	CodeTenantNotAllowed = "tenant_not_allowed"
 	// CodeInternal: anything else.
 	CodeInternal = "internal"
 )
@@ -399,6 +402,13 @@ func (g *Gateway) failure(ctx context.Context, r *rule, c *call, err error, upst
 				"idemkv: an earlier %s call with key %q died before it answered, and the probe %s could not tell whether it took effect (%v); "+
 					"nothing was called again. Retry the same call later.", r.tool.Name, c.key, r.policy.Probe.Tool, probe.err), nil),
 				decided(d)...), nil
+		case errors.As(err, &ce) && ce.timeout != 0:
+			g.log.LogAttrs(ctx, slog.LevelWarn, "the tool did not answer within its timeout; cancelled upstream, outcome unknown",
+				slog.String(logKeyTool, r.tool.Name), slog.String(logKeyKey, c.key), slog.Duration("timeout", ce.timeout))
+			return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
+				"idemkv gateway: %s did not answer within its timeout of %s; the call was cancelled upstream, and whether it took "+
+					"effect is unknown. Retry the same call with the same key: idemkv will recover it without running it twice.",
+				r.tool.Name, ce.timeout), timeoutDetails(r, ce.timeout)), decided(d)...), nil
 		case errors.As(err, &ce):
 			return annotate(errorResult(CodeOutcomeUnknown, fmt.Sprintf(
 				"idemkv gateway: the upstream failed while %s was running (%v); whether it took effect is unknown. "+

@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 MCP 2026-07-28 deprecates logging (SEP-2577) but keeps it working for at least a year; the gateway relays the upstream's log messages in both eras until it is gone.
+
 package mcpgw
 
 import (
@@ -44,8 +46,9 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 			}
 			span.End()
 		}()
+		defer g.inFlight(ctx, req)()
 		if r.class == client.ReadOnly {
-			res, err = g.passThrough(ctx, req)
+			res, err = g.passThrough(ctx, r, req)
 		} else {
 			res, err = g.mutate(ctx, r, req)
 		}
@@ -85,12 +88,23 @@ func (g *Gateway) extract(ctx context.Context, meta mcp.Meta) context.Context {
 	return g.prop.Extract(ctx, carrier)
 }
 
+// protocolMetaPrefix starts the _meta keys MCP itself defines per request (SEP-2575).
+const protocolMetaPrefix = "io.modelcontextprotocol/"
+
 // forward builds the upstream call: the same name and arguments, the agent's _meta
 // without the gateway's keys, and the trace context of ctx. The agent's progressToken
 // is replaced by one of the gateway's own (Upstream.call), which relay maps back.
 func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage, meta mcp.Meta) *mcp.CallToolParams {
 	out := withoutOwnMeta(meta)
 	delete(out, "progressToken")
+	for k := range out {
+		if strings.HasPrefix(k, protocolMetaPrefix) {
+			// The agent's protocol version, client info, capabilities and log
+			// level describe its hop, not the gateway's: the go-sdk fills in the
+			// gateway's own for an upstream of 2026-07-28.
+			delete(out, k)
+		}
+	}
 	carrier := propagation.MapCarrier{}
 	g.prop.Inject(ctx, carrier)
 	if len(carrier) > 0 && out == nil {
@@ -199,26 +213,90 @@ func (w *waiter) stop() {
 // relayLog sends an upstream log message to every agent session whose logging level
 // admits it. The upstream has one session for all agents, so a message cannot be
 // tied to one call.
+//
+// A 2026-07-28 agent has no session: it names a level in each request's _meta, and
+// gets log messages on that request's stream, so the upstream's go to the calls of
+// such agents in flight, each with its request's context, which carries its level.
 func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
+	clean := *p
+	clean.Meta = withoutOwnMeta(p.Meta) // hostile.go
+	p = &clean
+	g.mu.Lock()
+	calls := make(map[*mcp.ServerSession]context.Context, len(g.modernCalls))
+	for ss, c := range g.modernCalls {
+		calls[ss] = c
+	}
+	g.mu.Unlock()
 	for ss := range g.server.Sessions() {
-		if err := ss.Log(context.WithoutCancel(ctx), p); err != nil {
+		lctx, ok := calls[ss]
+		if !ok {
+			if ss.InitializeParams() == nil {
+				continue
+			}
+			lctx = context.WithoutCancel(ctx)
+		}
+		if err := ss.Log(lctx, p); err != nil {
 			g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
 		}
 	}
 }
 
-func (g *Gateway) passThrough(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.progressFor(ctx, req).relay())
+// inFlight notes a 2026-07-28 call's session and context for relayLog until done.
+func (g *Gateway) inFlight(ctx context.Context, req *mcp.CallToolRequest) (done func()) {
+	if req.Session == nil || !modernRequest(req) {
+		return func() {}
+	}
+	g.mu.Lock()
+	g.modernCalls[req.Session] = ctx
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		delete(g.modernCalls, req.Session)
+		g.mu.Unlock()
+	}
+}
+
+// errToolTimeout is the cause of a call's context cut at its tool's timeout.
+var errToolTimeout = errors.New("mcpgw: the tool's timeout passed")
+
+// upCall calls a tool upstream within r's timeout. When the timeout cuts a call that
+// was sent, the go-sdk cancels it upstream (notifications/cancelled) and the
+// callError says so: the upstream may still have done the effect.
+func (g *Gateway) upCall(ctx context.Context, r *rule, p *mcp.CallToolParams, progress func(*mcp.ProgressNotificationParams)) (*mcp.CallToolResult, json.RawMessage, error) {
+	tctx, cancel := context.WithTimeoutCause(ctx, r.timeout, errToolTimeout)
+	defer cancel()
+	res, raw, err := g.up.call(tctx, p, progress)
+	var ce *callError
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(tctx), errToolTimeout) && errors.As(err, &ce) {
+		ce.timeout = r.timeout
+	}
+	return res, raw, err
+}
+
+// timeoutDetails are the details of an answer to a call its timeout cut.
+func timeoutDetails(r *rule, d time.Duration) map[string]any {
+	return map[string]any{"reason": "upstream_timeout", "tool": r.tool.Name, "timeout": d.String()}
+}
+
+func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	res, raw, err := g.upCall(ctx, r, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.progressFor(ctx, req).relay())
 	if err == nil {
 		return withRaw(res, raw), nil
 	}
-	var we *jsonrpc.Error
-	if errors.As(err, &we) {
+	var (
+		we *jsonrpc.Error
+		ce *callError
+	)
+	switch {
+	case errors.As(err, &we):
 		// The upstream's own protocol error, passed on as it came.
 		return nil, we
-	}
-	if ctx.Err() != nil {
+	case ctx.Err() != nil:
 		return nil, context.Cause(ctx)
+	case errors.As(err, &ce) && ce.timeout != 0:
+		return errorResult(CodeUpstreamUnavailable, fmt.Sprintf(
+			"idemkv gateway: %s did not answer within its timeout of %s; the call was cancelled upstream.", r.tool.Name, ce.timeout),
+			timeoutDetails(r, ce.timeout)), nil
 	}
 	return errorResult(CodeUpstreamUnavailable, "idemkv gateway: the upstream MCP server failed: "+err.Error(), nil), nil
 }
@@ -238,7 +316,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return refusal, nil
 	}
 	if c.key == "" {
-		return g.passThrough(ctx, req)
+		return g.passThrough(ctx, r, req)
 	}
 	op := client.Op{
 		Tenant: c.tenant, Key: c.key, Tool: r.tool.Name, Actor: c.actor, Class: r.class,
@@ -264,7 +342,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	var upstream *mcp.CallToolResult
 	fn := func(ctx context.Context) (*client.Result, error) {
 		w.granted()
-		res, raw, err := g.up.call(ctx, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), progress.relay())
+		res, raw, err := g.upCall(ctx, r, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), progress.relay())
 		if err != nil {
 			var ce *callError
 			if errors.As(err, &ce) && !ce.sent {
@@ -328,6 +406,12 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 		if !isStr {
 			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaTenant+" must be a string", nil)
 		}
+		if !g.cfg.Policy.mayPick(s) {
+			return nil, errorResult(CodeTenantNotAllowed, fmt.Sprintf(
+				"idemkv gateway: this gateway records calls under tenant %q; the policy does not let a call pick tenant %q "+
+					"(its tenants list), so %s was not run.", g.cfg.Policy.tenant(), s, r.tool.Name),
+				map[string]any{"tenant": s, "tool": r.tool.Name})
+		}
 		c.tenant = s
 	}
 	if err := idemkv.ValidTenant(c.tenant); err != nil {
@@ -335,25 +419,42 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	}
 	c.actor = actorOf(req)
 
+	// Where the key comes from: keys.go.
 	var why string
-	if v, ok := meta[MetaIdempotencyKey]; ok {
+	for _, name := range []string{MetaIdempotencyKey, MetaSEP3182Key} {
+		v, ok := meta[name]
+		if !ok {
+			continue
+		}
 		s, isStr := v.(string)
 		if !isStr || s == "" {
-			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaIdempotencyKey+" must be a non-empty string", nil)
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: the idempotency key "+name+" must be a non-empty string", nil)
 		}
 		c.key = s
-	} else if r.policy.key != nil {
+		break
+	}
+	switch {
+	case c.key != "":
+	case r.policy.key != nil:
 		key, err := r.policy.key.expand(scope{tenant: c.tenant, tool: r.tool.Name, args: c.args})
 		if err == nil {
 			c.key = key
 		} else {
 			why = fmt.Sprintf(" The policy's key template %s cannot be filled: %v.", r.policy.key, err)
 		}
+	case r.policy.derive != 0:
+		effect, err := effectOf(r, c)
+		if err == nil {
+			c.key, err = deriveKey(c.tenant, c.actor, r.tool.Name, effect, r.policy.Volatile, r.policy.derive, g.cfg.Now())
+		}
+		if err != nil {
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: deriving the idempotency key: "+err.Error(), nil)
+		}
 	}
 	if c.key == "" && r.missingKey != PassThrough {
 		return nil, errorResult(CodeMissingKey, fmt.Sprintf(
 			"idemkv gateway: %s changes things (%s) and the call has no idempotency key, so it was not run.%s "+
-				"Send one in _meta[%q] naming the business operation, so that a retry of it cannot run twice.",
+				"Send one in _meta[%q] (or SEP-3182's idempotencyKey) naming the business operation, so that a retry of it cannot run twice.",
 			r.tool.Name, r.class, why, MetaIdempotencyKey), map[string]any{"tool": r.tool.Name, "class": r.class})
 	}
 	return c, nil

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -79,6 +78,7 @@ type env struct {
 	state  string // the ticketserver's state file
 	crash  string // create it to make the next create_ticket die before answering
 	tenant string
+	era    string
 	mu     sync.Mutex
 	procs  []*exec.Cmd // upstream processes, in start order
 }
@@ -90,13 +90,15 @@ type envOptions struct {
 	// brokenRestart: every upstream start after the first fails, as if the binary
 	// were gone.
 	brokenRestart bool
+	// era is the MCP revision connect's agents speak; default: the newest.
+	era string
 }
 
 func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 	t.Helper()
 	bin := ticketServer(t)
 	dir := t.TempDir()
-	e := &env{t: t, state: filepath.Join(dir, "tickets.json"), crash: filepath.Join(dir, "crash")}
+	e := &env{t: t, state: filepath.Join(dir, "tickets.json"), crash: filepath.Join(dir, "crash"), era: o.era}
 
 	policy, err := mcpgw.ParsePolicy([]byte(o.policy))
 	if err != nil {
@@ -152,7 +154,7 @@ func newEnv(t *testing.T, cluster *testcluster.Cluster, o envOptions) *env {
 	t.Cleanup(func() { _ = gw.Close() })
 	e.gw = gw
 
-	srv := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return gw.Server() }, nil))
+	srv := httptest.NewServer(gw.HTTPHandler(nil))
 	t.Cleanup(srv.Close)
 	e.url = srv.URL
 	return e
@@ -190,9 +192,13 @@ func (e *env) connect(name string) *mcp.ClientSession {
 	c := mcp.NewClient(&mcp.Implementation{Name: name, Version: "1"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	sess, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.url, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
+	sess, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: e.url, DisableStandaloneSSE: true, MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: e.era})
 	if err != nil {
 		e.t.Fatalf("connecting to the gateway: %v", err)
+	}
+	if e.era != "" && sess.InitializeResult().ProtocolVersion != e.era {
+		e.t.Fatalf("the agent speaks %s with the gateway, want %s", sess.InitializeResult().ProtocolVersion, e.era)
 	}
 	e.t.Cleanup(func() { _ = sess.Close() })
 	return sess

@@ -131,6 +131,7 @@ func TestWhatTheGatewayForwards(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	sess := inProcess(t, upstream, runner, `
 tenant: shop
+tenants: [shop-eu]
 tools:
   pay:
     key: "{tenant}:{order.id}:pay"

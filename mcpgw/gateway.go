@@ -9,10 +9,19 @@
 // define the effect, and which upstream tool can probe for an effect whose attempt
 // died.
 //
+// The gateway speaks both of MCP's eras, 2026-07-28 (stateless: no initialize, the
+// protocol version in each request's _meta) and 2025-11-25 and earlier, to agents on
+// one endpoint, decided per request (serve.go), and to each upstream in the newest
+// era both speak.
+//
 // The gateway never decides on its own whether a duplicate is safe: idemkv does. It
 // must never call an upstream mutating tool without a reservation, except when the
-// policy explicitly allows calls without a key through.
+// policy explicitly allows calls without a key through. The _meta keys under
+// io.idemkv/ are its alone: it never forwards them upstream, and drops what an
+// upstream sends under them (hostile.go).
 package mcpgw
+
+//lint:file-ignore SA1019 MCP 2026-07-28 deprecates logging (SEP-2577) but keeps it working for at least a year; the gateway relays the upstream's log messages in both eras until it is gone.
 
 import (
 	"context"
@@ -57,6 +66,8 @@ type Config struct {
 	// its key) tells an agent that asked for progress (a progressToken) that it is
 	// still waiting: clients that time calls out reset the clock on progress.
 	WaitProgress time.Duration
+	// Now is the clock of derived keys' windows (key: derive); default time.Now.
+	Now func() time.Time
 	// Name and Version are what the gateway tells its clients it is.
 	Name    string
 	Version string
@@ -87,6 +98,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.Policy == nil {
 		c.Policy = &Policy{}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -135,8 +149,11 @@ type Gateway struct {
 	prop         propagation.TextMapPropagator
 	log          *slog.Logger
 
-	mu      sync.Mutex        // guards rules and offered
+	mu      sync.Mutex        // guards rules, offered and modernCalls
 	offered map[string]string // tool name -> the tool as JSON, to notice changes
+	// modernCalls are the 2026-07-28 calls in flight, by their (one-request)
+	// session: where relayLog sends the upstream's log messages for them.
+	modernCalls map[*mcp.ServerSession]context.Context
 
 	storeDown atomic.Bool // an outage is logged; see noteStore
 
@@ -152,14 +169,15 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	}
 	cfg.withDefaults()
 	g := &Gateway{
-		cfg:     cfg,
-		up:      cfg.Upstream,
-		runner:  cfg.Runner,
-		rules:   map[string]*rule{},
-		offered: map[string]string{},
-		tracer:  cfg.TracerProvider.Tracer(ScopeName),
-		prop:    cfg.Propagator,
-		log:     cfg.Logger,
+		cfg:         cfg,
+		up:          cfg.Upstream,
+		runner:      cfg.Runner,
+		rules:       map[string]*rule{},
+		offered:     map[string]string{},
+		modernCalls: map[*mcp.ServerSession]context.Context{},
+		tracer:      cfg.TracerProvider.Tracer(ScopeName),
+		prop:        cfg.Propagator,
+		log:         cfg.Logger,
 	}
 	tools, err := g.up.Tools(ctx)
 	if err != nil {
@@ -277,6 +295,9 @@ func (g *Gateway) Close() error {
 // answer requests that come before initialize properly; serving it directly over
 // another transport works, with the go-sdk's answers to those.
 func (g *Gateway) Server() *mcp.Server { return g.server }
+
+// Upstream is the MCP server behind the gateway.
+func (g *Gateway) Upstream() *Upstream { return g.up }
 
 // Class returns the class the gateway gave a tool, and whether it offers the tool.
 func (g *Gateway) Class(tool string) (client.Class, bool) {

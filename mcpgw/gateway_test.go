@@ -48,11 +48,20 @@ func ticketArgs(incident, title string) map[string]any {
 	return map[string]any{"incident_id": incident, "title": title, "severity": "high", "trace_id": "trace-" + title}
 }
 
+// TestGateway runs in both eras: a go-sdk agent of 2026-07-28 (stateless requests)
+// and one of 2025-11-25 (initialize and a session), through the gateway's own HTTP
+// handler, each against its own idemkv.
 func TestGateway(t *testing.T) {
+	for _, era := range eras {
+		t.Run(era, func(t *testing.T) { testGateway(t, era) })
+	}
+}
+
+func testGateway(t *testing.T, era string) {
 	cluster := testcluster.Start(t, 1)
 
 	t.Run("ToolsListedUnchanged", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("tools")})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("tools")})
 		viaGateway := e.connect("agent")
 		direct := mcp.NewClient(&mcp.Implementation{Name: "direct"}, nil)
 		cmd := exec.Command(ticketServer(t), "--state", e.state)
@@ -93,13 +102,15 @@ func TestGateway(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := newEnv(t, cluster, envOptions{policy: string(data)})
+		e := newEnv(t, cluster, envOptions{era: era, policy: string(data)})
 		s := e.connect("agent")
 		first := e.call(s, "create_ticket", ticketArgs("INC-1", "db down"), nil)
 		second := e.call(s, "create_ticket", ticketArgs("INC-1", "db down again"), nil)
 		ticket := sc(t, first)["ticket_id"]
 		closed := e.call(s, "close_ticket", map[string]any{"ticket_id": ticket}, nil)
-		refused := e.call(s, "add_comment", map[string]any{"ticket_id": ticket, "text": "hi"}, nil)
+		comment := e.call(s, "add_comment", map[string]any{"ticket_id": ticket, "text": "hi"}, nil)
+		reissued := e.call(s, "add_comment", map[string]any{"ticket_id": ticket, "text": "hi"}, nil)
+		other := e.call(s, "add_comment", map[string]any{"ticket_id": ticket, "text": "bye"}, nil)
 		switch {
 		case meta(first, mcpgw.MetaDecision) != "execute":
 			t.Fatalf("create_ticket: %s", show(first))
@@ -107,8 +118,13 @@ func TestGateway(t *testing.T) {
 			t.Fatalf("another title for the same incident: want a conflict, got %s", show(second))
 		case closed.IsError || meta(closed, mcpgw.MetaIdempotencyKey) != fmt.Sprintf("demo:%v:close_ticket", ticket):
 			t.Fatalf("close_ticket: %s", show(closed))
-		case meta(refused, mcpgw.MetaError) != mcpgw.CodeMissingKey:
-			t.Fatalf("add_comment without a key: %s", show(refused))
+		case meta(comment, mcpgw.MetaDecision) != "execute" || meta(reissued, mcpgw.MetaDecision) != "replay" ||
+			meta(other, mcpgw.MetaDecision) != "execute":
+			t.Fatalf("add_comment without a key (key: derive): %s, its re-issue %s, another comment %s, want execute, replay, execute",
+				show(comment), show(reissued), show(other))
+		}
+		if n := len(e.upstream().Comments); n != 2 {
+			t.Fatalf("the ticketserver holds %d comments, want 2 (hi once, bye)", n)
 		}
 		if rec := e.record("demo:INC-1:create_ticket"); rec.Receipt.RemoteURL != "https://tickets.example/"+ticket.(string) {
 			t.Fatalf("receipt %+v, want the ticket's URL", rec.Receipt)
@@ -116,7 +132,7 @@ func TestGateway(t *testing.T) {
 	})
 
 	t.Run("DuplicateCallCreatesOneTicket", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("dup")})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("dup")})
 		s := e.connect("agent")
 		first := e.call(s, "create_ticket", ticketArgs("INC-1", "db down"), nil)
 		if first.IsError {
@@ -149,7 +165,7 @@ func TestGateway(t *testing.T) {
 
 	t.Run("ConcurrentSessionsCreateOneTicket", func(t *testing.T) {
 		// create_ticket takes 300 ms, so the second call arrives while the first runs.
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("conc"), delay: 300 * time.Millisecond})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("conc"), delay: 300 * time.Millisecond})
 		sessions := []*mcp.ClientSession{e.connect("agent-a"), e.connect("agent-b")}
 		results := make([]*mcp.CallToolResult, 2)
 		var wg sync.WaitGroup
@@ -187,7 +203,7 @@ func TestGateway(t *testing.T) {
 	})
 
 	t.Run("SameKeyDifferentArgumentsConflict", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("conflict")})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("conflict")})
 		s := e.connect("agent")
 		first := e.call(s, "create_ticket", ticketArgs("INC-2", "api slow"), nil)
 		// Same incident, so the same key from the template, but another title.
@@ -216,7 +232,7 @@ func TestGateway(t *testing.T) {
 	})
 
 	t.Run("ReadOnlyToolsAreNotRecorded", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("ro")})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("ro")})
 		s := e.connect("agent")
 		before := e.call(s, "list_tickets", nil, mcp.Meta{mcpgw.MetaIdempotencyKey: "list-1"})
 		e.call(s, "create_ticket", ticketArgs("INC-3", "cpu hot"), nil)
@@ -243,7 +259,7 @@ func TestGateway(t *testing.T) {
 	})
 
 	t.Run("UpstreamKilledAfterCreateRecoversThroughProbe", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("crash")})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("crash")})
 		s := e.connect("agent")
 		if err := os.WriteFile(e.crash, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -293,7 +309,7 @@ tools:
   create_ticket:
     key: "{tenant}:{incident_id}:create_ticket"
 `
-		e := newEnv(t, cluster, envOptions{policy: policy})
+		e := newEnv(t, cluster, envOptions{era: era, policy: policy})
 		s := e.connect("agent")
 		if err := os.WriteFile(e.crash, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -312,7 +328,7 @@ tools:
 	})
 
 	t.Run("UnreachableUpstreamReleasesTheKey", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("unreachable"), brokenRestart: true})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("unreachable"), brokenRestart: true})
 		s := e.connect("agent")
 		e.killUpstream()
 		res := e.call(s, "create_ticket", ticketArgs("INC-11", "x"), nil)
@@ -329,7 +345,7 @@ tools:
 	})
 
 	t.Run("ToolErrorsAreStoredAndReplayed", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("toolerr")})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("toolerr")})
 		s := e.connect("agent")
 		args := ticketArgs("INC-6", "bad")
 		args["severity"] = "urgent"
@@ -359,7 +375,7 @@ tools:
     key: "{tenant}:{incident_id}:create_ticket"
     retryable_errors: true
 `
-		e := newEnv(t, cluster, envOptions{policy: policy})
+		e := newEnv(t, cluster, envOptions{era: era, policy: policy})
 		s := e.connect("agent")
 		args := ticketArgs("INC-8", "bad")
 		args["severity"] = "urgent"
@@ -381,7 +397,7 @@ tools:
 	})
 
 	t.Run("MissingKeyIsRefused", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("nokey")})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("nokey")})
 		s := e.connect("agent")
 		ticket := sc(t, e.call(s, "create_ticket", ticketArgs("INC-9", "x"), nil))["ticket_id"]
 		refused := e.call(s, "add_comment", map[string]any{"ticket_id": ticket, "text": "hello"}, nil)
@@ -403,7 +419,7 @@ tools:
 	})
 
 	t.Run("MissingKeyPassThroughWhenAllowed", func(t *testing.T) {
-		e := newEnv(t, cluster, envOptions{policy: "tenant: passthrough\nmissing_key: pass_through\n"})
+		e := newEnv(t, cluster, envOptions{era: era, policy: "tenant: passthrough\nmissing_key: pass_through\n"})
 		s := e.connect("agent")
 		for range 2 {
 			res := e.call(s, "add_comment", map[string]any{"ticket_id": "T-1", "text": "hi"}, nil)
@@ -423,7 +439,7 @@ tools:
 		rec := tracetest.NewSpanRecorder()
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-		e := newEnv(t, cluster, envOptions{policy: ticketPolicy("trace"), tp: tp})
+		e := newEnv(t, cluster, envOptions{era: era, policy: ticketPolicy("trace"), tp: tp})
 		s := e.connect("agent")
 		const (
 			traceID = "4bf92f3577b34da6a3ce929d0e0e4736"

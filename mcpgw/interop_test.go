@@ -461,3 +461,31 @@ func TestOperatorSettledReceiptKeepsTheSchema(t *testing.T) {
 		t.Fatalf("place_order ran %d times", n)
 	}
 }
+
+// The eras of MCP an agent or upstream speaks in the tests: 2026-07-28 (stateless,
+// server/discover) and 2025-11-25 (initialize and a session).
+const (
+	modernEra = "2026-07-28"
+	legacyEra = "2025-11-25"
+)
+
+var eras = []string{modernEra, legacyEra}
+
+// connectGoEra opens a go-sdk agent session to the gateway in era: the go-sdk
+// discovers first by default, and pinned to 2025-11-25 it initializes.
+func (g *gw) connectGoEra(name string, opts *mcp.ClientOptions, era string) *mcp.ClientSession {
+	g.t.Helper()
+	c := mcp.NewClient(&mcp.Implementation{Name: name, Version: "1"}, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sess, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: g.url, MaxRetries: -1},
+		&mcp.ClientSessionOptions{ProtocolVersion: era})
+	if err != nil {
+		g.t.Fatalf("connecting to the gateway in %s: %v", era, err)
+	}
+	g.t.Cleanup(func() { _ = sess.Close() })
+	if got := sess.InitializeResult().ProtocolVersion; got != era {
+		g.t.Fatalf("the agent speaks %s with the gateway, want %s", got, era)
+	}
+	return sess
+}

@@ -49,6 +49,30 @@ const (
 // DefaultTenant is the tenant of calls when neither the policy nor the call names one.
 const DefaultTenant = "default"
 
+// DefaultToolTimeout bounds an upstream tool call when the policy does not: a hung
+// upstream would otherwise hold its key for ever (the gateway heartbeats the lease
+// while the call runs). Agents' own SDKs commonly give up after 60 s (the
+// TypeScript SDK's default request timeout), so a call past it has no one waiting.
+const DefaultToolTimeout = 60 * time.Second
+
+// KeyDerive as a tool's key derives keys for calls that carry none (see deriveKey).
+const KeyDerive = "derive"
+
+// DefaultDeriveWindow is derive_window when the policy names none: longer than an
+// agent's retries of one call usually take (its SDK's timeout and a few retries),
+// short enough that a person asking for the same thing again an hour later gets it.
+const DefaultDeriveWindow = 10 * time.Minute
+
+// MaxDeriveWindow bounds derive_window: a derived key is only as good as the
+// record behind it, which idemkv keeps for its TTL (default 24 h).
+const MaxDeriveWindow = 24 * time.Hour
+
+// The bounds of a policy's timeout.
+const (
+	MinToolTimeout = 100 * time.Millisecond
+	MaxToolTimeout = 24 * time.Hour
+)
+
 // Policy is the gateway's policy file. Every field is optional: without a policy the
 // gateway classifies tools by their annotations, takes keys only from _meta, refuses
 // mutating calls without one, and records everything under DefaultTenant.
@@ -67,6 +91,11 @@ const DefaultTenant = "default"
 type Policy struct {
 	// Tenant records calls whose _meta names no tenant.
 	Tenant string `yaml:"tenant"`
+	// Tenants are the tenants a call may pick with _meta["io.idemkv/tenant"]
+	// besides Tenant; "*" lets it pick any. None by default: the gateway's idemkv
+	// token may act for many tenants, and any agent that reaches the gateway
+	// could otherwise replay or probe another tenant's receipts.
+	Tenants []string `yaml:"tenants"`
 	// MissingKey is the default for tools that do not set their own.
 	MissingKey MissingKey `yaml:"missing_key"`
 	// LeaseTTL and TTL are the defaults for tools that do not set their own; zero:
@@ -76,6 +105,9 @@ type Policy struct {
 	// ValidationErrors is the default for tools that do not set their own: release
 	// (the default) or store.
 	ValidationErrors NotExecuted `yaml:"validation_errors"`
+	// Timeout bounds every upstream call of tools that do not set their own;
+	// zero: DefaultToolTimeout.
+	Timeout time.Duration `yaml:"timeout"`
 	// RemoteSystem names the upstream in receipts; default: the upstream server's
 	// name from its initialize answer.
 	RemoteSystem string `yaml:"remote_system"`
@@ -88,8 +120,13 @@ type ToolPolicy struct {
 	// Class overrides what the tool's annotations say (read_only,
 	// idempotent_mutation, non_idempotent_mutation).
 	Class client.Class `yaml:"class"`
-	// Key is the key template used when the call's _meta carries no key.
+	// Key is the key template used when the call carries no key, or KeyDerive:
+	// the key is derived from the tenant, the caller, the tool, the canonical
+	// effect and the DeriveWindow the call falls in.
 	Key string `yaml:"key"`
+	// DeriveWindow is how long calls with Key: derive that are the same effect by
+	// the same caller are one operation (default DefaultDeriveWindow).
+	DeriveWindow time.Duration `yaml:"derive_window"`
 	// Effect lists the argument paths that define the side effect; empty: every
 	// argument except Volatile.
 	Effect []string `yaml:"effect"`
@@ -108,6 +145,10 @@ type ToolPolicy struct {
 	// RetryableErrors: an isError answer means the effect did not happen and a retry
 	// may succeed, so the key is released instead of the failure being stored.
 	RetryableErrors bool `yaml:"retryable_errors"`
+	// Timeout bounds the tool's upstream call (and its probe's): past it the call
+	// is cancelled upstream and, for a mutating tool, its outcome is unknown (the
+	// record stays pending; a retry recovers it). Zero: the policy's Timeout.
+	Timeout time.Duration `yaml:"timeout"`
 	// ValidationErrors, MissingKey, LeaseTTL and TTL override the policy-wide
 	// defaults.
 	ValidationErrors NotExecuted   `yaml:"validation_errors"`
@@ -168,6 +209,14 @@ func (p *Policy) Validate() error {
 			return fmt.Errorf("%w: tenant: %w", ErrPolicy, err)
 		}
 	}
+	for _, t := range p.Tenants {
+		if t == AnyTenant {
+			continue
+		}
+		if err := idemkv.ValidTenant(t); err != nil {
+			return fmt.Errorf("%w: tenants: %w", ErrPolicy, err)
+		}
+	}
 	if err := validMissingKey(p.MissingKey); err != nil {
 		return fmt.Errorf("%w: missing_key: %w", ErrPolicy, err)
 	}
@@ -175,6 +224,9 @@ func (p *Policy) Validate() error {
 		return fmt.Errorf("%w: validation_errors: %w", ErrPolicy, err)
 	}
 	if err := validDurations(p.LeaseTTL, p.TTL); err != nil {
+		return fmt.Errorf("%w: %w", ErrPolicy, err)
+	}
+	if err := validTimeout(p.Timeout); err != nil {
 		return fmt.Errorf("%w: %w", ErrPolicy, err)
 	}
 	names := make([]string, 0, len(p.Tools))
@@ -210,6 +262,13 @@ func validNotExecuted(n NotExecuted) error {
 	return fmt.Errorf("%q is neither %s nor %s", n, Release, Store)
 }
 
+func validTimeout(d time.Duration) error {
+	if d != 0 && (d < MinToolTimeout || d > MaxToolTimeout) {
+		return fmt.Errorf("timeout %s outside [%s, %s]", d, MinToolTimeout, MaxToolTimeout)
+	}
+	return nil
+}
+
 func validDurations(lease, ttl time.Duration) error {
 	l := idemkv.DefaultLimits()
 	if lease != 0 && (lease < l.MinLeaseTTL || lease > l.MaxLeaseTTL) {
@@ -225,6 +284,7 @@ func validDurations(lease, ttl time.Duration) error {
 type compiled struct {
 	*ToolPolicy
 	key       *Template
+	derive    time.Duration // the window of key: derive; zero: no derived keys
 	probeArgs map[string]*Template
 }
 
@@ -245,7 +305,21 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 	if err := validDurations(tp.LeaseTTL, tp.TTL); err != nil {
 		return nil, err
 	}
-	if tp.Key != "" {
+	if err := validTimeout(tp.Timeout); err != nil {
+		return nil, err
+	}
+	if tp.DeriveWindow != 0 && tp.Key != KeyDerive {
+		return nil, fmt.Errorf("derive_window is only for key: %s", KeyDerive)
+	}
+	if tp.DeriveWindow < 0 || tp.DeriveWindow > MaxDeriveWindow || (tp.DeriveWindow != 0 && tp.DeriveWindow < time.Second) {
+		return nil, fmt.Errorf("derive_window %s outside [1s, %s]", tp.DeriveWindow, MaxDeriveWindow)
+	}
+	if tp.Key == KeyDerive {
+		c.derive = tp.DeriveWindow
+		if c.derive == 0 {
+			c.derive = DefaultDeriveWindow
+		}
+	} else if tp.Key != "" {
 		t, err := ParseTemplate(tp.Key)
 		if err != nil {
 			return nil, fmt.Errorf("key: %w", err)
@@ -318,6 +392,7 @@ type rule struct {
 	notExec    NotExecuted
 	leaseTTL   time.Duration
 	ttl        time.Duration
+	timeout    time.Duration // of each upstream call
 }
 
 func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
@@ -330,7 +405,13 @@ func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
 		return nil, err
 	}
 	r := &rule{tool: tool, class: Classify(tool, tp), policy: c,
-		missingKey: tp.MissingKey, notExec: tp.ValidationErrors, leaseTTL: tp.LeaseTTL, ttl: tp.TTL}
+		missingKey: tp.MissingKey, notExec: tp.ValidationErrors, leaseTTL: tp.LeaseTTL, ttl: tp.TTL, timeout: tp.Timeout}
+	if r.timeout == 0 {
+		r.timeout = p.Timeout
+	}
+	if r.timeout == 0 {
+		r.timeout = DefaultToolTimeout
+	}
 	if r.notExec == "" {
 		r.notExec = p.ValidationErrors
 	}
@@ -352,6 +433,22 @@ func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
 	return r, nil
 }
 
+// AnyTenant in Policy.Tenants lets a call pick any tenant.
+const AnyTenant = "*"
+
+// mayPick reports whether a call may name tenant in its _meta.
+func (p *Policy) mayPick(tenant string) bool {
+	if tenant == p.tenant() {
+		return true
+	}
+	for _, t := range p.Tenants {
+		if t == AnyTenant || t == tenant {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Policy) tenant() string {
 	if p.Tenant != "" {
 		return p.Tenant
@@ -368,6 +465,9 @@ func (r *rule) String() string {
 	}
 	if r.policy.key != nil {
 		fmt.Fprintf(&b, ", key %s", r.policy.key)
+	}
+	if r.policy.derive != 0 {
+		fmt.Fprintf(&b, ", key derived within %s", r.policy.derive)
 	}
 	if r.policy.Probe != nil {
 		fmt.Fprintf(&b, ", probe %s", r.policy.Probe.Tool)

@@ -40,7 +40,7 @@ func (g *Gateway) probe(r *rule, c *call, meta mcp.Meta) client.ProbeFunc {
 			}
 			args = b
 		}
-		res, raw, err := g.up.call(ctx, g.forward(ctx, pp.Tool, args, meta), nil)
+		res, raw, err := g.upCall(ctx, r, g.forward(ctx, pp.Tool, args, meta), nil)
 		if err != nil {
 			return nil, &probeError{err}
 		}

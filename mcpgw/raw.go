@@ -18,9 +18,11 @@ import (
 
 // The go-sdk decodes what an upstream answers into Go types, and that loses things the
 // gateway must pass on exactly: structuredContent and _meta are decoded into float64
-// (an integer beyond 2^53 such as 9007199254740993 becomes ...992), and a tool's
-// annotations drop every hint that is false (readOnlyHint and idempotentHint are
-// plain bools with omitempty). The tap below keeps the upstream's own bytes of every
+// (an integer beyond 2^53 such as 9007199254740993 becomes ...992; still so in
+// v1.8.0), and a tool's annotations are re-encoded: before v1.7.0 every false hint was
+// dropped (readOnlyHint and idempotentHint were plain bools with omitempty); since,
+// a hint the upstream left out is written as false, and the tool's members come in
+// the go-sdk's order. The tap below keeps the upstream's own bytes of every
 // tools/call and tools/list answer, read off the transport before the go-sdk decodes
 // them, and the gateway answers its agents with those bytes.
 
@@ -75,6 +77,7 @@ func (t *tap) progress(params json.RawMessage) {
 		return
 	}
 	token, _ := p.ProgressToken.(string)
+	p.Meta = withoutOwnMeta(p.Meta)
 	t.mu.Lock()
 	f := t.relay[token]
 	t.mu.Unlock()
@@ -159,8 +162,13 @@ func (t *tap) received(msg jsonrpc.Message) {
 			var named struct {
 				Name string `json:"name"`
 			}
-			if json.Unmarshal(raw, &named) == nil && named.Name != "" {
-				t.tools[named.Name] = bytes.Clone(raw)
+			if json.Unmarshal(raw, &named) != nil || named.Name == "" {
+				continue
+			}
+			if clean := scrubTool(raw); clean != nil {
+				t.tools[named.Name] = bytes.Clone(clean)
+			} else {
+				delete(t.tools, named.Name)
 			}
 		}
 	}
@@ -371,6 +379,9 @@ func withMeta(raw json.RawMessage, own mcp.Meta) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A stored receipt may predate the gateway's normalising of duplicate members
+	// (hostile.go): the last of each is the one that was decided on.
+	ms, deduped := lastOfEach(ms)
 	var meta []member
 	at := -1
 	for i, m := range ms {
@@ -381,6 +392,9 @@ func withMeta(raw json.RawMessage, own mcp.Meta) (json.RawMessage, error) {
 		if meta, err = members(m.value); err != nil {
 			return nil, fmt.Errorf("_meta: %w", err)
 		}
+		var d bool
+		meta, d = lastOfEach(meta)
+		deduped = deduped || d
 	}
 	kept := meta[:0]
 	for _, m := range meta {
@@ -388,7 +402,7 @@ func withMeta(raw json.RawMessage, own mcp.Meta) (json.RawMessage, error) {
 			kept = append(kept, m)
 		}
 	}
-	changed := len(kept) != len(meta) || len(own) > 0
+	changed := deduped || len(kept) != len(meta) || len(own) > 0
 	if !changed {
 		return raw, nil
 	}
@@ -430,17 +444,111 @@ func ownMeta(m mcp.Meta) mcp.Meta {
 // the go-sdk would encode them; embedding the go-sdk's result makes them mcp.Results.
 type rawCallResult struct {
 	*mcp.CallToolResult
-	raw json.RawMessage
+	raw    json.RawMessage
+	modern bool
 }
 
-func (r *rawCallResult) MarshalJSON() ([]byte, error) { return r.raw, nil }
+func (r *rawCallResult) MarshalJSON() ([]byte, error) {
+	return withProtocol(r.raw, r.CallToolResult.Meta, r.modern)
+}
 
 type rawListResult struct {
 	*mcp.ListToolsResult
-	raw json.RawMessage
+	raw    json.RawMessage
+	modern bool
 }
 
-func (r *rawListResult) MarshalJSON() ([]byte, error) { return r.raw, nil }
+func (r *rawListResult) MarshalJSON() ([]byte, error) {
+	return withProtocol(r.raw, r.ListToolsResult.Meta, r.modern)
+}
+
+// withProtocol adds to the bytes of an answer to a 2026-07-28 request what that era
+// puts on every result and the go-sdk set after the gateway built it: resultType
+// "complete" (the gateway never relays input_required) and the _meta keys under
+// io.modelcontextprotocol/ (the gateway's serverInfo). An answer in the earlier era
+// goes as it is.
+func withProtocol(raw json.RawMessage, meta mcp.Meta, modern bool) ([]byte, error) {
+	if !modern {
+		return raw, nil
+	}
+	ms, err := members(raw)
+	if err != nil {
+		return nil, err
+	}
+	ms, _ = lastOfEach(ms)
+	own := mcp.Meta{}
+	for k, v := range meta {
+		if strings.HasPrefix(k, protocolMetaPrefix) {
+			own[k] = v
+		}
+	}
+	hasType := false
+	for i, m := range ms {
+		switch m.name {
+		case "resultType":
+			hasType = true
+			ms[i].value = json.RawMessage(`"complete"`)
+		case "_meta":
+			inner, err := members(m.value)
+			if err != nil {
+				return nil, err
+			}
+			for _, im := range inner {
+				delete(own, im.name) // the upstream's own bytes win, as they do everywhere
+			}
+			for _, k := range sortedKeys(own) {
+				v, err := json.Marshal(own[k])
+				if err != nil {
+					return nil, err
+				}
+				inner = append(inner, member{k, v})
+			}
+			ms[i].value = writeObject(inner)
+			own = nil
+		}
+	}
+	if len(own) > 0 {
+		var inner []member
+		for _, k := range sortedKeys(own) {
+			v, err := json.Marshal(own[k])
+			if err != nil {
+				return nil, err
+			}
+			inner = append(inner, member{k, v})
+		}
+		ms = append(ms, member{"_meta", writeObject(inner)})
+	}
+	if !hasType {
+		ms = append(ms, member{"resultType", json.RawMessage(`"complete"`)})
+	}
+	return writeObject(ms), nil
+}
+
+func sortedKeys(m mcp.Meta) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// modernRequest reports whether req is of the 2026-07-28 era.
+func modernRequest(req mcp.Request) bool {
+	var meta mcp.Meta
+	switch r := req.(type) {
+	case *mcp.CallToolRequest:
+		if r.Params != nil {
+			meta = r.Params.Meta
+		}
+	case *mcp.ListToolsRequest:
+		if r.Params != nil {
+			meta = r.Params.Meta
+		}
+	}
+	v, _ := meta[mcp.MetaKeyProtocolVersion].(string)
+	return modernVersion(v)
+}
 
 // rawSlot carries the bytes of a tools/call answer from the tool handler to the
 // middleware that hands them to the go-sdk.
@@ -457,7 +565,7 @@ func (g *Gateway) passRaw(next mcp.MethodHandler) mcp.MethodHandler {
 			slot := &rawSlot{}
 			res, err := next(context.WithValue(ctx, rawSlotKey{}, slot), method, req)
 			if cr, ok := res.(*mcp.CallToolResult); ok && err == nil && slot.raw != nil {
-				return &rawCallResult{CallToolResult: cr, raw: slot.raw}, nil
+				return &rawCallResult{CallToolResult: cr, raw: slot.raw, modern: modernRequest(req)}, nil
 			}
 			return res, err
 		case "tools/list":
@@ -467,7 +575,7 @@ func (g *Gateway) passRaw(next mcp.MethodHandler) mcp.MethodHandler {
 				return res, err
 			}
 			if raw, ok := g.rawTools(lr); ok {
-				return &rawListResult{ListToolsResult: lr, raw: raw}, nil
+				return &rawListResult{ListToolsResult: lr, raw: raw, modern: modernRequest(req)}, nil
 			}
 			return res, err
 		}

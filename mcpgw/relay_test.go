@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 MCP 2026-07-28 deprecates logging (SEP-2577) but keeps it working for at least a year; the gateway relays the upstream's log messages in both eras until it is gone.
+
 package mcpgw_test
 
 import (
@@ -51,52 +53,60 @@ func (n *notes) snapshot() ([]*mcp.ProgressNotificationParams, []*mcp.LoggingMes
 func TestUpstreamProgressAndLogsAreRelayed(t *testing.T) {
 	cluster := testcluster.Start(t, 1)
 	for name, transport := range transports(t) {
-		t.Run(name, func(t *testing.T) {
-			g := newGW(t, cluster, transport, gwOptions{policy: "tenant: relay-" + name + "\n"})
-			var n notes
-			agent := g.connectGo("relay-agent", n.options())
-			if agent.InitializeResult().Capabilities.Logging == nil {
-				t.Fatalf("the gateway does not advertise logging: %+v", agent.InitializeResult().Capabilities)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := agent.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
-				t.Fatal(err)
-			}
-			res, err := agent.CallTool(ctx, &mcp.CallToolParams{Name: "export_report", Arguments: map[string]any{"report": "q3"},
-				Meta: mcp.Meta{"progressToken": "agent-token-7", mcpgw.MetaIdempotencyKey: "export-q3"}})
-			if err != nil || res.IsError {
-				t.Fatalf("export_report: %v %s", err, show(res))
-			}
-			// mcp-go writes notifications from goroutines, so the upstream's two may
-			// reach the gateway swapped; the gateway then drops the older one, since MCP
-			// wants progress to increase. What the agent sees is distinct parts under its
-			// own token, part 2 of 2 among them.
-			if err := testcluster.Eventually(10*time.Second, func() error {
+		for _, era := range eras {
+			t.Run(name+"/"+era, func(t *testing.T) {
+				g := newGW(t, cluster, transport, gwOptions{policy: "tenant: relay-" + name + "-" + era + "\n"})
+				var n notes
+				agent := g.connectGoEra("relay-agent", n.options(), era)
+				if agent.InitializeResult().Capabilities.Logging == nil {
+					t.Fatalf("the gateway does not advertise logging: %+v", agent.InitializeResult().Capabilities)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				m := mcp.Meta{"progressToken": "agent-token-7", mcpgw.MetaIdempotencyKey: "export-q3"}
+				if era == legacyEra {
+					if err := agent.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					// 2026-07-28 has no logging/setLevel: the request names its level.
+					m[mcp.MetaKeyLogLevel] = "info"
+				}
+				res, err := agent.CallTool(ctx, &mcp.CallToolParams{Name: "export_report", Arguments: map[string]any{"report": "q3"},
+					Meta: m})
+				if err != nil || res.IsError {
+					t.Fatalf("export_report: %v %s", err, show(res))
+				}
+				// mcp-go writes notifications from goroutines, so the upstream's two may
+				// reach the gateway swapped; the gateway then drops the older one, since MCP
+				// wants progress to increase. What the agent sees is distinct parts under its
+				// own token, part 2 of 2 among them.
+				if err := testcluster.Eventually(10*time.Second, func() error {
+					progress, logs := n.snapshot()
+					if !slices.ContainsFunc(progress, func(p *mcp.ProgressNotificationParams) bool { return p.Progress == 2 }) || len(logs) < 1 {
+						return fmt.Errorf("%d progress notifications and %d log messages so far", len(progress), len(logs))
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
 				progress, logs := n.snapshot()
-				if !slices.ContainsFunc(progress, func(p *mcp.ProgressNotificationParams) bool { return p.Progress == 2 }) || len(logs) < 1 {
-					return fmt.Errorf("%d progress notifications and %d log messages so far", len(progress), len(logs))
+				// The agent's client may hand notifications over in another order again.
+				slices.SortFunc(progress, func(a, b *mcp.ProgressNotificationParams) int { return cmp.Compare(a.Progress, b.Progress) })
+				if len(progress) > 2 {
+					t.Errorf("%d progress notifications relayed for 2 sent", len(progress))
 				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-			progress, logs := n.snapshot()
-			// The agent's client may hand notifications over in another order again.
-			slices.SortFunc(progress, func(a, b *mcp.ProgressNotificationParams) int { return cmp.Compare(a.Progress, b.Progress) })
-			if len(progress) > 2 {
-				t.Errorf("%d progress notifications relayed for 2 sent", len(progress))
-			}
-			for i, p := range progress {
-				if p.ProgressToken != "agent-token-7" || p.Total != 2 || !strings.HasPrefix(p.Message, "part") ||
-					(i > 0 && p.Progress <= progress[i-1].Progress) {
-					t.Errorf("progress %d: %+v, want distinct parts of 2 under the agent's token", i, p)
+				for i, p := range progress {
+					if p.ProgressToken != "agent-token-7" || p.Total != 2 || !strings.HasPrefix(p.Message, "part") ||
+						(i > 0 && p.Progress <= progress[i-1].Progress) {
+						t.Errorf("progress %d: %+v, want distinct parts of 2 under the agent's token", i, p)
+					}
 				}
-			}
-			if logs[0].Data != "exporting" || logs[0].Level != "info" {
-				t.Errorf("log message %+v", logs[0])
-			}
-		})
+				if logs[0].Data != "exporting" || logs[0].Level != "info" {
+					t.Errorf("log message %+v", logs[0])
+				}
+			})
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,19 +15,46 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// The go-sdk answers any request that comes before initialize with an error that has
-// no JSON-RPC code, and logs it at ERROR ("method invalid during initialization"). A
-// client of a newer protocol revision starts with such a request on purpose: mcp-go
-// v1.2 probes with server/discover (SEP-2575) and falls back to initialize when the
-// server does not know the method. So the gateway answers those requests itself,
-// before the go-sdk sees them: -32601 (method not found) for a method MCP 2025-11-25
-// does not have, -32600 (invalid request) for one it has but not before initialize.
-// ServeIO and HTTPHandler do that; serving Server() directly does not.
+// MCP has two eras, and the gateway serves both on one endpoint, deciding per request
+// as the spec allows. A request of 2026-07-28 (ModernProtocol) carries its protocol
+// version in _meta["io.modelcontextprotocol/protocolVersion"] (and, over HTTP, the
+// MCP-Protocol-Version header): there is no initialize and no session, so over HTTP
+// it goes to the go-sdk's stateless handler, where any gateway instance can answer
+// it. Any other request is of 2025-11-25 or earlier and goes to the sessions of the
+// stateful handler (stdio: the one session), which starts with initialize.
 //
-// Nor does the gateway send a session anything but answers before its client sent
-// initialize, on any transport (quietBeforeInitialize): such a client has not learned
-// what the server offers, and one that reads an answer per request, as a
+// The go-sdk answers a legacy request that comes before initialize with an error
+// that has no JSON-RPC code, and logs it at ERROR ("method invalid during
+// initialization"). So the gateway answers those requests itself, before the go-sdk
+// sees them: -32601 (method not found) for a method MCP 2025-11-25 does not have
+// (server/discover without a 2026-07-28 version among them: a probe of a client that
+// falls back to initialize), -32600 (invalid request) for one it has but not before
+// initialize. ServeIO and HTTPHandler do that; serving Server() directly does not.
+//
+// Nor does the gateway send a legacy session anything but answers before its client
+// sent initialize, on any transport (quietBeforeInitialize): such a client has not
+// learned what the server offers, and one that reads an answer per request, as a
 // server/discover probe over stdio does, takes whatever comes first for its answer.
+
+// modernVersion reports whether a protocol version is of the 2026-07-28 era.
+func modernVersion(v string) bool { return v >= ModernProtocol }
+
+// modernMessage reports whether a JSON-RPC message is a request of the 2026-07-28
+// era: its _meta names such a protocol version.
+func modernMessage(msg jsonrpc.Message) bool {
+	req, ok := msg.(*jsonrpc.Request)
+	if !ok {
+		return false
+	}
+	var p struct {
+		Meta map[string]any `json:"_meta"`
+	}
+	if len(req.Params) == 0 || json.Unmarshal(req.Params, &p) != nil {
+		return false
+	}
+	v, _ := p.Meta[mcp.MetaKeyProtocolVersion].(string)
+	return modernVersion(v)
+}
 
 // clientMethods are the requests a client may send under MCP 2025-11-25.
 var clientMethods = map[string]bool{
@@ -47,7 +75,8 @@ func preInitAnswer(msg []byte) (answer []byte, initialize bool) {
 		return nil, false // a batch, or not JSON-RPC: the go-sdk answers it
 	}
 	req, ok := m.(*jsonrpc.Request)
-	if !ok || !req.IsCall() {
+	if !ok || !req.IsCall() || modernMessage(m) {
+		// A 2026-07-28 request needs no initialize: the go-sdk serves it.
 		return nil, false
 	}
 	switch req.Method {
@@ -57,7 +86,8 @@ func preInitAnswer(msg []byte) (answer []byte, initialize bool) {
 		return nil, false
 	}
 	e := &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound,
-		Message: fmt.Sprintf("method %q not found: this server speaks MCP 2025-11-25 and earlier; start with initialize", req.Method)}
+		Message: fmt.Sprintf("method %q not found before initialize: send initialize (MCP 2025-11-25 and earlier), or name protocol version %s or later in _meta[%q]",
+			req.Method, ModernProtocol, mcp.MetaKeyProtocolVersion)}
 	if clientMethods[req.Method] {
 		e = &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: fmt.Sprintf("%q before initialize: send initialize first", req.Method)}
 	}
@@ -110,7 +140,8 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 func (l *lockedWriter) Close() error { return nil }
 
 // preInitReader passes lines through to the go-sdk, except requests before
-// initialize, which it answers on out itself; from initialize on it only passes bytes.
+// initialize, which it answers on out itself, and with a SEP-3182 key lifted into
+// _meta (liftSEP3182Key).
 type preInitReader struct {
 	src     *bufio.Reader
 	out     io.Writer
@@ -121,11 +152,10 @@ type preInitReader struct {
 
 func (p *preInitReader) Read(b []byte) (int, error) {
 	for len(p.pending) == 0 {
-		if p.through {
-			return p.src.Read(b)
-		}
 		line, err := p.src.ReadBytes('\n')
-		if len(line) > 0 {
+		if len(line) > 0 && p.through {
+			p.pending = liftSEP3182Key(line)
+		} else if len(line) > 0 {
 			answer, initialize := preInitAnswer(line)
 			switch {
 			case answer != nil:
@@ -134,7 +164,7 @@ func (p *preInitReader) Read(b []byte) (int, error) {
 				}
 			default:
 				p.through = initialize
-				p.pending = line
+				p.pending = liftSEP3182Key(line)
 			}
 		}
 		if err != nil && len(p.pending) == 0 {
@@ -153,39 +183,57 @@ func (p *preInitReader) Close() error {
 	return nil
 }
 
-// maxPeek bounds the body HTTPHandler reads to look for a request before initialize;
-// such requests are small, and a larger body goes to the go-sdk untouched.
-const maxPeek = 64 << 10
-
-// HTTPHandler serves the gateway over streamable HTTP (mount it at /mcp). In
-// stateless mode (opts.Stateless) every request comes without a session and the
-// go-sdk treats sessions as initialized, so nothing is answered before it.
+// HTTPHandler serves the gateway over streamable HTTP (mount it at /mcp), both eras
+// on one endpoint: a request of 2026-07-28 goes to the go-sdk's stateless handler, any
+// other to its sessions (opts.Stateless: everything to the stateless handler). It
+// reads each body whole, within DefaultMaxBodyBytes; Handler takes the bounds, the
+// timeouts and the token of an HTTPConfig.
 func (g *Gateway) HTTPHandler(opts *mcp.StreamableHTTPOptions) http.Handler {
-	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, opts)
+	return g.httpHandler(DefaultHTTPConfig(), opts)
+}
+
+func (g *Gateway) eras(opts *mcp.StreamableHTTPOptions) http.Handler {
+	var o mcp.StreamableHTTPOptions
+	if opts != nil {
+		o = *opts
+	}
+	serve := func(*http.Request) *mcp.Server { return g.server }
+	sessions := mcp.NewStreamableHTTPHandler(serve, &o)
+	o.Stateless = true
+	stateless := mcp.NewStreamableHTTPHandler(serve, &o)
 	if opts != nil && opts.Stateless {
-		return h
+		return stateless
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.Header.Get("Mcp-Session-Id") != "" || r.Body == nil {
-			h.ServeHTTP(w, r)
+		if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
+			if modernVersion(r.Header.Get("Mcp-Protocol-Version")) {
+				stateless.ServeHTTP(w, r)
+				return
+			}
+			sessions.ServeHTTP(w, r)
 			return
 		}
-		peek, err := io.ReadAll(io.LimitReader(r.Body, maxPeek+1))
+		// The body was read whole by handler, within its bound.
+		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		if len(peek) <= maxPeek {
-			if answer, _ := preInitAnswer(peek); answer != nil {
+		body = liftSEP3182Key(body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		msg, derr := jsonrpc.DecodeMessage(bytes.TrimSpace(body))
+		switch {
+		case modernVersion(r.Header.Get("Mcp-Protocol-Version")) || (derr == nil && modernMessage(msg)):
+			stateless.ServeHTTP(w, r)
+			return
+		case r.Header.Get("Mcp-Session-Id") == "":
+			if answer, _ := preInitAnswer(body); answer != nil {
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = w.Write(answer)
 				return
 			}
 		}
-		r.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.MultiReader(bytes.NewReader(peek), r.Body), r.Body}
-		h.ServeHTTP(w, r)
+		sessions.ServeHTTP(w, r)
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
@@ -123,4 +124,55 @@ func connectWatching(ctx context.Context, t *testing.T, gw *mcpgw.Gateway, name 
 	}
 	t.Cleanup(func() { _ = sess.Close() })
 	return sess, notified
+}
+
+// Issue 23 point 1: list-changed reaches agents of both eras over streamable HTTP: a
+// 2025-11-25 agent on its session's stream, a 2026-07-28 one on the
+// subscriptions/listen request it keeps open (there is no session).
+func TestToolListChangedReachesBothEras(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	upstream := mcp.NewServer(&mcp.Implementation{Name: "inproc"}, nil)
+	mcp.AddTool(upstream, &mcp.Tool{Name: "a", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, noop)
+	cfg := mcpgw.DefaultConfig()
+	cfg.Upstream, cfg.Runner, cfg.Logger = inMemoryUpstream(ctx, t, upstream), failRunner{t}, testlog.NewLevel(t, "gateway: ", slog.LevelDebug)
+	gw, err := mcpgw.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
+	srv := httptest.NewServer(gw.HTTPHandler(nil))
+	t.Cleanup(srv.Close)
+
+	notified := map[string]chan struct{}{}
+	for _, era := range []string{"2026-07-28", "2025-11-25"} {
+		ch := make(chan struct{}, 8)
+		notified[era] = ch
+		c := mcp.NewClient(&mcp.Implementation{Name: "watcher-" + era}, &mcp.ClientOptions{
+			ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { ch <- struct{}{} },
+		})
+		sess, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: srv.URL, MaxRetries: -1},
+			&mcp.ClientSessionOptions{ProtocolVersion: era})
+		if err != nil {
+			t.Fatalf("%s: %v", era, err)
+		}
+		t.Cleanup(func() { _ = sess.Close() })
+		if v := sess.InitializeResult().ProtocolVersion; v != era {
+			t.Fatalf("the watcher speaks %s, want %s", v, era)
+		}
+	}
+	// Whatever the agents were told while connecting is not what is tested.
+	for _, ch := range notified {
+		for len(ch) > 0 {
+			<-ch
+		}
+	}
+	mcp.AddTool(upstream, &mcp.Tool{Name: "b", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, noop)
+	for era, ch := range notified {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Errorf("%s: no tools/list_changed after the upstream added a tool", era)
+		}
+	}
 }

@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 MCP 2026-07-28 deprecates logging (SEP-2577) but keeps it working for at least a year; the gateway relays the upstream's log messages in both eras until it is gone.
+
 package mcpgw
 
 import (
@@ -9,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -114,6 +117,9 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 			u.log.LogAttrs(ctx, slog.LevelDebug, "the upstream refused logging/setLevel", slog.Any("err", err))
 		}
 	}
+	if r := sess.InitializeResult(); r != nil {
+		u.log.LogAttrs(ctx, slog.LevelInfo, "connected to the upstream", slog.String("protocol", r.ProtocolVersion))
+	}
 	ended := make(chan struct{})
 	reconnect := u.connected
 	u.sess, u.ended, u.connected = sess, ended, true
@@ -146,6 +152,9 @@ func (u *Upstream) Close() error {
 	return err
 }
 
+// errInputRequired: the upstream answered resultType "input_required".
+var errInputRequired = errors.New("the upstream asks for input (resultType input_required: elicitation or sampling), which the gateway does not relay")
+
 // callError says what a failed tools/call means for the effect.
 type callError struct {
 	err error
@@ -153,6 +162,8 @@ type callError struct {
 	// happened. Unsent requests and requests the upstream refused as malformed
 	// certainly did not take effect.
 	sent bool
+	// timeout, when not zero, is the tool's timeout that cut the call.
+	timeout time.Duration
 }
 
 func (e *callError) Error() string { return e.err.Error() }
@@ -195,6 +206,11 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 		p.Meta[k] = v
 	}
 	p.Meta["progressToken"] = token
+	if modern(sess.InitializeResult()) {
+		// 2026-07-28 has no logging/setLevel: a request asks for the log messages
+		// sent while it runs. The gateway's own sessions filter by each agent's level.
+		p.Meta[mcp.MetaKeyLogLevel] = "debug"
+	}
 	u.tap.expect(token, progress)
 	res, err = sess.CallTool(ctx, &p)
 	raw = u.tap.take(token)
@@ -207,7 +223,34 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 		}
 		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused}
 	}
+	if res, raw, err = scrubResult(res, raw); err != nil {
+		// The tool ran and answered something the gateway cannot use.
+		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: true}
+	}
+	if res.NeedsInput() {
+		// A 2026-07-28 upstream asks for input before it completes the call
+		// (elicitation, sampling): the request did not complete, and the gateway
+		// relays no such requests.
+		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, errInputRequired)}
+	}
 	return res, raw, nil
+}
+
+// ModernProtocol is the first MCP revision without initialize (SEP-2575): a request
+// carries its protocol version, client info and capabilities in _meta.
+const ModernProtocol = "2026-07-28"
+
+// modern reports whether a session negotiated ModernProtocol or later.
+func modern(r *mcp.InitializeResult) bool {
+	return r != nil && r.ProtocolVersion >= ModernProtocol
+}
+
+// Protocol is the MCP revision the upstream session speaks, "" before it connected.
+func (u *Upstream) Protocol() string {
+	if r := u.Info(); r != nil {
+		return r.ProtocolVersion
+	}
+	return ""
 }
 
 // drop forgets sess, if it is still the current session, and closes it in the
@@ -237,6 +280,7 @@ func (u *Upstream) Tools(ctx context.Context) ([]*mcp.Tool, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: listing tools: %w", ErrUpstream, err)
 		}
+		t.Meta = withoutOwnMeta(t.Meta) // hostile.go
 		tools = append(tools, t)
 	}
 	return tools, nil

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -29,13 +28,14 @@ type mcpGatewayOptions struct {
 	maxReceiptBytes int
 	logLevel        string
 	logFormat       string
-	shutdownGrace   time.Duration
 	storeWait       time.Duration
+	listenTokenFile string
+	http            mcpgw.HTTPConfig
 	conn            clientFlags
 }
 
 func newMCPGatewayCommand() *cobra.Command {
-	o := mcpGatewayOptions{maxReceiptBytes: mcpgw.DefaultMaxReceiptBytes, shutdownGrace: 5 * time.Second, storeWait: client.DefaultStoreWait}
+	o := mcpGatewayOptions{maxReceiptBytes: mcpgw.DefaultMaxReceiptBytes, storeWait: client.DefaultStoreWait, http: mcpgw.DefaultHTTPConfig()}
 	cmd := &cobra.Command{
 		Use:   "mcp-gateway",
 		Short: "Serve an MCP server's tools with idempotent tool calls",
@@ -66,7 +66,13 @@ template from the --policy file. See docs/mcp-gateway.md.
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	f.StringVar(&o.logFormat, "log-format", "text", "log format: text or json (logs go to stderr)")
 	f.DurationVar(&o.storeWait, "store-wait", o.storeWait, "how long a mutating call waits for an unreachable idemkv before it fails with store_unavailable (the tool is not called)")
-	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for calls in flight (--listen)")
+	f.DurationVar(&o.http.ShutdownGrace, "shutdown-grace", o.http.ShutdownGrace, "how long shutdown waits for calls in flight (--listen)")
+	f.StringVar(&o.listenTokenFile, "listen-token-file", "", "file holding the bearer token every request to --listen must carry (Authorization: Bearer TOKEN)")
+	f.Int64Var(&o.http.MaxBodyBytes, "max-body-bytes", o.http.MaxBodyBytes, "largest request body --listen reads (larger: 413)")
+	f.DurationVar(&o.http.ReadHeaderTimeout, "read-header-timeout", o.http.ReadHeaderTimeout, "how long --listen waits for a request's headers")
+	f.DurationVar(&o.http.ReadBodyTimeout, "read-body-timeout", o.http.ReadBodyTimeout, "how long --listen waits for a request's body (larger: 408)")
+	f.DurationVar(&o.http.IdleTimeout, "idle-timeout", o.http.IdleTimeout, "how long --listen keeps an idle connection open")
+	f.IntVar(&o.http.MaxConns, "max-conns", o.http.MaxConns, "most connections --listen serves at once (more wait to be accepted)")
 	o.conn.register(cmd)
 	return cmd
 }
@@ -164,30 +170,26 @@ func upstreamTransport(o mcpGatewayOptions, stderr io.Writer) (func() mcp.Transp
 }
 
 func serveMCPHTTP(ctx context.Context, gw *mcpgw.Gateway, o mcpGatewayOptions, logger *slog.Logger) error {
+	cfg := o.http
+	cfg.Logger = logger
+	if o.listenTokenFile != "" {
+		b, err := os.ReadFile(o.listenTokenFile)
+		if err != nil {
+			return fmt.Errorf("--listen-token-file: %w", err)
+		}
+		if cfg.Token = strings.TrimSpace(string(b)); cfg.Token == "" {
+			return fmt.Errorf("--listen-token-file %s is empty", o.listenTokenFile)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", gw.HTTPHandler(&mcp.StreamableHTTPOptions{Logger: logger}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: httpErrorLog(logger)}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	logger.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp")
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.shutdownGrace)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		// Sessions hold SSE streams open; past the grace they are cut.
-		_ = srv.Close()
-	}
-	<-served
-	return nil
+	logger.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "token", cfg.Token != "")
+	return gw.Serve(ctx, ln, cfg)
 }
 
 // splitCommand splits a command line into words the way a POSIX shell would, without

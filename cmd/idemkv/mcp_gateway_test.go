@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -174,8 +175,13 @@ func TestMCPGatewayStreamableHTTP(t *testing.T) {
 		}
 		return err
 	})
-	start("gateway", exec.Command(bin, "mcp-gateway", "--upstream-url", "http://"+upAddr+"/mcp",
-		"--listen", gwAddr, "--policy", writePolicy(t), "--endpoint", cluster.Endpoint(0)))
+	tokenFile := filepath.Join(t.TempDir(), "listen-token")
+	if err := os.WriteFile(tokenFile, []byte("gw-s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gateway := exec.Command(bin, "mcp-gateway", "--upstream-url", "http://"+upAddr+"/mcp",
+		"--listen", gwAddr, "--listen-token-file", tokenFile, "--policy", writePolicy(t), "--endpoint", cluster.Endpoint(0))
+	start("gateway", gateway)
 	waitFor(t, 20*time.Second, "gateway listening", func() error {
 		resp, err := http.Get("http://" + gwAddr + "/healthz")
 		if err != nil {
@@ -187,15 +193,71 @@ func TestMCPGatewayStreamableHTTP(t *testing.T) {
 		}
 		return nil
 	})
+	url := "http://" + gwAddr + "/mcp"
+	if resp, err := http.Post(url, "application/json", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a request without the --listen-token-file token got %d, want 401", resp.StatusCode)
+	}
+
+	// Issue 23 point 6 as it was found: one 400 MB POST raised the gateway from 33 MB
+	// to 911 MB before its 400. Now it reads at most --max-body-bytes (4 MiB).
+	hwm := func() int64 {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", gateway.Process.Pid))
+		if err != nil {
+			t.Skipf("no /proc: %v", err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				var kb int64
+				fmt.Sscan(strings.TrimSuffix(strings.TrimSpace(v), " kB"), &kb)
+				return kb << 10
+			}
+		}
+		t.Fatal("no VmHWM")
+		return 0
+	}
+	before := hwm()
+	req, _ := http.NewRequest(http.MethodPost, url, io.LimitReader(zeros{}, 400<<20))
+	req.Header.Set("Authorization", "Bearer gw-s3cret")
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("a 400 MB body got %d, want 413", resp.StatusCode)
+		}
+	}
+	after := hwm()
+	t.Logf("gateway peak RSS %d MiB before a 400 MB POST, %d MiB after", before>>20, after>>20)
+	if after-before > 64<<20 {
+		t.Errorf("a 400 MB POST raised the gateway's peak RSS from %d to %d MiB", before>>20, after>>20)
+	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	sess, err := mcp.NewClient(&mcp.Implementation{Name: "agent"}, nil).Connect(ctx,
-		&mcp.StreamableClientTransport{Endpoint: "http://" + gwAddr + "/mcp", DisableStandaloneSSE: true, MaxRetries: -1}, nil)
+		&mcp.StreamableClientTransport{Endpoint: url, DisableStandaloneSSE: true, MaxRetries: -1,
+			HTTPClient: &http.Client{Transport: withBearer{"gw-s3cret"}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sess.Close()
 	createTwice(t, sess, state)
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+type withBearer struct{ token string }
+
+func (b withBearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // countingLog is a lineLog that also counts the lines holding a phrase.

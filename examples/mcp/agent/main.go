@@ -53,12 +53,37 @@ func main() {
 		show(res.StructuredContent)
 	}
 
+	// add_comment has no key of any kind: the policy derives one (key: derive), so
+	// re-issuing the same comment, as a client whose stream broke must, is a replay.
+	if ticket, ok := ticketID(ctx, sess, *incident); ok {
+		for attempt := range 2 {
+			res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "add_comment",
+				Arguments: map[string]any{"ticket_id": ticket, "text": "paging the on-call DBA"}})
+			if err != nil {
+				log.Fatalf("add_comment: %v", err)
+			}
+			fmt.Printf("add_comment attempt %d: decision=%v key=%v\n", attempt+1, res.Meta["io.idemkv/decision"], res.Meta["io.idemkv/idempotency_key"])
+		}
+	}
+
 	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "list_tickets"})
 	if err != nil {
 		log.Fatalf("list_tickets: %v", err)
 	}
 	fmt.Println("list_tickets (read-only, passed straight through):")
 	show(res.StructuredContent)
+}
+
+// ticketID finds the incident's ticket with the read-only find_ticket.
+func ticketID(ctx context.Context, sess *mcp.ClientSession, incident string) (string, bool) {
+	res, err := sess.CallTool(ctx, &mcp.CallToolParams{Name: "find_ticket", Arguments: map[string]any{"incident_id": incident}})
+	if err != nil || res.IsError {
+		return "", false
+	}
+	m, _ := res.StructuredContent.(map[string]any)
+	t, _ := m["ticket"].(map[string]any)
+	id, ok := t["ticket_id"].(string)
+	return id, ok
 }
 
 func show(v any) {
