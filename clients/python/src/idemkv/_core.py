@@ -26,6 +26,9 @@ MAX_WAIT = 300.0
 
 DEFAULT_ENDPOINT = "127.0.0.1:7420"
 
+# The server's bound on a request body (idemkv.MaxRequestBytes): 1 MiB.
+MAX_BODY_BYTES = 1 << 20
+
 
 @dataclass
 class Config:

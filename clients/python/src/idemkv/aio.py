@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Optional, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from . import _core, _otel
+from ._context import operation as _operation
 from ._core import Call, Config
 from .client import RETRY_CODES
 from .errors import APIError, StoreUnavailableError
@@ -21,6 +22,8 @@ from .errors import APIError, StoreUnavailableError
 __all__ = ["AsyncClient"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Bounds on what a node may send back: idemkv answers are small (a record with a
 # 64 KiB result, a page of 1000 records); this only stops a confused peer.
@@ -294,8 +297,13 @@ class AsyncClient:
 
         return await run_async(self, make_op(self.config, **op), fn)
 
-    def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def idempotent(self, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``;
+        the options are idemkv.idempotent's and are checked here, when it is applied."""
         from .decorator import idempotent
 
-        wrap: Callable[[Callable[..., T]], Callable[..., T]] = idempotent(client=self, **options)
+        wrap: Callable[[Callable[P, R]], Callable[P, R]] = idempotent(client=self, **options)
         return wrap
+
+    # with client.operation("run_9:approval_17"): the key of the block's tool calls.
+    operation = staticmethod(_operation)

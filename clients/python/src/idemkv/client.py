@@ -6,10 +6,11 @@ import http.client
 import ssl
 import threading
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from . import _core
+from ._context import operation as _operation
 from ._core import Call, Config
 from .errors import APIError, StoreUnavailableError
 from . import _otel
@@ -17,6 +18,8 @@ from . import _otel
 __all__ = ["Client"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Errors of one attempt after which the request is safe to send again: nothing came
 # back, so it may or may not have been applied, and every idemkv request is safe to
@@ -263,9 +266,13 @@ class Client:
 
         return run_sync(self, make_op(self.config, **op), fn)
 
-    def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
-        """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``."""
+    def idempotent(self, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``;
+        the options are idemkv.idempotent's and are checked here, when it is applied."""
         from .decorator import idempotent
 
-        wrap: Callable[[Callable[..., T]], Callable[..., T]] = idempotent(client=self, **options)
+        wrap: Callable[[Callable[P, R]], Callable[P, R]] = idempotent(client=self, **options)
         return wrap
+
+    # with client.operation("run_9:approval_17"): the key of the block's tool calls.
+    operation = staticmethod(_operation)
