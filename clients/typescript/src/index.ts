@@ -8,10 +8,12 @@
 
 export { Client, MAX_WAIT_MS } from "./client.js";
 export type { ClientOptions, CallOptions, Settings, StoreBudget } from "./client.js";
-export { idempotent } from "./idempotent.js";
-export type { IdempotentOptions, ReceiptFields } from "./idempotent.js";
-export { run, toolContext } from "./run.js";
-export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, ToolContext, ToolFn, ToolResult } from "./run.js";
+export { defaultEffect, idempotent } from "./idempotent.js";
+export type { ErrorMatch, IdempotentOptions, ReceiptFields } from "./idempotent.js";
+export { currentOperation, operation, passthrough, setPassthrough } from "./context.js";
+export type { Operation } from "./context.js";
+export { OMITTED_RESULT_KEY, resultOmitted, run, toolContext } from "./run.js";
+export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, Store, ToolContext, ToolFn, ToolResult } from "./run.js";
 export {
   ApiError, ConflictError, DEFAULT_FAILURE_CODE, IdemkvError, InDoubtError, isRetryable, notExecuted, NotExecutedError,
   NotExecutedMark, OutcomeUnknownError, permanent, PermanentError, StoredFailureError, StoreUnavailableError, WIRE_CODES,
