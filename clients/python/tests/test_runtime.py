@@ -383,3 +383,140 @@ class Decoration(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class _Electing(http.server.BaseHTTPRequestHandler):
+    """A node in an election: it answers, with 503 unavailable."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        data = b'{"error":{"code":"unavailable","message":"no leader"}}'
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+class FailFast(unittest.TestCase):
+    """Point 10: nobody listening fails within connect_wait; an election gets store_wait."""
+
+    def tool(self, client: Any) -> Any:
+        runs: list[int] = []
+        self.runs = runs
+
+        def create(title: str) -> dict[str, str]:
+            runs.append(1)
+            return {"id": "x"}
+
+        async def acreate(title: str) -> dict[str, str]:
+            return create(title)
+
+        f = acreate if isinstance(client, idemkv.AsyncClient) else create
+        return client.idempotent(key="title", tool="create_ticket")(f)
+
+    def test_nobody_listens(self) -> None:
+        dead = [harness.free_addr(), harness.free_addr()]
+        for c in (idemkv.Client(dead, tenant=TENANT), idemkv.AsyncClient(dead, tenant=TENANT)):
+            create = self.tool(c)
+            start = time.monotonic()
+            with self.assertRaises(idemkv.StoreUnavailableError) as cm:
+                r = create("Outage X")
+                if asyncio.iscoroutine(r):
+                    asyncio.run(r)
+            took = time.monotonic() - start
+            self.assertIn("nobody listens", str(cm.exception))
+            self.assertLess(took, 8, f"{type(c).__name__} took {took:.1f}s; the default connect_wait is 3 s")
+            self.assertGreaterEqual(took, 2.5)
+            self.assertEqual(self.runs, [])
+            print(f"\nnobody listens ({type(c).__name__}): StoreUnavailableError after {took:.1f}s")
+
+    def test_an_election_gets_store_wait(self) -> None:
+        srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Electing)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        c = idemkv.Client(f"127.0.0.1:{srv.server_address[1]}", tenant=TENANT, store_wait=4, connect_wait=1,
+                          backoff_max=0.2)
+        self.addCleanup(c.close)
+        create = self.tool(c)
+        start = time.monotonic()
+        with self.assertRaises(idemkv.StoreUnavailableError) as cm:
+            create("Outage X")
+        took = time.monotonic() - start
+        self.assertNotIn("nobody listens", str(cm.exception))
+        self.assertGreaterEqual(took, 3.5, "an answering node was given up on as if nobody listened")
+
+
+class _Capture(http.server.BaseHTTPRequestHandler):
+    """Forwards to the node and keeps each request's traceparent."""
+
+    target = ""
+    seen: list[tuple[str, str]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).seen.append((self.path, self.headers.get("traceparent") or ""))
+        req = urllib.request.Request(f"http://{self.target}{self.path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            data, status = r.read(), r.status
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+class TraceParent(Base):
+    """Point 12: a tool call's span goes with its requests as W3C traceparent, also with a
+    provider given without the opentelemetry package (as the TypeScript client does)."""
+
+    def test_requests_carry_the_tool_call_span(self) -> None:
+        @dataclasses.dataclass
+        class Ctx:
+            trace_id: int
+            span_id: int
+            trace_flags: int = 1
+
+        class Span:
+            def __init__(self, n: int) -> None:
+                self.ctx = Ctx(0x4BF92F3577B34DA6A3CE929D0E0E4736, n)
+
+            def get_span_context(self) -> Ctx:
+                return self.ctx
+
+            def set_attributes(self, a: Any) -> None: ...
+            def add_event(self, *a: Any) -> None: ...
+            def record_exception(self, e: Any) -> None: ...
+            def set_status(self, s: Any) -> None: ...
+            def end(self) -> None: ...
+
+        class Provider:
+            n = 0
+
+            def get_tracer(self, *a: Any, **kw: Any) -> "Provider":
+                return self
+
+            def start_span(self, name: str, **kw: Any) -> Span:
+                Provider.n += 1
+                return Span(0x00F067AA0BA902B7 + Provider.n)
+
+        handler = type("C", (_Capture,), {"target": self.node.http, "seen": []})
+        srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        c = idemkv.Client(f"127.0.0.1:{srv.server_address[1]}", tenant=TENANT, tracer_provider=Provider())
+        self.addCleanup(c.close)
+        c.idempotent(key=self.key, tool="create_ticket")(lambda title: {"id": "LIN-1"})(title="x")
+        want = f"00-4bf92f3577b34da6a3ce929d0e0e4736-{0x00F067AA0BA902B7 + Provider.n:016x}-01"
+        self.assertEqual([p for p, _ in handler.seen], ["/v1/reserve", "/v1/commit"])
+        self.assertEqual({tp for _, tp in handler.seen}, {want})

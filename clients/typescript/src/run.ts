@@ -289,7 +289,8 @@ class Attempt {
     this.leaseTtl = op.leaseTtl ?? client.settings.leaseTtl;
     this.q = JSON.stringify(op.key);
     this.attemptId = op.attemptId ?? newAttemptId();
-    this.beforeBudget = { limitMs: client.settings.storeWait, spentMs: 0 };
+    // Before the tool runs, a cluster nobody listens at is reported within connectWait.
+    this.beforeBudget = { limitMs: client.settings.storeWait, spentMs: 0, connectWaitMs: client.settings.connectWait };
     this.afterBudget = { limitMs: client.settings.storeWait, spentMs: 0 };
   }
 

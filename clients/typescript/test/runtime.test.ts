@@ -11,7 +11,7 @@ import {
   ApiError, Client, defaultEffect, fingerprint, idempotent, NotExecutedError, operation, OutcomeUnknownError, passthrough,
   resultOmitted, StoredFailureError, StoreUnavailableError, type Outcome, type Receipt, type Store,
 } from "../src/index.js";
-import { killAll, repoRoot, startNode, type IdemkvNode } from "./harness.js";
+import { freePort, killAll, repoRoot, startNode, type IdemkvNode } from "./harness.js";
 
 const TENANT = "tenant_rt";
 let node: IdemkvNode;
@@ -242,5 +242,30 @@ describe("pass-through (point 9)", () => {
     const create = idempotent(async (a: { title: string }) => `made ${a.title}`, { client: unreachable, tenant: TENANT, tool: "create_ticket" });
     assert.equal(await passthrough(() => create({ title: "x" })), "made x");
     await assert.rejects(create({ title: "x" }), NotExecutedError);
+  });
+});
+
+describe("fail fast when nobody listens (point 10)", () => {
+  it("every endpoint refusing connections is StoreUnavailableError within connectWait; an election gets storeWait", async (t) => {
+    const dead = new Client({ endpoints: [`127.0.0.1:${await freePort()}`, `127.0.0.1:${await freePort()}`] });
+    let runs = 0;
+    const tool = (c: Client) => idempotent(async (_a: { title: string }) => {
+      runs++;
+      return { id: "x" };
+    }, { client: c, tenant: TENANT, tool: "create_ticket", key: "title" });
+    let start = Date.now();
+    await assert.rejects(tool(dead)({ title: "Outage X" }), (e: unknown) => e instanceof StoreUnavailableError && /nobody listens/.test(e.message));
+    const took = Date.now() - start;
+    assert.ok(took >= 2500 && took < 8000, `took ${took} ms; the default connectWait is 3000`);
+    t.diagnostic(`nobody listens: StoreUnavailableError after ${took} ms`);
+
+    const electing = new Client({
+      endpoints: ["127.0.0.1:7420"], storeWait: 4000, connectWait: 1000, backoffMaxMs: 200,
+      fetch: async () => new Response('{"error":{"code":"unavailable","message":"no leader"}}', { status: 503, headers: { "content-type": "application/json" } }),
+    });
+    start = Date.now();
+    await assert.rejects(tool(electing)({ title: "Outage X" }), (e: unknown) => e instanceof StoreUnavailableError && !/nobody listens/.test(e.message));
+    assert.ok(Date.now() - start >= 3500, "an answering node was given up on as if nobody listened");
+    assert.equal(runs, 0);
   });
 });

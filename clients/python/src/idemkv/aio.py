@@ -204,7 +204,8 @@ class AsyncClient:
             conn.close()
         return _core.read_answer(ans.status, ans.body)
 
-    async def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+    async def _send(self, call: Call, bound: Optional[float] = None,
+              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
         cfg = self.config
         body = call.encoded_body()
         wait_for = bound or cfg.store_wait
@@ -212,6 +213,9 @@ class AsyncClient:
         # between them, not a long-poll's own wait (the Go client counts alike).
         used = 0.0
         retried = False
+        # connect_wait, when given, bounds the time while no endpoint even accepts a
+        # connection: nobody listens, and waiting out store_wait would not help.
+        only_refused = True
         n = 0
         while True:
             n += 1
@@ -225,13 +229,19 @@ class AsyncClient:
                     e.retried = retried  # type: ignore[attr-defined]
                     raise
                 last: Exception = e
+                only_refused = False
             except _TRANSPORT_ERRORS as e:
                 last = APIError("unavailable", f"{call.method} {base}: {e!r}")
                 last.__cause__ = e
+                only_refused = only_refused and _core.refused(e)
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
             left = wait_for - used
+            if connect_wait is not None and only_refused:
+                if used >= connect_wait:
+                    raise _core.nobody_listens(call, n, used, last)
+                left = min(left, connect_wait - used)
             if left <= 0:
                 raise StoreUnavailableError(
                     f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "

@@ -150,7 +150,8 @@ class Client:
             self._pool.put(base, conn)
         return _core.read_answer(resp.status, data)
 
-    def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+    def _send(self, call: Call, bound: Optional[float] = None,
+              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
         """Sends call, retrying on another node after answers that leave it safe to
         repeat, until it succeeds or store_wait (plus a long-poll's wait) runs out.
         Returns the answer and whether an earlier attempt may have reached a node."""
@@ -161,6 +162,9 @@ class Client:
         # between them, not a long-poll's own wait (the Go client counts alike).
         used = 0.0
         retried = False
+        # connect_wait, when given, bounds the time while no endpoint even accepts a
+        # connection: nobody listens, and waiting out store_wait would not help.
+        only_refused = True
         n = 0
         while True:
             n += 1
@@ -174,13 +178,19 @@ class Client:
                     e.retried = retried  # type: ignore[attr-defined]
                     raise
                 last: Exception = e
+                only_refused = False
             except _TRANSPORT_ERRORS as e:
                 last = APIError("unavailable", f"{call.method} {base}: {e!r}")
                 last.__cause__ = e
+                only_refused = only_refused and _core.refused(e)
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
             left = wait_for - used
+            if connect_wait is not None and only_refused:
+                if used >= connect_wait:
+                    raise _core.nobody_listens(call, n, used, last)
+                left = min(left, connect_wait - used)
             if left <= 0:
                 raise StoreUnavailableError(
                     f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "

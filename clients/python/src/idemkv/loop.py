@@ -138,6 +138,10 @@ class Op:
     # The budget for waiting on an unresponsive store before the tool runs, across
     # every reserve and long-poll of this call (the Go RunConfig.StoreWait).
     store_wait: float = 30.0
+    # Before the tool runs: the bound while every endpoint refuses connections (the Go
+    # and TypeScript ConnectWait); an answer of any node, such as an election's 503,
+    # lifts it to store_wait.
+    connect_wait: float = 3.0
     # Names this attempt to the server (the Go Op.AttemptID); default: a fresh one.
     # Pass StoreUnavailableError.attempt_id to retry a call whose reserve may have
     # landed unanswered: the server recognises the same attempt instead of a stranger
@@ -162,6 +166,7 @@ class Op:
         kw.setdefault("backoff_max", config.backoff_max)
         kw.setdefault("unguarded", config.on_store_unavailable == "unguarded")
         kw.setdefault("store_wait", config.store_wait)
+        kw.setdefault("connect_wait", config.connect_wait)
         if "side_effect" in kw:
             se = kw["side_effect"]
             if se not in CLASSES:
@@ -273,6 +278,7 @@ def _seconds_until(stamp: Any) -> Optional[float]:
 class _Send:
     call: Call
     bound: Optional[float] = None  # store_wait of this call (heartbeats use less)
+    connect_wait: Optional[float] = None  # before the tool runs: give up soon when nobody listens
 
 
 @dataclass
@@ -331,7 +337,7 @@ class _Loop:
                 attempt_id=self.attempt_id)
         start = time.monotonic()
         try:
-            return (yield _Send(call, bound=left))
+            return (yield _Send(call, bound=left, connect_wait=self.op.connect_wait))
         except StoreUnavailableError as e:
             # The caller may retry as this same attempt (docs/protocol.md section 4).
             e.attempt_id = self.attempt_id

@@ -281,7 +281,8 @@ class MemoryClient(Client):
         super().__init__(config=config)
         self.store = store or MemoryStore()
 
-    def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+    def _send(self, call: Call, bound: Optional[float] = None,
+              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
         return self.store.handle(call), False
 
     def aio(self) -> "AsyncMemoryClient":
@@ -300,7 +301,8 @@ class AsyncMemoryClient(AsyncClient):
         super().__init__(config=config)
         self.store = store or MemoryStore()
 
-    async def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+    async def _send(self, call: Call, bound: Optional[float] = None,
+                    connect_wait: Optional[float] = None) -> tuple[Any, bool]:
         if call.wait:
             # A long-poll would block the event loop: wait in a thread.
             return await asyncio.get_running_loop().run_in_executor(None, self.store.handle, call), False
