@@ -120,6 +120,36 @@ class LoopOverMemory(unittest.TestCase):
             idemkv.idempotent(lambda title, severity: {"id": "x"}, key=lambda title, severity: f"{title}:create_ticket",
                               tool="create_ticket", client=kv)("Outage X", "sev1")
 
+    def test_methods(self) -> None:
+        kv = idemkv.testing.MemoryClient(tenant="acme")
+
+        class Agent:
+            def __init__(self) -> None:
+                self.made = 0
+
+            @kv.idempotent(key=lambda self, title: f"{title}:create_ticket", tool="create_ticket",
+                           probe=lambda self, title: None)
+            def create(self, title: str) -> dict[str, str]:
+                self.made += 1
+                return {"id": "LIN-1"}
+
+        a = Agent()
+        self.assertEqual(a.create("x"), a.create("x"))
+        self.assertEqual(a.made, 1)
+
+    def test_set_passthrough(self) -> None:
+        @idemkv.idempotent(tool="t")
+        def f(x: int) -> int:
+            return x + 1
+
+        idemkv.set_passthrough(True)
+        try:
+            self.assertEqual(f(1), 2)
+        finally:
+            idemkv.set_passthrough(False)
+        with self.assertRaises(idemkv.NotExecutedError):
+            f(1)
+
     def test_async_over_memory(self) -> None:
         import asyncio
 

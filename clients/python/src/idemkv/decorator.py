@@ -115,7 +115,8 @@ def _check_hook(name: str, hook: Any, fn: Callable[..., Any], tool: str) -> None
         sig, hsig = inspect.signature(fn), inspect.signature(hook)
     except (TypeError, ValueError):
         return  # a builtin without a signature: nothing to check
-    params = [p for p in sig.parameters.values() if p.name not in ("self", "cls")]
+    # self and cls included: a method's hooks are called with them too.
+    params = list(sig.parameters.values())
     required = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     by_name = {p.name: None for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
@@ -173,6 +174,19 @@ def idempotent(
     serialize: Optional[Callable[[Any], Any]] = ..., deserialize: Optional[Callable[[Any], Any]] = ...,
     from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ...,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+
+@overload
+def idempotent(
+    fn: Callable[P, Any], *, key: Union[str, Callable[..., str], None] = ..., tool: Optional[str] = ...,
+    effect: Optional[Callable[..., Any]] = ..., side_effect: str = ..., probe: Optional[Callable[..., Any]] = ...,
+    client: Any = ..., tenant: Optional[str] = ..., drop: Sequence[str] = ..., actor: Optional[str] = ...,
+    ttl: Optional[float] = ..., lease_ttl: Optional[float] = ..., remote_system: Optional[str] = ...,
+    to_result: Optional[Callable[[Any], Result]] = ..., deadline: Optional[float] = ...,
+    outcome: Literal[True], not_executed_on: Any = ..., permanent_on: Any = ...,
+    serialize: Optional[Callable[[Any], Any]] = ..., deserialize: Optional[Callable[[Any], Any]] = ...,
+    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ...,
+) -> Callable[P, Any]: ...
 
 
 @overload
