@@ -108,7 +108,7 @@ function check(options: IdempotentOptions<never, unknown>): void {
   for (const name of Object.keys(o)) {
     if (!OPTIONS.has(name)) throw new TypeError(`idemkv: idempotent has no option ${JSON.stringify(name)}; it takes ${[...OPTIONS].join(", ")}`);
   }
-  if (o.client === undefined || o.client === null) throw new TypeError("idemkv: idempotent needs client (a Client or a MemoryStore)");
+  if (o.client === undefined || o.client === null) throw new TypeError("idemkv: idempotent needs client (a Client, or MemoryStore.client() in unit tests)");
   if (typeof o.tool !== "string" || o.tool === "") throw new TypeError("idemkv: idempotent needs tool, a non-empty string");
   if (!((typeof o.tenant === "string" && o.tenant !== "") || typeof o.tenant === "function")) {
     throw new TypeError("idemkv: idempotent needs tenant, a non-empty string or a function of the arguments");

@@ -26,7 +26,7 @@ import { abortReason, backoff, linkedController, newAttemptId, sleep } from "./u
  */
 export type SideEffect = "read_only" | "idempotent" | "non_idempotent" | "idempotent_mutation" | "non_idempotent_mutation";
 
-/** What the loop needs of idemkv: a Client, or a MemoryStore in a runtime's unit tests. */
+/** What the loop needs of idemkv: a Client (in a runtime's unit tests, MemoryStore.client()). */
 export type Store = Pick<Client, "reserve" | "commit" | "fail" | "release" | "heartbeat" | "doubt" | "resolve" | "get" | "settings" | "tracer">;
 
 /** The downstream system's receipt, as a tool or a probe reports it. */

@@ -3,7 +3,9 @@
 A sync :class:`Client` and an :class:`AsyncClient` with the low-level calls of the
 HTTP API, the tool-call loop (``client.do``, ``@idempotent``) with the same semantics
 as the Go client's ``Do``, and RFC 8785 fingerprints byte-identical to the server's.
-Standard library only; OpenTelemetry spans when ``opentelemetry`` is importable.
+Keys from the run's context (:func:`operation`), an in-memory store for a runtime's unit
+tests (:mod:`idemkv.testing`) and a pass-through (:func:`passthrough`). Standard library
+only; OpenTelemetry spans when ``opentelemetry`` is importable (or a provider is given).
 """
 
 from ._context import Operation, current_operation, operation, passthrough, set_passthrough
