@@ -735,26 +735,13 @@ func (x *run) commit(ctx context.Context, g grant, res *Result, who finder) (*Ou
 	}
 	// Check the receipt before any call: a receipt without remote_system or remote_id
 	// can never be stored, and retrying it would only spend the store-wait budget.
-	// The payload limit is the server's to enforce (it is a flag there); a result over
-	// the body limit no server takes is left out at once.
-	err = req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes})
-	if tooLarge(err) {
-		req.Result = omittedResult(len(raw))
-		err = req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes})
-	}
-	if err != nil {
+	// The payload limit is the server's to enforce (it is a flag there).
+	if err := fitCommit(req); err != nil {
 		return nil, x.outcomeUnknown(g, fmt.Errorf("%s, but its receipt is invalid and was not stored: %w", who, err))
 	}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
-	commit := func(ctx context.Context) (*idemkv.Receipt, error) { return x.store.Commit(ctx, req) }
-	receipt, err := retry(gctx, x, "commit", commit)
-	if tooLarge(err) && !ResultOmitted(req.Result) {
-		// Over this server's --max-payload-bytes: the receipt without the result.
-		x.span.AddEvent("result_omitted", trace.WithAttributes(attribute.Int("bytes", len(raw))))
-		req.Result = omittedResult(len(raw))
-		receipt, err = retry(gctx, x, "commit", commit)
-	}
+	receipt, err := x.storeCommit(gctx, req)
 	if err != nil {
 		return nil, x.outcomeUnknown(g, fmt.Errorf("%s, but its receipt (remote id %q) was not stored: %w", who, res.RemoteID, err))
 	}

@@ -1,9 +1,13 @@
 package client
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkv/idemkv"
 )
@@ -44,3 +48,28 @@ func tooLarge(err error) bool { return errors.Is(err, idemkv.ErrPayloadTooLarge)
 
 // omittedIn says whether a receipt's stored result is the note.
 func omittedIn(r *idemkv.Receipt) bool { return r != nil && ResultOmitted(r.Result) }
+
+// fitCommit checks req before any call; a result over the body limit, which no server
+// takes whatever its --max-payload-bytes, is replaced by the note at once.
+func fitCommit(req *idemkv.CommitRequest) error {
+	limits := idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes}
+	err := req.Validate(limits)
+	if tooLarge(err) {
+		req.Result = omittedResult(len(req.Result))
+		err = req.Validate(limits)
+	}
+	return err
+}
+
+// storeCommit commits req, retrying as retry does; a result over this server's
+// --max-payload-bytes is committed again as the note, so that the receipt is stored.
+func (x *run) storeCommit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error) {
+	commit := func(ctx context.Context) (*idemkv.Receipt, error) { return x.store.Commit(ctx, req) }
+	receipt, err := retry(ctx, x, "commit", commit)
+	if tooLarge(err) && !ResultOmitted(req.Result) {
+		x.span.AddEvent("result_omitted", trace.WithAttributes(attribute.Int("bytes", len(req.Result))))
+		req.Result = omittedResult(len(req.Result))
+		receipt, err = retry(ctx, x, "commit", commit)
+	}
+	return receipt, err
+}
