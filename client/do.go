@@ -125,6 +125,10 @@ type Outcome struct {
 	// Unguarded: idemkv could not be reached within StoreWait and the policy
 	// Unguarded let an idempotent tool run without a record. Nothing is stored.
 	Unguarded bool
+	// ResultOmitted: the stored receipt holds the note of OmittedResultKey instead of
+	// the tool's result, which was too large for the server to store. The call that
+	// ran the tool has the result from its own Func; a replay has only the receipt.
+	ResultOmitted bool
 }
 
 // RunConfig configures a Runner (Do). Zero fields take the defaults of
@@ -538,7 +542,7 @@ func (x *run) replay(res *idemkv.ReserveResult) (*Outcome, error) {
 	if rec.Status == idemkv.StatusFailed {
 		return nil, &StoredFailureError{Key: x.op.Key, Receipt: rec, Replayed: true}
 	}
-	out := &Outcome{Decision: idemkv.DecisionReplay, Replayed: true, Receipt: rec, Fingerprint: x.fp}
+	out := &Outcome{Decision: idemkv.DecisionReplay, Replayed: true, Receipt: rec, Fingerprint: x.fp, ResultOmitted: omittedIn(rec)}
 	if res.Record != nil {
 		out.Fence, out.Attempts = res.Record.Fence, res.Record.Attempts
 	}
@@ -732,14 +736,12 @@ func (x *run) commit(ctx context.Context, g grant, res *Result, who finder) (*Ou
 	// Check the receipt before any call: a receipt without remote_system or remote_id
 	// can never be stored, and retrying it would only spend the store-wait budget.
 	// The payload limit is the server's to enforce (it is a flag there).
-	if err := req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes}); err != nil {
+	if err := fitCommit(req); err != nil {
 		return nil, x.outcomeUnknown(g, fmt.Errorf("%s, but its receipt is invalid and was not stored: %w", who, err))
 	}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
-	receipt, err := retry(gctx, x, "commit", func(ctx context.Context) (*idemkv.Receipt, error) {
-		return x.store.Commit(ctx, req)
-	})
+	receipt, err := x.storeCommit(gctx, req)
 	if err != nil {
 		return nil, x.outcomeUnknown(g, fmt.Errorf("%s, but its receipt (remote id %q) was not stored: %w", who, res.RemoteID, err))
 	}
@@ -747,7 +749,8 @@ func (x *run) commit(ctx context.Context, g grant, res *Result, who finder) (*Ou
 		// The first stored outcome wins, and it was a failure.
 		return nil, &StoredFailureError{Key: x.op.Key, Receipt: receipt, Replayed: true}
 	}
-	return &Outcome{Decision: g.decision, Receipt: receipt, Fingerprint: x.fp, Fence: g.fence, Attempts: attempts(g)}, nil
+	return &Outcome{Decision: g.decision, Receipt: receipt, Fingerprint: x.fp, Fence: g.fence, Attempts: attempts(g),
+		ResultOmitted: omittedIn(receipt)}, nil
 }
 
 func attempts(g grant) uint32 {

@@ -59,15 +59,23 @@ func (x *run) settleInDoubt(ctx context.Context, rec *idemkv.Record) (out *Outco
 		}
 		req.Outcome, req.RemoteSystem, req.RemoteID, req.RemoteURL, req.Result = idemkv.ResolveCommitted,
 			found.RemoteSystem, found.RemoteID, found.RemoteURL, raw
-		if err := req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes}); err != nil {
+		err = req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes})
+		if tooLarge(err) {
+			req.Result = omittedResult(len(raw))
+			err = req.Validate(idemkv.Limits{MaxPayloadBytes: idemkv.MaxRequestBytes})
+		}
+		if err != nil {
 			return nil, false, inDoubt(fmt.Errorf("%s, but its receipt is invalid and was not stored: %w", byProbe, err))
 		}
 	}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
-	res, err := retry(gctx, x, "resolve", func(ctx context.Context) (*idemkv.ResolveResult, error) {
-		return x.store.Resolve(ctx, req)
-	})
+	resolve := func(ctx context.Context) (*idemkv.ResolveResult, error) { return x.store.Resolve(ctx, req) }
+	res, err := retry(gctx, x, "resolve", resolve)
+	if tooLarge(err) && len(req.Result) > 0 && !ResultOmitted(req.Result) {
+		req.Result = omittedResult(len(req.Result))
+		res, err = retry(gctx, x, "resolve", resolve)
+	}
 	switch {
 	case errors.Is(err, idemkv.ErrNotPending), errors.Is(err, idemkv.ErrNotFound):
 		// Someone settled it first: reserve again to learn how.
@@ -75,7 +83,8 @@ func (x *run) settleInDoubt(ctx context.Context, rec *idemkv.Record) (out *Outco
 	case err != nil:
 		return nil, false, inDoubt(fmt.Errorf("resolving it: %w", err))
 	case res.Receipt != nil:
-		out := &Outcome{Decision: idemkv.DecisionRecover, Probed: true, Receipt: res.Receipt, Fingerprint: x.fp}
+		out := &Outcome{Decision: idemkv.DecisionRecover, Probed: true, Receipt: res.Receipt, Fingerprint: x.fp,
+			ResultOmitted: omittedIn(res.Receipt)}
 		if rec != nil {
 			out.Fence, out.Attempts = rec.Fence, rec.Attempts
 		}

@@ -71,6 +71,7 @@ func TestTypeScriptClient(t *testing.T) {
 	}
 
 	t.Run("example", func(t *testing.T) { runExample(t, node, tsc, repo, bin) })
+	t.Run("consumer", func(t *testing.T) { runConsumer(t, node, tsc, repo) })
 }
 
 // runExample compiles examples/typescript and runs it against a node of its own: the
@@ -120,6 +121,65 @@ func runExample(t *testing.T, node, tsc, repo, bin string) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the example's output lacks %q", want)
 		}
+	}
+	// The Vercel AI SDK and Mastra recipes, under stand-ins of their tool contracts
+	// (issue 24, point 11): a replayed step and a resumed run replay the effect.
+	out, err = exec.Command(node, filepath.Join(outDir, "examples", "typescript", "frameworks.js"), "--endpoint", httpAddr).CombinedOutput()
+	t.Logf("examples/typescript/frameworks:\n%s", out)
+	if err != nil {
+		t.Fatalf("examples/typescript/frameworks: %v", err)
+	}
+	for _, want := range []string{"ai sdk: LIN-1 then, replaying the step, LIN-1 (tickets 1)", "mastra: LIN-2, resumed LIN-2 (tickets 2)",
+		"tickets created: 2 for 2 tool calls"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the recipes' output lacks %q", want)
+		}
+	}
+}
+
+// runConsumer builds the package as another Node project gets it (package.json and
+// dist/src, as `npm pack` would ship them), installs it into a project of its own under
+// node_modules/idemkv, and compiles and runs that project with tsc's "types": [] (no
+// @types/node) against the in-memory store: the README's "Using it from another
+// project" (issue 24, point 12).
+func runConsumer(t *testing.T, node, tsc, repo string) {
+	dir := t.TempDir()
+	pkg := filepath.Join(dir, "app", "node_modules", "idemkv")
+	if out, err := exec.Command(tsc, "-p", filepath.Join(repo, "clients", "typescript", "tsconfig.build.json"), "--outDir", filepath.Join(pkg, "dist")).CombinedOutput(); err != nil {
+		t.Fatalf("tsc -p tsconfig.build.json: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(filepath.Join(repo, "clients", "typescript", "package.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := filepath.Join(dir, "app")
+	files := map[string]string{
+		filepath.Join(pkg, "package.json"): string(data),
+		filepath.Join(app, "package.json"): `{"private": true, "type": "module"}`,
+		filepath.Join(app, "tsconfig.json"): `{"compilerOptions": {"target": "ES2022", "module": "Node16", "moduleResolution": "Node16",
+  "lib": ["ES2022", "DOM"], "types": [], "strict": true, "outDir": "dist"}, "include": ["main.ts"]}`,
+		filepath.Join(app, "main.ts"): `import { idempotent, MemoryStore } from "idemkv";
+
+const store = new MemoryStore();
+let runs = 0;
+const createTicket = async (title: string, severity?: string) => ({ id: "LIN-" + (++runs), title, severity: severity ?? "sev3" });
+const once = idempotent(createTicket, { client: store.client(), tenant: "acme", tool: "create_ticket", key: (title) => title });
+const a = await once("Outage X");
+const b = await once("Outage X", undefined);
+console.log("consumer:", a.id, b.id, "runs", runs);
+`,
+	}
+	for name, text := range files {
+		if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command(tsc, "-p", app).CombinedOutput(); err != nil {
+		t.Fatalf("tsc of the consuming project: %v\n%s", err, out)
+	}
+	out, err := exec.Command(node, filepath.Join(app, "dist", "main.js")).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "consumer: LIN-1 LIN-1 runs 1") {
+		t.Fatalf("the consuming project: %v\n%s", err, out)
 	}
 }
 

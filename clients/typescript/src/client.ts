@@ -41,6 +41,13 @@ export interface ClientOptions {
    */
   storeWait?: number;
   /**
+   * Before a tool runs, how long the loop waits, in ms, while every endpoint refuses
+   * connections (nobody listens: the cluster is down or the address is wrong), so that an
+   * interactive agent hears within seconds instead of storeWait. Any answer, such as a 503
+   * during a leader election, means a node is there, and storeWait applies. Default 3000.
+   */
+  connectWait?: number;
+  /**
    * What the loop does when idemkv cannot be reached within storeWait before the tool
    * ran: "fail_closed" (default) throws StoreUnavailableError; "unguarded" runs
    * read-only and idempotent tools anyway, unrecorded (never non-idempotent ones).
@@ -78,6 +85,12 @@ export interface CallOptions {
 export interface StoreBudget {
   limitMs: number;
   spentMs: number;
+  /**
+   * Bounds the time, in ms, while no endpoint even accepts a connection (nobody listens);
+   * an answer of any node lifts it to limitMs (sets answered).
+   */
+  connectWaitMs?: number;
+  answered?: boolean;
 }
 
 const DEFAULTS = {
@@ -87,6 +100,7 @@ const DEFAULTS = {
   backoffMinMs: 20,
   backoffMaxMs: 1000,
   storeWait: 30_000,
+  connectWait: 3_000,
   leaseTtl: 30_000,
   pollWait: 30_000,
 };
@@ -138,6 +152,7 @@ export interface Settings {
   backoffMinMs: number;
   backoffMaxMs: number;
   storeWait: number;
+  connectWait: number;
   onStoreUnavailable: "fail_closed" | "unguarded";
   leaseTtl: number;
   pollWait: number;
@@ -177,6 +192,7 @@ export class Client {
       backoffMinMs: num(options.backoffMinMs, DEFAULTS.backoffMinMs, "backoffMinMs", 0),
       backoffMaxMs: num(options.backoffMaxMs, DEFAULTS.backoffMaxMs, "backoffMaxMs", 0),
       storeWait: num(options.storeWait, DEFAULTS.storeWait, "storeWait", 0),
+      connectWait: num(options.connectWait, DEFAULTS.connectWait, "connectWait", 1),
       onStoreUnavailable: options.onStoreUnavailable ?? "fail_closed",
       leaseTtl: num(options.leaseTtl, DEFAULTS.leaseTtl, "leaseTtl", 1000),
       pollWait: Math.min(num(options.pollWait, DEFAULTS.pollWait, "pollWait", 1), MAX_WAIT_MS),
@@ -248,7 +264,10 @@ export class Client {
       if (attempt > 0) {
         let delay = backoff(attempt, this.settings.backoffMinMs, this.settings.backoffMaxMs);
         // The last attempt goes out when the budget ends, not a backoff before it.
-        if (budget !== undefined) delay = Math.min(delay, Math.max(budget.limitMs - budget.spentMs, 0));
+        if (budget !== undefined) {
+          const limit = budget.connectWaitMs !== undefined && budget.answered !== true ? Math.min(budget.limitMs, budget.connectWaitMs) : budget.limitMs;
+          delay = Math.min(delay, Math.max(limit - budget.spentMs, 0));
+        }
         await sleep(delay, opts.signal);
         if (budget !== undefined) budget.spentMs += delay;
       }
@@ -266,6 +285,12 @@ export class Client {
           // A long-poll may take its whole wait; only the time past it is the store's.
           budget.spentMs += Math.max(Date.now() - start - (c.waitMs ?? 0), 0);
           exhausted = budget.spentMs >= budget.limitMs;
+          if (!refused(err)) budget.answered = true;
+          if (budget.connectWaitMs !== undefined && budget.answered !== true && budget.spentMs >= budget.connectWaitMs) {
+            throw new ApiError("unavailable",
+              `nobody listens: every endpoint refused the connection for ${Math.round(budget.spentMs)} ms (${attempt + 1} attempts; ` +
+                `last: ${err instanceof Error ? err.message : String(err)}); is idemkv running at the configured endpoints?`, { status: 0, cause: err });
+          }
         } else {
           exhausted = attempt + 1 >= this.settings.maxAttempts;
         }
@@ -430,6 +455,18 @@ export class Client {
   async cluster(opts?: CallOptions): Promise<ClusterInfo> {
     return this.call<ClusterInfo>({ method: "GET", route: "/v1/cluster", path: "/v1/cluster" }, opts);
   }
+}
+
+/** Whether a failed attempt means nobody listens at the address (a refused connection, nothing answered). */
+function refused(err: unknown): boolean {
+  for (let e: unknown = err, depth = 0; e !== undefined && e !== null && depth < 8; depth++) {
+    const x = e as { code?: unknown; errors?: unknown[]; cause?: unknown };
+    if (x.code === "ECONNREFUSED") return true;
+    // Node's fetch tries every address of a name and reports them together.
+    if (Array.isArray(x.errors) && x.errors.length > 0 && x.errors.every(refused)) return true;
+    e = x.cause;
+  }
+  return false;
 }
 
 function keyAttrs(tenant: string, key: string): Attributes {

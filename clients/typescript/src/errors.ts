@@ -65,6 +65,8 @@ export interface IdemkvErrorDetails {
   decision?: Decision;
   record?: IdemkvRecord;
   cause?: unknown;
+  /** The loop's attempt id (StoreUnavailableError). */
+  attemptId?: string;
 }
 
 /** The base class of every error the tool-call loop throws. */
@@ -149,12 +151,19 @@ export class InDoubtError extends IdemkvError {
   }
 }
 
-/** idemkv could not be reached within the store-wait bound before the tool ran. Nothing ran. */
+/**
+ * idemkv could not be reached within the store-wait bound before the tool ran. Nothing ran.
+ * .attemptId names the loop's attempt: its reserve may have landed with the answer lost,
+ * so retry with it (Op.attemptId, or operation(id, fn, { attemptId })) and the server
+ * recognises the same attempt instead of a stranger that waits out the phantom lease.
+ */
 export class StoreUnavailableError extends IdemkvError {
   readonly kind = "store_unavailable" as const;
+  readonly attemptId: string | undefined;
   constructor(message: string, details?: IdemkvErrorDetails) {
     super(message, details);
     this.name = "StoreUnavailableError";
+    this.attemptId = details?.attemptId;
   }
 }
 

@@ -5,13 +5,18 @@
 //   - Client: one method per endpoint of the HTTP API.
 //   - canonicalize / fingerprint: RFC 8785 effect fingerprints, byte-identical to the server's.
 //   - ClientOptions.tracer: OpenTelemetry spans, with no dependency on OpenTelemetry.
+//   - operation(id, fn): keys from the run's context; MemoryStore and passthrough: unit tests without a node.
 
 export { Client, MAX_WAIT_MS } from "./client.js";
 export type { ClientOptions, CallOptions, Settings, StoreBudget } from "./client.js";
-export { idempotent } from "./idempotent.js";
-export type { IdempotentOptions, ReceiptFields } from "./idempotent.js";
-export { run, toolContext } from "./run.js";
-export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, ToolContext, ToolFn, ToolResult } from "./run.js";
+export { defaultEffect, idempotent } from "./idempotent.js";
+export type { ErrorMatch, IdempotentOptions, ReceiptFields } from "./idempotent.js";
+export { currentOperation, operation, passthrough, setPassthrough } from "./context.js";
+export { MemoryStore } from "./memory.js";
+export type { MemoryStoreOptions } from "./memory.js";
+export type { Operation } from "./context.js";
+export { OMITTED_RESULT_KEY, resultOmitted, run, toolContext } from "./run.js";
+export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, Store, ToolContext, ToolFn, ToolResult } from "./run.js";
 export {
   ApiError, ConflictError, DEFAULT_FAILURE_CODE, IdemkvError, InDoubtError, isRetryable, notExecuted, NotExecutedError,
   NotExecutedMark, OutcomeUnknownError, permanent, PermanentError, StoredFailureError, StoreUnavailableError, WIRE_CODES,

@@ -60,10 +60,11 @@ function splitDrop(drop: readonly string[]): DropPaths {
  * names: dot-separated member names from the top, "*" for any member or array element
  * ("items.*.trace_id"). Paths that match nothing are ignored.
  *
- * Like JSON.stringify, object members whose value is undefined are left out and toJSON
- * is honoured (a Date becomes its ISO string). Unlike it, nothing is silently turned into
- * something else: a Map, a Set, a function, a symbol, undefined in an array, a BigInt, a
- * non-finite number or an integer beyond ±(2^53 − 1) throws a FingerprintError.
+ * Like JSON.stringify, object members whose value is undefined are left out, undefined in
+ * an array is null, and toJSON is honoured (a Date becomes its ISO string). Unlike it,
+ * nothing else is silently turned into something else: a Map, a Set, a function, a
+ * symbol, a BigInt, a non-finite number or an integer beyond ±(2^53 − 1) throws a
+ * FingerprintError.
  */
 export function canonicalize(value: unknown, drop: readonly string[] = []): string {
   const out: string[] = [];
@@ -209,10 +210,8 @@ function writeArray(a: unknown[], drop: DropPaths, out: string[], path: string, 
   for (let i = 0; i < a.length; i++) {
     if (i > 0) out.push(",");
     const e = a[i];
-    if (e === undefined) {
-      throw new FingerprintError("undefined in an array is not JSON (JSON.stringify would write null)", pathOf(path, i));
-    }
-    write(e, below, out, pathOf(path, i), depth + 1, seen);
+    // As JSON.stringify writes it: frameworks pass undefined for a field the model left out.
+    write(e === undefined ? null : e, below, out, pathOf(path, i), depth + 1, seen);
   }
   out.push("]");
 }

@@ -26,6 +26,9 @@ import { abortReason, backoff, linkedController, newAttemptId, sleep } from "./u
  */
 export type SideEffect = "read_only" | "idempotent" | "non_idempotent" | "idempotent_mutation" | "non_idempotent_mutation";
 
+/** What the loop needs of idemkv: a Client (in a runtime's unit tests, MemoryStore.client()). */
+export type Store = Pick<Client, "reserve" | "commit" | "fail" | "release" | "heartbeat" | "doubt" | "resolve" | "get" | "settings" | "tracer">;
+
 /** The downstream system's receipt, as a tool or a probe reports it. */
 export interface ToolResult {
   remoteSystem: string;
@@ -70,6 +73,47 @@ export interface Op {
   /** This call's lease in ms (default: the client's leaseTtl). */
   leaseTtl?: number;
   probe?: ProbeFn;
+  /**
+   * Names this attempt to the server (Go's Op.AttemptID); default: a fresh one. Pass
+   * StoreUnavailableError.attemptId to retry a call whose reserve may have landed
+   * unanswered: the server recognises the same attempt instead of a stranger that waits
+   * out the phantom lease and then finds the key in doubt.
+   */
+  attemptId?: string;
+  /** Errors of the tool after which the effect certainly did not happen: the key is released (as notExecuted(err)). */
+  notExecutedOn?: (err: unknown) => boolean;
+  /** Errors of the tool that will not go away on retry: stored and replayed (as permanent(err)). */
+  permanentOn?: (err: unknown) => boolean;
+}
+
+/**
+ * The one member of the note stored in place of a result the server refused as too large
+ * (payload_too_large), the Go client's OmittedResultKey: the effect happened, so its receipt
+ * is stored without the result rather than not at all.
+ */
+export const OMITTED_RESULT_KEY = "idemkv_result_omitted";
+
+/** Whether a stored result is the note that stands in for one too large to store. */
+export function resultOmitted(result: unknown): boolean {
+  return typeof result === "object" && result !== null && !Array.isArray(result) && Object.keys(result).length === 1 &&
+    OMITTED_RESULT_KEY in result;
+}
+
+/** The server's bound on a request body (idemkv.MaxRequestBytes). */
+const MAX_BODY_BYTES = 1 << 20;
+
+function omittedNote(bytes: number): { [OMITTED_RESULT_KEY]: { bytes: number; message: string } } {
+  return {
+    [OMITTED_RESULT_KEY]: {
+      bytes,
+      message: `the tool's result (${bytes} bytes) was larger than idemkv stores; the call did take effect and its receipt is stored without the result`,
+    },
+  };
+}
+
+function encodedSize(v: unknown): number {
+  const text = JSON.stringify(v);
+  return text === undefined ? 0 : new TextEncoder().encode(text).length;
 }
 
 export interface RunOptions {
@@ -89,6 +133,11 @@ export interface Outcome {
   unrecorded: boolean;
   /** The unguarded run: idemkv could not be reached and onStoreUnavailable let an idempotent tool run (Go's Outcome.Unguarded). */
   unguarded: boolean;
+  /**
+   * The stored receipt holds the note of OMITTED_RESULT_KEY instead of the tool's result,
+   * which was too large for the server to store (Go's Outcome.ResultOmitted).
+   */
+  resultOmitted: boolean;
   receipt: Receipt;
   fingerprint: string;
   fence: number;
@@ -130,7 +179,7 @@ function classOf(s: SideEffect | undefined): "read_only" | "idempotent" | "non_i
  * NotExecutedError, StoredFailureError, OutcomeUnknownError, ConflictError,
  * InDoubtError, StoreUnavailableError.
  */
-export async function run(client: Client, op: Op, fn: ToolFn, options: RunOptions = {}): Promise<Outcome> {
+export async function run(client: Store, op: Op, fn: ToolFn, options: RunOptions = {}): Promise<Outcome> {
   const tracer = client.tracer;
   if (tracer === undefined) return runOp(client, op, fn, options, undefined);
   const name = typeof op.tool === "string" && op.tool !== "" ? `execute_tool ${op.tool}` : "execute_tool";
@@ -173,7 +222,7 @@ function toolAttributes(op: Op): Attributes {
   return a;
 }
 
-async function runOp(client: Client, op: Op, fn: ToolFn, options: RunOptions, span: Span | undefined): Promise<Outcome> {
+async function runOp(client: Store, op: Op, fn: ToolFn, options: RunOptions, span: Span | undefined): Promise<Outcome> {
   let cls: "read_only" | "idempotent" | "non_idempotent";
   let fp = "";
   try {
@@ -223,12 +272,13 @@ class LeaseLost extends Error {
 class Attempt {
   private readonly leaseTtl: number;
   private readonly q: string;
+  private readonly attemptId: string;
   /** What this call may spend waiting for the store before the tool runs (Go's StoreWait), and after. */
   private readonly beforeBudget: StoreBudget;
   private readonly afterBudget: StoreBudget;
 
   constructor(
-    private readonly client: Client,
+    private readonly client: Store,
     private readonly op: Op,
     private readonly cls: "read_only" | "idempotent" | "non_idempotent",
     private readonly fp: string,
@@ -238,7 +288,9 @@ class Attempt {
   ) {
     this.leaseTtl = op.leaseTtl ?? client.settings.leaseTtl;
     this.q = JSON.stringify(op.key);
-    this.beforeBudget = { limitMs: client.settings.storeWait, spentMs: 0 };
+    this.attemptId = op.attemptId ?? newAttemptId();
+    // Before the tool runs, a cluster nobody listens at is reported within connectWait.
+    this.beforeBudget = { limitMs: client.settings.storeWait, spentMs: 0, connectWaitMs: client.settings.connectWait };
     this.afterBudget = { limitMs: client.settings.storeWait, spentMs: 0 };
   }
 
@@ -293,8 +345,10 @@ class Attempt {
     }
     if (isRetryable(err)) {
       this.event("store_unavailable");
+      // The caller may retry as this same attempt (docs/protocol.md section 4).
       return new StoreUnavailableError(
-        `idemkv: store unavailable for ${this.q} after waiting ${Math.round(this.beforeBudget.spentMs)} ms, the tool did not run: ${messageOf(err)}`, d);
+        `idemkv: store unavailable for ${this.q} after waiting ${Math.round(this.beforeBudget.spentMs)} ms, the tool did not run: ${messageOf(err)}`,
+        { ...d, attemptId: this.attemptId });
     }
     return new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(err)}`, d);
   }
@@ -312,7 +366,7 @@ class Attempt {
       throw new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(err)}`, { cause: err });
     }
     return {
-      decision: "execute", replayed: false, probed: false, unrecorded: true, unguarded, fingerprint: this.fp, fence: 0, attempts: 0,
+      decision: "execute", replayed: false, probed: false, unrecorded: true, unguarded, resultOmitted: false, fingerprint: this.fp, fence: 0, attempts: 0,
       receipt: {
         idempotency_key: this.op.key, effect_fingerprint: this.fp, status: "committed",
         remote_system: res.remoteSystem, remote_id: res.remoteId, remote_url: res.remoteUrl, result: res.result,
@@ -324,7 +378,7 @@ class Attempt {
     const op = this.op;
     const req: ReserveRequest = {
       tenant: op.tenant, idempotency_key: op.key, tool: op.tool, effect_fingerprint: this.fp,
-      attempt_id: newAttemptId(), lease_ttl_ms: this.leaseTtl,
+      attempt_id: this.attemptId, lease_ttl_ms: this.leaseTtl,
     };
     if (op.actor !== undefined) req.actor = op.actor;
     if (op.ttl !== undefined) req.ttl_ms = op.ttl;
@@ -382,7 +436,7 @@ class Attempt {
       throw new StoredFailureError(failMessage(this.q, rec.error), rec, true, { decision: "replay", record: res.record });
     }
     return {
-      decision: "replay", replayed: true, probed: false, unrecorded: false, unguarded: false, receipt: rec, fingerprint: this.fp,
+      decision: "replay", replayed: true, probed: false, unrecorded: false, unguarded: false, resultOmitted: resultOmitted(rec.result), receipt: rec, fingerprint: this.fp,
       fence: res.record?.fence ?? 0, attempts: res.record?.attempts ?? 0,
     };
   }
@@ -489,12 +543,12 @@ class Attempt {
         return undefined;
       }
       const req = { ...base, outcome: "committed" as const, remote_system: found.remoteSystem, remote_id: found.remoteId };
-      const answer = await this.client.resolve(
-        found.remoteUrl === undefined && found.result === undefined ? req : { ...req, remote_url: found.remoteUrl, result: found.result },
-        this.after());
+      const url = found.remoteUrl;
+      const answer = await this.fitted(found.result, (result) => this.client.resolve(
+        url === undefined && result === undefined ? req : { ...req, remote_url: url, result }, this.after()));
       const receipt = answer as Receipt;
       return {
-        decision: "recover", replayed: false, probed: true, unrecorded: false, unguarded: false, receipt, fingerprint: this.fp,
+        decision: "recover", replayed: false, probed: true, unrecorded: false, unguarded: false, resultOmitted: resultOmitted(receipt.result), receipt, fingerprint: this.fp,
         fence: res.record?.fence ?? 0, attempts: res.record?.attempts ?? 0,
       };
     } catch (err) {
@@ -518,7 +572,14 @@ class Attempt {
    * key for other arguments.
    */
   private async execute(g: Grant, fn: ToolFn, earlier = false): Promise<Outcome> {
-    const { value, error, lost } = await this.underLease(g, fn);
+    const ran = await this.underLease(g, fn);
+    const { value, lost } = ran;
+    let error = ran.error;
+    if (error !== undefined && !(error instanceof NotExecutedMark) && !(error instanceof PermanentError)) {
+      // The classes the call declared, with Go's semantics.
+      if (this.op.notExecutedOn?.(error)) error = new NotExecutedMark(error);
+      else if (this.op.permanentOn?.(error)) error = new PermanentError(error);
+    }
     const d = (cause: unknown): IdemkvErrorDetails => ({ decision: g.decision, record: g.record, cause });
     if (lost !== undefined) {
       // A newer attempt owns the key; it decides the outcome (and probes for ours).
@@ -600,9 +661,8 @@ class Attempt {
         tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp, fence: g.fence,
         remote_system: res.remoteSystem, remote_id: res.remoteId,
       };
-      receipt = await this.client.commit(
-        res.remoteUrl === undefined && res.result === undefined ? req : { ...req, remote_url: res.remoteUrl, result: res.result },
-        this.after());
+      receipt = await this.fitted(res.result, (result) => this.client.commit(
+        res.remoteUrl === undefined && result === undefined ? req : { ...req, remote_url: res.remoteUrl, result }, this.after()));
     } catch (err) {
       throw this.unknown(
         `idemkv: outcome of ${this.q} unknown, the record stays pending: the tool ran but its receipt (remote id ` +
@@ -614,9 +674,27 @@ class Attempt {
       throw new StoredFailureError(failMessage(this.q, receipt.error), receipt, true, { decision: g.decision, record: g.record });
     }
     return {
-      decision: g.decision, replayed: false, probed: false, unrecorded: false, unguarded: false, receipt, fingerprint: this.fp,
+      decision: g.decision, replayed: false, probed: false, unrecorded: false, unguarded: false, resultOmitted: resultOmitted(receipt.result), receipt, fingerprint: this.fp,
       fence: g.fence, attempts: g.record?.attempts ?? 0,
     };
+  }
+
+  /**
+   * Stores with send(result); a result the server refuses as too large (payload_too_large)
+   * is sent again as the note of OMITTED_RESULT_KEY.
+   */
+  private async fitted<T>(result: unknown, send: (result: unknown) => Promise<T>): Promise<T> {
+    if (result === undefined) return send(undefined);
+    const size = encodedSize(result);
+    // Over the body limit every server has: no need to ask.
+    if (size > MAX_BODY_BYTES) return send(omittedNote(size));
+    try {
+      return await send(result);
+    } catch (err) {
+      if (!(err instanceof ApiError && err.code === "payload_too_large")) throw err;
+    }
+    this.event("result_omitted", { bytes: size });
+    return send(omittedNote(size));
   }
 
   private async fail(g: Grant, perm: PermanentError): Promise<Outcome> {
@@ -634,7 +712,7 @@ class Attempt {
     const stored = receiptOf(rec);
     if (stored !== undefined && stored.status === "committed") {
       return {
-        decision: g.decision, replayed: false, probed: false, unrecorded: false, unguarded: false, receipt: stored, fingerprint: this.fp,
+        decision: g.decision, replayed: false, probed: false, unrecorded: false, unguarded: false, resultOmitted: resultOmitted(stored.result), receipt: stored, fingerprint: this.fp,
         fence: g.fence, attempts: rec.attempts,
       };
     }

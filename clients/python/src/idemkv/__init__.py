@@ -3,13 +3,16 @@
 A sync :class:`Client` and an :class:`AsyncClient` with the low-level calls of the
 HTTP API, the tool-call loop (``client.do``, ``@idempotent``) with the same semantics
 as the Go client's ``Do``, and RFC 8785 fingerprints byte-identical to the server's.
-Standard library only; OpenTelemetry spans when ``opentelemetry`` is importable.
+Keys from the run's context (:func:`operation`), an in-memory store for a runtime's unit
+tests (:mod:`idemkv.testing`) and a pass-through (:func:`passthrough`). Standard library
+only; OpenTelemetry spans when ``opentelemetry`` is importable (or a provider is given).
 """
 
+from ._context import Operation, current_operation, operation, passthrough, set_passthrough
 from ._core import Config, new_attempt_id
 from .aio import AsyncClient
 from .client import Client
-from .decorator import idempotent, set_default_client
+from .decorator import default_effect, idempotent, set_default_client
 from .errors import (
     KINDS,
     APIError,
@@ -24,7 +27,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .jcs import FingerprintError, RawJSON, canonicalize, fingerprint
-from .loop import Lease, Op, Outcome, Result, current_lease
+from .loop import OMITTED_RESULT_KEY, Lease, Op, Outcome, Result, current_lease, result_omitted
 
 __all__ = [
     "AsyncClient",
@@ -39,7 +42,9 @@ __all__ = [
     "Lease",
     "NotExecuted",
     "NotExecutedError",
+    "OMITTED_RESULT_KEY",
     "Op",
+    "Operation",
     "Outcome",
     "OutcomeUnknownError",
     "Permanent",
@@ -49,10 +54,16 @@ __all__ = [
     "StoredFailureError",
     "canonicalize",
     "current_lease",
+    "current_operation",
+    "default_effect",
     "fingerprint",
     "idempotent",
     "new_attempt_id",
+    "operation",
+    "passthrough",
+    "result_omitted",
     "set_default_client",
+    "set_passthrough",
 ]
 
 __version__ = "0.1.0"

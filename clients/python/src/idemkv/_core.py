@@ -3,6 +3,7 @@ the wire form of each call, and the reading of answers. No I/O happens here."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
@@ -16,7 +17,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from .errors import APIError
 
-__all__ = ["Config", "HEADER_LEADER", "new_attempt_id"]
+__all__ = ["Config", "HEADER_LEADER", "new_attempt_id", "refused"]
 
 # The answer header that names the leader's API address (docs/protocol.md).
 HEADER_LEADER = "Idemkv-Leader"
@@ -25,6 +26,9 @@ HEADER_LEADER = "Idemkv-Leader"
 MAX_WAIT = 300.0
 
 DEFAULT_ENDPOINT = "127.0.0.1:7420"
+
+# The server's bound on a request body (idemkv.MaxRequestBytes): 1 MiB.
+MAX_BODY_BYTES = 1 << 20
 
 
 @dataclass
@@ -49,6 +53,11 @@ class Config:
     # The bound on the total time of one call across all its retries: past it the call
     # raises StoreUnavailableError (the Go client's Config.StoreWait).
     store_wait: float = 30.0
+    # Before a tool runs, the bound on waiting while every endpoint refuses connections
+    # (nobody listens: the cluster is down or the address is wrong), so that an
+    # interactive agent hears within seconds instead of store_wait. Any answer, such as
+    # a 503 during a leader election, means a node is there, and store_wait applies.
+    connect_wait: float = 3.0
     # "fail_closed" (default): a tool call whose store is unreachable raises
     # StoreUnavailableError and does not run. "unguarded": read-only and idempotent
     # tools run anyway, without a record (non-idempotent ones still fail closed).
@@ -74,8 +83,8 @@ class Config:
             raise ValueError("idemkv: at least one endpoint is needed")
         for ep in self.endpoints:
             base_url(ep, self.tls)
-        if self.timeout <= 0 or self.store_wait <= 0:
-            raise ValueError("idemkv: timeout and store_wait must be positive")
+        if self.timeout <= 0 or self.store_wait <= 0 or self.connect_wait <= 0:
+            raise ValueError("idemkv: timeout, store_wait and connect_wait must be positive")
         if self.backoff_min < 0 or self.backoff_max < self.backoff_min:
             raise ValueError("idemkv: need 0 <= backoff_min <= backoff_max")
         if self.lease_ttl < 1:
@@ -126,6 +135,22 @@ def base_url(ep: str, tls: bool) -> str:
     if u.scheme not in ("http", "https") or not u.netloc or u.path not in ("", "/") or u.query:
         raise ValueError(f"idemkv: endpoint {ep!r} must be host:port or http(s)://host:port")
     return f"{u.scheme}://{u.netloc}"
+
+
+def refused(e: BaseException) -> bool:
+    """Whether a transport error means nobody listens at the address."""
+    if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+        return True
+    # asyncio's connect to a name with several addresses raises one OSError for all.
+    return isinstance(e, OSError) and "Connect call failed" in str(e) and "111" in str(e)
+
+
+def nobody_listens(call: "Call", n: int, waited: float, last: BaseException) -> Exception:
+    from .errors import StoreUnavailableError
+
+    return StoreUnavailableError(
+        f"idemkv: {call.method} {call.route}: nobody listens: every endpoint refused the connection for "
+        f"{waited:.1f}s ({n} attempts; last: {last}); is idemkv running at the configured endpoints?", cause=last)
 
 
 def new_attempt_id() -> str:

@@ -6,6 +6,7 @@ crosses a Go service and a Python agent reads the same.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Mapping, Optional
 
 try:  # the optional extra: pip install 'idemkv[otel]'
@@ -55,10 +56,16 @@ class _NoSpan:
         pass
 
 
+# The tool-call span of a provider given without the opentelemetry package (any object
+# with get_tracer): requests carry its traceparent, as the TypeScript client's do.
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("idemkv_span", default=None)
+
+
 class _Span(_NoSpan):
-    def __init__(self, span: Any, token: Any) -> None:
+    def __init__(self, span: Any, token: Any, own: Any = None) -> None:
         self._span = span
         self._token = token
+        self._own = own
 
     def set_attributes(self, attrs: Mapping[str, Any]) -> None:
         self._span.set_attributes(dict(attrs))
@@ -73,6 +80,11 @@ class _Span(_NoSpan):
 
     def end(self) -> None:
         self._span.end()
+        if self._own is not None:
+            try:
+                _current.reset(self._own)
+            except ValueError:  # ended in another context (a task): nothing to undo
+                pass
         if self._token is not None and ENABLED:
             try:
                 _otel_context.detach(self._token)
@@ -97,16 +109,26 @@ def start(tracer: Any, name: str, attrs: Mapping[str, Any]) -> _NoSpan:
     if tracer is None:
         return _NoSpan()
     if not ENABLED:
-        return _Span(tracer.start_span(name, attributes=dict(attrs)), None)
+        span = tracer.start_span(name, attributes=dict(attrs))
+        return _Span(span, None, _current.set(span))
     span = tracer.start_span(name, kind=_trace.SpanKind.INTERNAL, attributes=dict(attrs))
     token = _otel_context.attach(_trace.set_span_in_context(span))
     return _Span(span, token)
 
 
 def inject() -> dict[str, str]:
-    """W3C traceparent (and whatever the global propagator adds) for one request."""
-    if not ENABLED:
+    """W3C traceparent (and whatever the global propagator adds) for one request: from
+    the current context with the opentelemetry package, else from the tool-call span of
+    the provider given (its get_span_context(), as OpenTelemetry's spans have it)."""
+    if ENABLED:
+        carrier: dict[str, str] = {}
+        _propagate.inject(carrier)
+        return carrier
+    get = getattr(_current.get(), "get_span_context", None)
+    if get is None:
         return {}
-    carrier: dict[str, str] = {}
-    _propagate.inject(carrier)
-    return carrier
+    c = get()
+    trace_id, span_id = int(getattr(c, "trace_id", 0) or 0), int(getattr(c, "span_id", 0) or 0)
+    if trace_id == 0 or span_id == 0:
+        return {}
+    return {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{int(getattr(c, 'trace_flags', 1)) & 0xFF:02x}"}

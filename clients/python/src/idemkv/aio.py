@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Optional, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from . import _core, _otel
+from ._context import operation as _operation
 from ._core import Call, Config
 from .client import RETRY_CODES
 from .errors import APIError, StoreUnavailableError
@@ -21,6 +22,8 @@ from .errors import APIError, StoreUnavailableError
 __all__ = ["AsyncClient"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Bounds on what a node may send back: idemkv answers are small (a record with a
 # 64 KiB result, a page of 1000 records); this only stops a confused peer.
@@ -201,7 +204,8 @@ class AsyncClient:
             conn.close()
         return _core.read_answer(ans.status, ans.body)
 
-    async def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+    async def _send(self, call: Call, bound: Optional[float] = None,
+              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
         cfg = self.config
         body = call.encoded_body()
         wait_for = bound or cfg.store_wait
@@ -209,6 +213,9 @@ class AsyncClient:
         # between them, not a long-poll's own wait (the Go client counts alike).
         used = 0.0
         retried = False
+        # connect_wait, when given, bounds the time while no endpoint even accepts a
+        # connection: nobody listens, and waiting out store_wait would not help.
+        only_refused = True
         n = 0
         while True:
             n += 1
@@ -222,13 +229,19 @@ class AsyncClient:
                     e.retried = retried  # type: ignore[attr-defined]
                     raise
                 last: Exception = e
+                only_refused = False
             except _TRANSPORT_ERRORS as e:
                 last = APIError("unavailable", f"{call.method} {base}: {e!r}")
                 last.__cause__ = e
+                only_refused = only_refused and _core.refused(e)
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
             left = wait_for - used
+            if connect_wait is not None and only_refused:
+                if used >= connect_wait:
+                    raise _core.nobody_listens(call, n, used, last)
+                left = min(left, connect_wait - used)
             if left <= 0:
                 raise StoreUnavailableError(
                     f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
@@ -294,8 +307,13 @@ class AsyncClient:
 
         return await run_async(self, make_op(self.config, **op), fn)
 
-    def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    def idempotent(self, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``;
+        the options are idemkv.idempotent's and are checked here, when it is applied."""
         from .decorator import idempotent
 
-        wrap: Callable[[Callable[..., T]], Callable[..., T]] = idempotent(client=self, **options)
+        wrap: Callable[[Callable[P, R]], Callable[P, R]] = idempotent(client=self, **options)
         return wrap
+
+    # with client.operation("run_9:approval_17"): the key of the block's tool calls.
+    operation = staticmethod(_operation)

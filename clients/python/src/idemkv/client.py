@@ -6,10 +6,11 @@ import http.client
 import ssl
 import threading
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from . import _core
+from ._context import operation as _operation
 from ._core import Call, Config
 from .errors import APIError, StoreUnavailableError
 from . import _otel
@@ -17,6 +18,8 @@ from . import _otel
 __all__ = ["Client"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Errors of one attempt after which the request is safe to send again: nothing came
 # back, so it may or may not have been applied, and every idemkv request is safe to
@@ -147,7 +150,8 @@ class Client:
             self._pool.put(base, conn)
         return _core.read_answer(resp.status, data)
 
-    def _send(self, call: Call, bound: Optional[float] = None) -> tuple[Any, bool]:
+    def _send(self, call: Call, bound: Optional[float] = None,
+              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
         """Sends call, retrying on another node after answers that leave it safe to
         repeat, until it succeeds or store_wait (plus a long-poll's wait) runs out.
         Returns the answer and whether an earlier attempt may have reached a node."""
@@ -158,6 +162,9 @@ class Client:
         # between them, not a long-poll's own wait (the Go client counts alike).
         used = 0.0
         retried = False
+        # connect_wait, when given, bounds the time while no endpoint even accepts a
+        # connection: nobody listens, and waiting out store_wait would not help.
+        only_refused = True
         n = 0
         while True:
             n += 1
@@ -171,13 +178,19 @@ class Client:
                     e.retried = retried  # type: ignore[attr-defined]
                     raise
                 last: Exception = e
+                only_refused = False
             except _TRANSPORT_ERRORS as e:
                 last = APIError("unavailable", f"{call.method} {base}: {e!r}")
                 last.__cause__ = e
+                only_refused = only_refused and _core.refused(e)
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
             left = wait_for - used
+            if connect_wait is not None and only_refused:
+                if used >= connect_wait:
+                    raise _core.nobody_listens(call, n, used, last)
+                left = min(left, connect_wait - used)
             if left <= 0:
                 raise StoreUnavailableError(
                     f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
@@ -263,9 +276,13 @@ class Client:
 
         return run_sync(self, make_op(self.config, **op), fn)
 
-    def idempotent(self, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
-        """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``."""
+    def idempotent(self, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """``@client.idempotent(key=..., effect=..., tool=..., side_effect=..., probe=...)``;
+        the options are idemkv.idempotent's and are checked here, when it is applied."""
         from .decorator import idempotent
 
-        wrap: Callable[[Callable[..., T]], Callable[..., T]] = idempotent(client=self, **options)
+        wrap: Callable[[Callable[P, R]], Callable[P, R]] = idempotent(client=self, **options)
         return wrap
+
+    # with client.operation("run_9:approval_17"): the key of the block's tool calls.
+    operation = staticmethod(_operation)

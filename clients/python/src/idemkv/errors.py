@@ -123,9 +123,19 @@ class InDoubtError(IdemkvError):
 
 
 class StoreUnavailableError(IdemkvError):
-    """No idemkv node answered within the store-wait bound. Nothing ran."""
+    """No idemkv node answered within the store-wait bound. Nothing ran.
+
+    ``.attempt_id`` names the attempt of the tool-call loop that gave up (None from a
+    low-level call). Its reserve may have landed with the answer lost: retry with it
+    (``attempt_id=`` on ``client.do``, or ``idemkv.operation(..., attempt_id=...)``)
+    and the server recognises the same attempt, instead of a stranger that has to wait
+    out the phantom lease and then finds the key in doubt."""
 
     kind = "store_unavailable"
+
+    def __init__(self, message: str, *, attempt_id: Optional[str] = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.attempt_id = attempt_id
 
 
 # The six kinds, in the order of the Go client's KindOf.

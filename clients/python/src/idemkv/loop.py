@@ -18,7 +18,7 @@ import datetime as _dt
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Generator, Optional, Sequence
 
 from . import _core, _otel
@@ -36,7 +36,8 @@ from .errors import (
 )
 from .jcs import fingerprint as _fingerprint
 
-__all__ = ["make_op", "Op", "Outcome", "Result", "Lease", "current_lease", "CLASSES"]
+__all__ = ["make_op", "Op", "Outcome", "Result", "Lease", "current_lease", "CLASSES", "OMITTED_RESULT_KEY",
+           "result_omitted"]
 
 READ_ONLY = "read_only"
 IDEMPOTENT = "idempotent_mutation"
@@ -57,6 +58,27 @@ _MAX_SETTLES = 8
 
 # Wire codes that say our lease went to a newer attempt (or the record is gone).
 _LOST = frozenset({"fenced", "not_pending", "not_found"})
+
+# The one member of the note stored in place of a result the server refused as too
+# large (the Go client's OmittedResultKey): the effect happened, so its receipt is
+# stored without the result rather than not at all (docs/protocol.md, "Results too
+# large to store").
+OMITTED_RESULT_KEY = "idemkv_result_omitted"
+
+
+def _omitted_note(size: int) -> dict[str, Any]:
+    return {OMITTED_RESULT_KEY: {"bytes": size, "message": (
+        f"the tool's result ({size} bytes) was larger than idemkv stores; "
+        "the call did take effect and its receipt is stored without the result")}}
+
+
+def result_omitted(result: Any) -> bool:
+    """Whether a stored result is the note that stands in for one too large to store."""
+    return isinstance(result, dict) and len(result) == 1 and OMITTED_RESULT_KEY in result
+
+
+def _encoded_size(v: Any) -> int:
+    return len(json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8"))
 
 
 @dataclass
@@ -82,6 +104,9 @@ class Outcome:
     replayed: bool = False  # the tool did not run; the receipt is the stored one
     probed: bool = False  # a recovered attempt found the effect through the probe
     unguarded: bool = False  # the store was unreachable and the tool ran without it
+    # The stored receipt holds the note of OMITTED_RESULT_KEY instead of the result,
+    # which was too large to store; this call's value is the tool's own when it ran.
+    result_omitted: bool = False
 
 
 @dataclass
@@ -113,6 +138,22 @@ class Op:
     # The budget for waiting on an unresponsive store before the tool runs, across
     # every reserve and long-poll of this call (the Go RunConfig.StoreWait).
     store_wait: float = 30.0
+    # Before the tool runs: the bound while every endpoint refuses connections (the Go
+    # and TypeScript ConnectWait); an answer of any node, such as an election's 503,
+    # lifts it to store_wait.
+    connect_wait: float = 3.0
+    # Names this attempt to the server (the Go Op.AttemptID); default: a fresh one.
+    # Pass StoreUnavailableError.attempt_id to retry a call whose reserve may have
+    # landed unanswered: the server recognises the same attempt instead of a stranger
+    # that waits out the phantom lease and then finds the key in doubt.
+    attempt_id: Optional[str] = None
+    # Exceptions of the tool that mean "the effect certainly did not happen" (the key
+    # is released, as for NotExecuted) and "failed for good" (stored and replayed, as
+    # for Permanent). Any other exception leaves the record pending.
+    not_executed_on: tuple[type[BaseException], ...] = ()
+    permanent_on: tuple[type[BaseException], ...] = ()
+    # The value of a tool as the JSON stored with its receipt (default: see _jsonable).
+    serialize: Optional[Callable[[Any], Any]] = None
 
     @classmethod
     def make(cls, config: Config, **kw: Any) -> "Op":
@@ -125,6 +166,7 @@ class Op:
         kw.setdefault("backoff_max", config.backoff_max)
         kw.setdefault("unguarded", config.on_store_unavailable == "unguarded")
         kw.setdefault("store_wait", config.store_wait)
+        kw.setdefault("connect_wait", config.connect_wait)
         if "side_effect" in kw:
             se = kw["side_effect"]
             if se not in CLASSES:
@@ -197,7 +239,7 @@ def default_result(op: Op, value: Any) -> Result:
         remote_system=op.remote_system or op.tool,
         remote_id=str(rid) if rid is not None else op.key,
         remote_url=url,
-        result=_jsonable(value),
+        result=_jsonable(value if op.serialize is None else op.serialize(value)),
     )
 
 
@@ -236,6 +278,7 @@ def _seconds_until(stamp: Any) -> Optional[float]:
 class _Send:
     call: Call
     bound: Optional[float] = None  # store_wait of this call (heartbeats use less)
+    connect_wait: Optional[float] = None  # before the tool runs: give up soon when nobody listens
 
 
 @dataclass
@@ -271,9 +314,13 @@ class _Loop:
     op: Op
     fp: str
     span: Any
-    attempt_id: str = field(default_factory=new_attempt_id)
+    attempt_id: str = ""
     # Store time spent before the tool ran (a long-poll's own wait excluded).
     used: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.attempt_id:
+            self.attempt_id = self.op.attempt_id or new_attempt_id()
 
     def outcome(self, g: _Grant, receipt: dict[str, Any], value: Any, **kw: Any) -> Outcome:
         attempts = int((g.record or {}).get("attempts", 0))
@@ -286,10 +333,15 @@ class _Loop:
         left = self.op.store_wait - self.used
         if left <= 0:
             raise StoreUnavailableError(
-                f"idemkv: {call.method} {call.route}: store_wait ({self.op.store_wait:g}s) spent before the tool ran")
+                f"idemkv: {call.method} {call.route}: store_wait ({self.op.store_wait:g}s) spent before the tool ran",
+                attempt_id=self.attempt_id)
         start = time.monotonic()
         try:
-            return (yield _Send(call, bound=left))
+            return (yield _Send(call, bound=left, connect_wait=self.op.connect_wait))
+        except StoreUnavailableError as e:
+            # The caller may retry as this same attempt (docs/protocol.md section 4).
+            e.attempt_id = self.attempt_id
+            raise
         finally:
             self.used += max(time.monotonic() - start - call.wait, 0.0)
 
@@ -371,7 +423,8 @@ class _Loop:
         if receipt.get("status") == "failed":
             raise _stored_failure(self.op.key, receipt, True, "replay", rec)
         g = _Grant("replay", int(rec.get("fence") or 0), rec)
-        return self.outcome(g, receipt, receipt.get("result"), replayed=True)
+        return self.outcome(g, receipt, receipt.get("result"), replayed=True,
+                            result_omitted=result_omitted(receipt.get("result")))
 
     def wait(self, res: dict[str, Any], waits: int, deadline: Optional[float]) -> Generator[Any, Any, None]:
         """Long-polls the record another attempt holds until it is settled or that
@@ -452,11 +505,12 @@ class _Loop:
         try:
             if found is not None:
                 self.span.add_event("probe", {"found": True})
-                receipt = yield _Send(_core.resolve_call(
-                    op.tenant, op.key, self.fp, "committed", found.remote_system, found.remote_id,
-                    found.remote_url or None, found.result))
+                res = found
+                receipt = yield from self.fitted(lambda r: _core.resolve_call(
+                    op.tenant, op.key, self.fp, "committed", res.remote_system, res.remote_id,
+                    res.remote_url or None, r), _jsonable(found.result))
                 g = _Grant(g.decision, int((g.record or {}).get("fence") or 0), g.record)
-                return self.outcome(g, receipt, value, probed=True)
+                return self.outcome(g, receipt, value, probed=True, result_omitted=result_omitted(receipt.get("result")))
             self.span.add_event("probe", {"found": False})
             yield _Send(_core.resolve_call(op.tenant, op.key, self.fp, "not_executed"))
         except APIError as e:
@@ -480,6 +534,11 @@ class _Loop:
         err = ran.error
         if err is None:
             return (yield from self.commit(g, self.as_result(ran.value), ran.value))
+        if not isinstance(err, (NotExecuted, Permanent)):
+            if isinstance(err, op.not_executed_on):
+                err = _declared(NotExecuted, err)
+            elif isinstance(err, op.permanent_on):
+                err = _declared(Permanent, err)
         if isinstance(err, NotExecuted) and earlier:
             self.span.add_event("left_pending")
             raise OutcomeUnknownError(
@@ -506,9 +565,14 @@ class _Loop:
 
     def commit(self, g: _Grant, res: Result, value: Any, probed: bool = False) -> Gen:
         op = self.op
+        result = _jsonable(res.result)
+
+        def call(r: Any) -> Call:
+            return _core.commit_call(op.tenant, op.key, self.fp, g.fence, res.remote_system, res.remote_id,
+                                     res.remote_url or None, r)
+
         try:
-            receipt = yield _Send(_core.commit_call(op.tenant, op.key, self.fp, g.fence, res.remote_system,
-                                                    res.remote_id, res.remote_url or None, _jsonable(res.result)))
+            receipt = yield from self.fitted(call, result)
         except (APIError, StoreUnavailableError) as e:
             raise OutcomeUnknownError(
                 f"idemkv: the tool ran but its receipt for {op.key!r} was not stored (remote id {res.remote_id!r}): {e}",
@@ -518,7 +582,21 @@ class _Loop:
             raise _stored_failure(op.key, receipt, True, g.decision, g.record)
         if receipt.get("remote_id"):
             self.span.set_attributes({_otel.RECEIPT_REMOTE_ID: receipt["remote_id"]})
-        return self.outcome(g, receipt, value, probed=probed)
+        return self.outcome(g, receipt, value, probed=probed, result_omitted=result_omitted(receipt.get("result")))
+
+    def fitted(self, call: Callable[[Any], Call], result: Any) -> Generator[Any, Any, Any]:
+        """Sends call(result); a result the server refuses as too large
+        (payload_too_large) is sent again as the note of OMITTED_RESULT_KEY."""
+        if result is not None and _encoded_size(result) > _core.MAX_BODY_BYTES:
+            # Over the body limit every server has: no need to ask.
+            return (yield _Send(call(_omitted_note(_encoded_size(result)))))
+        try:
+            return (yield _Send(call(result)))
+        except APIError as e:
+            if e.code != "payload_too_large" or result is None:
+                raise
+        self.span.add_event("result_omitted", {"bytes": _encoded_size(result)})
+        return (yield _Send(call(_omitted_note(_encoded_size(result)))))
 
     def fail(self, g: _Grant, perm: Permanent) -> Gen:
         op = self.op
@@ -593,6 +671,14 @@ def _in_doubt(key: str, record: Optional[dict[str, Any]], cause: Optional[BaseEx
 def _lost(key: str, ran: _Ran) -> OutcomeUnknownError:
     return OutcomeUnknownError(f"idemkv: lease on {key!r} lost to a newer attempt while the tool ran: {ran.lost}",
                                decision="execute", cause=ran.error or ran.lost)
+
+
+def _declared(kind: type[Exception], err: BaseException) -> Exception:
+    """err, of a class the call declared not_executed_on or permanent_on, as the mark
+    the loop acts on (NotExecuted or Permanent), with err as its cause."""
+    mark = kind(f"{type(err).__name__}: {err}")
+    mark.__cause__ = err
+    return mark
 
 
 def _printable(s: str, limit: int) -> str:

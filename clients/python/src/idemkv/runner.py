@@ -133,7 +133,7 @@ def run_sync(client: Any, op: Op, fn: Callable[[], Any]) -> Outcome:
             send, throw = None, None
             try:
                 if isinstance(eff, _Send):
-                    send = client._send(eff.call, bound=eff.bound)[0]
+                    send = client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait)[0]
                 elif isinstance(eff, _Sleep):
                     time.sleep(eff.seconds)
                 else:
@@ -249,7 +249,7 @@ async def run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]]) -> Ou
             send, throw = None, None
             try:
                 if isinstance(eff, _Send):
-                    send = (await client._send(eff.call, bound=eff.bound))[0]
+                    send = (await client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait))[0]
                 elif isinstance(eff, _Sleep):
                     await asyncio.sleep(eff.seconds)
                 else:
