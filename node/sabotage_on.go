@@ -74,14 +74,50 @@ type applySaboteur struct {
 func (s applySaboteur) Apply(l *raft.Log) any { return s.ApplyBatch([]*raft.Log{l})[0] }
 
 func (s applySaboteur) ApplyBatch(logs []*raft.Log) []any {
-	if !testhooks.Sabotaged(testhooks.IgnoreFences) {
+	ignoreFences, unbound := testhooks.Sabotaged(testhooks.IgnoreFences), testhooks.Sabotaged(testhooks.UnboundApproval)
+	if !ignoreFences && !unbound {
 		return s.FSM.ApplyBatch(logs)
 	}
 	out := make([]any, len(logs))
 	for i, l := range logs {
-		out[i] = s.FSM.ApplyBatch([]*raft.Log{s.ignoreFence(l)})[0]
+		if ignoreFences {
+			l = s.ignoreFence(l)
+		}
+		if unbound {
+			l = s.unbindApproval(l)
+		}
+		out[i] = s.FSM.ApplyBatch([]*raft.Log{l})[0]
 	}
 	return out
+}
+
+// unbindApproval returns l, or, under UnboundApproval, a copy of it whose reserve of
+// another fingerprint under an approved key carries the approved one: the approval is
+// no longer bound to the effect it was given for.
+func (s applySaboteur) unbindApproval(l *raft.Log) *raft.Log {
+	if l.Type != raft.LogCommand {
+		return l
+	}
+	cmd, err := fsm.DecodeCommand(l.Data)
+	if err != nil || cmd.Op != fsm.OpReserve {
+		return l
+	}
+	cur, err := s.FSM.Get(cmd.Reserve.Tenant, cmd.Reserve.Key, cmd.Now)
+	if err != nil || cur.Status != idemkv.StatusAwaitingApproval || cur.Approval == nil ||
+		cur.Approval.State != idemkv.ApprovalApproved || cur.Fingerprint == cmd.Reserve.Fingerprint {
+		return l
+	}
+	r := *cmd.Reserve
+	r.Fingerprint, r.Tool = cur.Fingerprint, cur.Tool
+	cmd.Reserve = &r
+	data, err := cmd.AppendBinary(nil)
+	if err != nil {
+		return l
+	}
+	s.log.Warn("sabotage unbound-approval: executing another effect under an approval", "approved", cur.Fingerprint, "received", cmd.Reserve.Fingerprint)
+	cp := *l
+	cp.Data = data
+	return &cp
 }
 
 // ignoreFence returns l, or a copy of it whose commit carries the record's fence.

@@ -67,6 +67,11 @@ const (
 	// node restarted with a clock hours fast that wins an election moves the state
 	// machine clock by hours at once. jepsen-lite's clock-restart nemesis must catch it.
 	UnanchoredStamps
+	// UnboundApproval unbinds an approval from its effect: a reserve of another
+	// fingerprint under a key whose approval was granted is applied as if it carried the
+	// approved fingerprint, so it gets execute and runs an effect nobody approved.
+	// jepsen-lite's approvals workload must catch it.
+	UnboundApproval
 )
 
 var modeNames = []struct {
@@ -85,6 +90,7 @@ var modeNames = []struct {
 	{UnboundedClock, "unbounded-clock"},
 	{LocalPending, "local-pending"},
 	{UnanchoredStamps, "unanchored-stamps"},
+	{UnboundApproval, "unbound-approval"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -173,7 +179,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | UnboundApproval
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {
