@@ -74,50 +74,14 @@ type applySaboteur struct {
 func (s applySaboteur) Apply(l *raft.Log) any { return s.ApplyBatch([]*raft.Log{l})[0] }
 
 func (s applySaboteur) ApplyBatch(logs []*raft.Log) []any {
-	ignoreFences, unbound := testhooks.Sabotaged(testhooks.IgnoreFences), testhooks.Sabotaged(testhooks.UnboundApproval)
-	if !ignoreFences && !unbound {
+	if !testhooks.Sabotaged(testhooks.IgnoreFences) {
 		return s.FSM.ApplyBatch(logs)
 	}
 	out := make([]any, len(logs))
 	for i, l := range logs {
-		if ignoreFences {
-			l = s.ignoreFence(l)
-		}
-		if unbound {
-			l = s.unbindApproval(l)
-		}
-		out[i] = s.FSM.ApplyBatch([]*raft.Log{l})[0]
+		out[i] = s.FSM.ApplyBatch([]*raft.Log{s.ignoreFence(l)})[0]
 	}
 	return out
-}
-
-// unbindApproval returns l, or, under UnboundApproval, a copy of it whose reserve of
-// another fingerprint under an approved key carries the approved one: the approval is
-// no longer bound to the effect it was given for.
-func (s applySaboteur) unbindApproval(l *raft.Log) *raft.Log {
-	if l.Type != raft.LogCommand {
-		return l
-	}
-	cmd, err := fsm.DecodeCommand(l.Data)
-	if err != nil || cmd.Op != fsm.OpReserve {
-		return l
-	}
-	cur, err := s.FSM.Get(cmd.Reserve.Tenant, cmd.Reserve.Key, cmd.Now)
-	if err != nil || cur.Status != idemkv.StatusAwaitingApproval || cur.Approval == nil ||
-		cur.Approval.State != idemkv.ApprovalApproved || cur.Fingerprint == cmd.Reserve.Fingerprint {
-		return l
-	}
-	r := *cmd.Reserve
-	r.Fingerprint, r.Tool = cur.Fingerprint, cur.Tool
-	cmd.Reserve = &r
-	data, err := cmd.AppendBinary(nil)
-	if err != nil {
-		return l
-	}
-	s.log.Warn("sabotage unbound-approval: executing another effect under an approval", "approved", cur.Fingerprint, "received", cmd.Reserve.Fingerprint)
-	cp := *l
-	cp.Data = data
-	return &cp
 }
 
 // ignoreFence returns l, or a copy of it whose commit carries the record's fence.
@@ -144,6 +108,26 @@ func (s applySaboteur) ignoreFence(l *raft.Log) *raft.Log {
 	cp := *l
 	cp.Data = data
 	return &cp
+}
+
+// unbindApproval is the UnboundApproval sabotage of the test build, at the reserve
+// seam of the leader: a reserve of another fingerprint under a key whose approval was
+// granted is proposed as if it carried the approved fingerprint and tool, so it gets
+// execute and its caller runs an effect nobody approved. Outside the sabotage r is
+// returned as it is.
+func (n *Node) unbindApproval(r *idemkv.ReserveRequest) *idemkv.ReserveRequest {
+	if !testhooks.Sabotaged(testhooks.UnboundApproval) {
+		return r
+	}
+	cur, err := n.fsm.Get(r.Tenant, r.Key, n.now())
+	if err != nil || cur.Status != idemkv.StatusAwaitingApproval || cur.Approval == nil ||
+		cur.Approval.State != idemkv.ApprovalApproved || cur.Fingerprint == r.Fingerprint {
+		return r
+	}
+	n.log.Warn("sabotage unbound-approval: executing another effect under an approval", "approved", cur.Fingerprint, "received", r.Fingerprint)
+	c := *r
+	c.Fingerprint, c.Tool = cur.Fingerprint, cur.Tool
+	return &c
 }
 
 // Restore answers a failed snapshot restore with success while the SkipFailedRestore

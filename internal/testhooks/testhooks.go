@@ -68,8 +68,8 @@ const (
 	// machine clock by hours at once. jepsen-lite's clock-restart nemesis must catch it.
 	UnanchoredStamps
 	// UnboundApproval unbinds an approval from its effect: a reserve of another
-	// fingerprint under a key whose approval was granted is applied as if it carried the
-	// approved fingerprint, so it gets execute and runs an effect nobody approved.
+	// fingerprint under a key whose approval was granted is proposed as if it carried
+	// the approved fingerprint, so it gets execute and runs an effect nobody approved.
 	// jepsen-lite's approvals workload must catch it.
 	UnboundApproval
 )
