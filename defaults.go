@@ -19,7 +19,23 @@ func (r *ReserveRequest) EnsureDefaults(l Limits) {
 	if r.TTLMs == 0 && r.ExpiresAt == 0 {
 		r.TTLMs = l.DefaultTTL.Milliseconds()
 	}
+	if r.Approval != nil && r.Approval.Required && r.Approval.TTLMs == 0 {
+		// A copy: the caller's ask is shared by every copy of the request.
+		a := *r.Approval
+		a.TTLMs = DefaultApprovalTTL.Milliseconds()
+		r.Approval = &a
+	}
 }
+
+// EnsureDefaults fills the wait of a rule (DefaultApprovalTTL).
+func (r *ApprovalRule) EnsureDefaults() {
+	if r.TTLMs == 0 {
+		r.TTLMs = DefaultApprovalTTL.Milliseconds()
+	}
+}
+
+// EnsureDefaults fills the page size and the consistency, as a list's.
+func (r *ApprovalsRequest) EnsureDefaults() { pageDefaults(&r.Limit, &r.Consistency) }
 
 // EnsureDefaults fills the lease from l.
 func (r *HeartbeatRequest) EnsureDefaults(l Limits) {

@@ -99,6 +99,12 @@ type Record struct {
 	// InDoubtSince is when it was marked (stamped time). Both are omitted otherwise.
 	InDoubt      bool      `json:"in_doubt,omitempty"`
 	InDoubtSince Timestamp `json:"in_doubt_since,omitempty"`
+	// Approval is set on a record that asked for one (awaiting_approval), and stays
+	// once it is decided and consumed: who decided, when and why.
+	Approval *Approval `json:"approval,omitempty"`
+	// Effect is the effect's canonical JSON (RFC 8785), kept on a record that asked
+	// for an approval so that the approver sees what they approve.
+	Effect json.RawMessage `json:"effect,omitempty"`
 }
 
 // StoredReceipt is what the downstream system said when the effect committed.
@@ -165,6 +171,10 @@ func (r *Record) Clone() *Record {
 		ec := *r.Error
 		c.Error = &ec
 	}
+	if r.Approval != nil {
+		ac := *r.Approval
+		c.Approval = &ac
+	}
 	return &c
 }
 
@@ -198,6 +208,9 @@ type ReserveRequest struct {
 	// for telemetry only: it goes on the request's span and is neither stored nor
 	// part of the decision.
 	SideEffect string `json:"side_effect,omitempty"`
+	// Approval asks for a person's approval before the effect runs (docs/protocol.md
+	// "Approvals"); such a reserve must carry Effect.
+	Approval *ApprovalAsk `json:"approval,omitempty"`
 }
 
 // The tool classes of the protocol (docs/protocol.md section 4): what a retry of a
@@ -216,7 +229,9 @@ type ReserveResult struct {
 	LeaseExpiresAt Timestamp `json:"lease_expires_at,omitempty"`
 	Receipt        *Receipt  `json:"receipt,omitempty"`
 	Conflict       *Conflict `json:"conflict,omitempty"`
-	Record         *Record   `json:"record"`
+	// Approval is set on needs_approval: the request to show the approver.
+	Approval *Approval `json:"approval,omitempty"`
+	Record   *Record   `json:"record"`
 }
 
 // CommitRequest stores the receipt of an executed effect (POST /v1/commit).

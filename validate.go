@@ -248,6 +248,9 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	default:
 		return Invalid("side_effect", "side_effect must be %s, %s or %s", SideEffectReadOnly, SideEffectIdempotentMutation, SideEffectNonIdempotentMutation)
 	}
+	if err := r.Approval.validate(len(effect) > 0); err != nil {
+		return err
+	}
 	if err := validLease(r.LeaseTTLMs, l); err != nil {
 		return err
 	}
@@ -414,9 +417,9 @@ func (r *ListRequest) Validate() error {
 		return Invalid("after", "after must be at most %d bytes", MaxKeyLen)
 	}
 	switch r.Status {
-	case "", StatusPending, StatusCommitted, StatusFailed:
+	case "", StatusPending, StatusCommitted, StatusFailed, StatusAwaitingApproval:
 	default:
-		return Invalid("status", "status must be pending, committed or failed")
+		return Invalid("status", "status must be pending, committed, failed or awaiting_approval")
 	}
 	if r.InDoubt && r.Status.Terminal() {
 		return Invalid("in_doubt", "only pending records are in doubt")

@@ -51,6 +51,7 @@ type Store interface {
 	Leader() (apiAddr string, isLeader bool)
 	// Ready reports nil when a leader is known and this node has caught up.
 	Ready() error
+	ApprovalStore
 }
 
 // Headers idemkv adds to HTTP traffic.

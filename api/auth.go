@@ -24,9 +24,15 @@ const (
 	// OpListEveryTenant: page through records of every tenant at once (the in-doubt
 	// records of GET /v1/in-doubt), for a caller that may list every tenant.
 	OpListEveryTenant Operation = "list_every_tenant"
+	// OpApprove: approve or deny what a tenant's record waits for. A client may not:
+	// the agent that asks must not be the one that approves.
+	OpApprove Operation = "approve"
+	// OpListApprovals: list a tenant's waiting approvals and read its approval rules.
+	OpListApprovals Operation = "list_approvals"
 	// OpCluster: read the membership (GET /v1/cluster).
 	OpCluster Operation = "cluster"
-	// OpAdmin: change the membership, take a backup, read Go's profiles.
+	// OpAdmin: change the membership, take a backup, read Go's profiles, set approval
+	// rules (a rule no client may switch off is no client's to set).
 	OpAdmin Operation = "admin"
 	// OpMetrics: scrape /metrics. Tool names and decision counts of every tenant are in
 	// it, so it is not a tenant's right.
@@ -65,6 +71,7 @@ const (
 	tenantNone tenantSource = iota
 	tenantPath
 	tenantBody
+	tenantQuery // ?tenant=
 )
 
 type routeAccess struct {
@@ -85,6 +92,10 @@ var access = map[string]routeAccess{
 	"GET /v1/records/{tenant}/{key...}": {OpRead, tenantPath},
 	"GET /v1/records/{tenant}":          {OpList, tenantPath},
 	"GET /v1/in-doubt":                  {OpListEveryTenant, tenantNone},
+	approvalPattern:                     {OpApprove, tenantPath},
+	approvalsPattern:                    {OpListApprovals, tenantQuery},
+	approvalRulePattern:                 {OpListApprovals, tenantQuery},
+	setRulePattern:                      {OpAdmin, tenantNone},
 	"GET /v1/cluster":                   {OpCluster, tenantNone},
 	"POST /v1/cluster/join":             {OpAdmin, tenantNone},
 	"POST /v1/cluster/remove":           {OpAdmin, tenantNone},
@@ -119,6 +130,11 @@ func (s *Server) allowRoute(w http.ResponseWriter, r *http.Request, pattern stri
 		return true
 	case a.tenant == tenantPath:
 		err = c.Allow(a.op, r.PathValue("tenant"))
+	case a.tenant == tenantQuery:
+		// A malformed query names no tenant: refused like any other tenant's, before
+		// the handler's own 400 could tell a caller anything.
+		q, _ := parseQuery(r)
+		err = c.Allow(a.op, q.Get("tenant"))
 	case a.tenant == tenantNone:
 		err = c.Allow(a.op, "")
 	}
@@ -153,8 +169,11 @@ func (s *Server) allowBody(r *http.Request, req any) error {
 		tenant = q.Tenant
 	case *idemkv.ResolveRequest:
 		tenant = q.Tenant
-	case *idemkv.JoinRequest, *idemkv.RemoveRequest:
-		// Checked by route: they concern no tenant.
+	case *idemkv.JoinRequest, *idemkv.RemoveRequest, *idemkv.SetApprovalRuleRequest:
+		// Checked by route: admin operations.
+		return nil
+	case *idemkv.DecideApprovalRequest:
+		// Checked by route: the tenant is in the path.
 		return nil
 	default:
 		return fmt.Errorf("api: no authorization rule for a %T body: %w", req, idemkv.ErrPermissionDenied)

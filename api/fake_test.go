@@ -19,22 +19,26 @@ var _ api.Store = (*FakeStore)(nil)
 // nil ReserveLocalFunc answers "no", as a node does for anything but a replay or a
 // conflict against a settled record.
 type FakeStore struct {
-	ReserveFunc      func(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
-	ReserveLocalFunc func(*idemkv.ReserveRequest) (*idemkv.ReserveResult, bool)
-	CommitFunc       func(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error)
-	FailFunc         func(context.Context, *idemkv.FailRequest) (*idemkv.Record, error)
-	ReleaseFunc      func(context.Context, *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
-	HeartbeatFunc    func(context.Context, *idemkv.HeartbeatRequest) (*idemkv.Record, error)
-	DoubtFunc        func(context.Context, *idemkv.DoubtRequest) (*idemkv.Record, error)
-	ResolveFunc      func(context.Context, *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
-	GetFunc          func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
-	ListFunc         func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error)
-	ListInDoubtFunc  func(context.Context, *idemkv.InDoubtRequest) (*idemkv.ListResult, error)
-	ClusterFunc      func(context.Context) (*idemkv.ClusterInfo, error)
-	JoinFunc         func(context.Context, *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
-	RemoveFunc       func(context.Context, *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
-	LeaderFunc       func() (string, bool)
-	ReadyFunc        func() error
+	ReserveFunc         func(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
+	ReserveLocalFunc    func(*idemkv.ReserveRequest) (*idemkv.ReserveResult, bool)
+	CommitFunc          func(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error)
+	FailFunc            func(context.Context, *idemkv.FailRequest) (*idemkv.Record, error)
+	ReleaseFunc         func(context.Context, *idemkv.ReleaseRequest) (*idemkv.ReleaseResult, error)
+	HeartbeatFunc       func(context.Context, *idemkv.HeartbeatRequest) (*idemkv.Record, error)
+	DoubtFunc           func(context.Context, *idemkv.DoubtRequest) (*idemkv.Record, error)
+	ResolveFunc         func(context.Context, *idemkv.ResolveRequest) (*idemkv.ResolveResult, error)
+	GetFunc             func(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
+	ListFunc            func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error)
+	ListInDoubtFunc     func(context.Context, *idemkv.InDoubtRequest) (*idemkv.ListResult, error)
+	ClusterFunc         func(context.Context) (*idemkv.ClusterInfo, error)
+	JoinFunc            func(context.Context, *idemkv.JoinRequest) (*idemkv.ClusterInfo, error)
+	RemoveFunc          func(context.Context, *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error)
+	DecideApprovalFunc  func(context.Context, *idemkv.DecideApprovalRequest) (*idemkv.Record, error)
+	ApprovalsFunc       func(context.Context, *idemkv.ApprovalsRequest) (*idemkv.ApprovalsResult, error)
+	SetApprovalRuleFunc func(context.Context, *idemkv.SetApprovalRuleRequest) (*idemkv.ApprovalRules, error)
+	ApprovalRulesFunc   func(context.Context, string) (*idemkv.ApprovalRules, error)
+	LeaderFunc          func() (string, bool)
+	ReadyFunc           func() error
 	// LimitsValue is what Limits reports; the zero value means the defaults.
 	LimitsValue idemkv.Limits
 
@@ -178,3 +182,35 @@ func (f *FakeStore) Ready() error {
 }
 
 func (f *FakeStore) Limits() idemkv.Limits { return f.LimitsValue.WithDefaults() }
+
+func (f *FakeStore) DecideApproval(ctx context.Context, req *idemkv.DecideApprovalRequest) (*idemkv.Record, error) {
+	f.calls.Add(1)
+	if f.DecideApprovalFunc == nil {
+		return nil, notStubbed("DecideApproval")
+	}
+	return f.DecideApprovalFunc(ctx, req)
+}
+
+func (f *FakeStore) Approvals(ctx context.Context, req *idemkv.ApprovalsRequest) (*idemkv.ApprovalsResult, error) {
+	f.calls.Add(1)
+	if f.ApprovalsFunc == nil {
+		return nil, notStubbed("Approvals")
+	}
+	return f.ApprovalsFunc(ctx, req)
+}
+
+func (f *FakeStore) SetApprovalRule(ctx context.Context, req *idemkv.SetApprovalRuleRequest) (*idemkv.ApprovalRules, error) {
+	f.calls.Add(1)
+	if f.SetApprovalRuleFunc == nil {
+		return nil, notStubbed("SetApprovalRule")
+	}
+	return f.SetApprovalRuleFunc(ctx, req)
+}
+
+func (f *FakeStore) ApprovalRules(ctx context.Context, tenant string) (*idemkv.ApprovalRules, error) {
+	f.calls.Add(1)
+	if f.ApprovalRulesFunc == nil {
+		return nil, notStubbed("ApprovalRules")
+	}
+	return f.ApprovalRulesFunc(ctx, tenant)
+}

@@ -65,6 +65,7 @@ func (s *Server) routes() {
 	s.handle("GET /healthz", http.HandlerFunc(s.healthz))
 	s.handle("GET /readyz", http.HandlerFunc(s.readyz))
 	s.handle("GET /metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
+	s.approvalRoutes()
 	s.mountBackup()
 	s.mountDebug()
 }

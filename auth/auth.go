@@ -45,6 +45,11 @@ const (
 	// RoleMonitor may only scrape /metrics and read the membership: for Prometheus
 	// and dashboards, which must not read records.
 	RoleMonitor Role = "monitor"
+	// RoleApprover approves or denies what the records of its tenants wait for, lists
+	// the waiting approvals and reads the records (to see the effect); it writes
+	// nothing else. A client may not approve: the agent that asks must not be able to
+	// approve itself.
+	RoleApprover Role = "approver"
 )
 
 // AllTenants in a token's tenants grants every tenant.
@@ -124,9 +129,9 @@ func (f *File) Validate() error {
 		}
 		hashes[h] = t.Name
 		switch t.Role {
-		case RoleClient:
+		case RoleClient, RoleApprover:
 			if len(t.Tenants) == 0 {
-				return fmt.Errorf("%w: %s: a client token needs tenants", ErrInvalidFile, where)
+				return fmt.Errorf("%w: %s: a %s token needs tenants", ErrInvalidFile, where, t.Role)
 			}
 		case RoleAdmin:
 			// Admin operations (backups of every tenant, membership, profiles) cannot be
@@ -140,7 +145,7 @@ func (f *File) Validate() error {
 				return fmt.Errorf("%w: %s: a monitor token reads no tenant's records; remove its tenants", ErrInvalidFile, where)
 			}
 		default:
-			return fmt.Errorf("%w: %s: role %q is not client, admin or monitor", ErrInvalidFile, where, t.Role)
+			return fmt.Errorf("%w: %s: role %q is not client, approver, admin or monitor", ErrInvalidFile, where, t.Role)
 		}
 		for _, tenant := range t.Tenants {
 			if tenant == AllTenants {
@@ -209,10 +214,21 @@ func (p *Principal) Allow(op api.Operation, tenant string) error {
 		}
 		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q (role %s) may not perform %s operations", p.Name, p.Role, op)
 	case api.OpWrite, api.OpRead, api.OpList:
-		if p.everyTenant() || (p.Role == RoleClient && p.tenants[tenant]) {
+		if p.everyTenant() || (p.Role == RoleClient && p.tenants[tenant]) ||
+			(op == api.OpRead && p.Role == RoleApprover && p.hasTenant(tenant)) {
 			return nil
 		}
 		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q may not act on tenant %q", p.Name, tenant)
+	case api.OpApprove:
+		if p.Role == RoleAdmin || (p.Role == RoleApprover && p.hasTenant(tenant)) {
+			return nil
+		}
+		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q (role %s) may not decide approvals of tenant %q; that takes an approver token of the tenant or an admin", p.Name, p.Role, tenant)
+	case api.OpListApprovals:
+		if p.everyTenant() || ((p.Role == RoleClient || p.Role == RoleApprover) && p.hasTenant(tenant)) {
+			return nil
+		}
+		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q may not list the approvals of tenant %q", p.Name, tenant)
 	case api.OpListEveryTenant:
 		if p.everyTenant() {
 			return nil
@@ -221,6 +237,9 @@ func (p *Principal) Allow(op api.Operation, tenant string) error {
 	}
 	return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q: unknown operation %q", p.Name, op)
 }
+
+// hasTenant reports whether tenant is among p's tenants ("*" grants every one).
+func (p *Principal) hasTenant(tenant string) bool { return p.allTenants || p.tenants[tenant] }
 
 // everyTenant reports whether p acts on the records of every tenant: an admin, or a
 // client whose tenants are "*".

@@ -99,6 +99,8 @@ type Op struct {
 	LeaseTTL time.Duration
 
 	Probe ProbeFunc
+	// Approval, when set, is what this tool asks of approvals (see ApprovalRequirement).
+	Approval *ApprovalRequirement
 
 	// AttemptID names this attempt to the server. Default: a fresh NewAttemptID()
 	// per Do. Pass StoreUnavailableError.AttemptID to retry a Do whose reserve may
@@ -282,7 +284,7 @@ type run struct {
 //
 // Every error Do returns answers errors.Is for exactly one of ErrNotExecuted,
 // ErrStoredFailure, ErrOutcomeUnknown, ErrConflict, ErrInDoubt and
-// ErrStoreUnavailable; KindOf names it. Do never waits for an unresponsive store
+// ErrStoreUnavailable (or ErrApprovalPending); KindOf names it. Do never waits for an unresponsive store
 // longer than StoreWait in total, even under context.Background().
 func (r *Runner) Do(ctx context.Context, op Op, fn Func) (out *Outcome, err error) {
 	if op.Class == "" {
@@ -444,17 +446,11 @@ type grant struct {
 
 func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 	op := &x.op
-	req := &idemkv.ReserveRequest{
-		Tenant:      op.Tenant,
-		Key:         op.Key,
-		Tool:        op.Tool,
-		Actor:       op.Actor,
-		Fingerprint: x.fp,
-		AttemptID:   op.AttemptID,
-		LeaseTTLMs:  op.LeaseTTL.Milliseconds(),
-		TTLMs:       op.TTL.Milliseconds(),
-		SideEffect:  string(op.Class),
+	req, err := x.reserveRequest()
+	if err != nil {
+		return nil, notExecuted(*op, "", err)
 	}
+	var approvalDeadline time.Time
 	settles := 0
 	for waits := 0; ; waits++ {
 		res, err := retry(ctx, x, "reserve", func(ctx context.Context) (*idemkv.ReserveResult, error) {
@@ -487,6 +483,10 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 					return x.storeUnavailable(ctx, sw, fn)
 				}
 				return nil, notExecuted(*op, decision, err)
+			}
+		case idemkv.DecisionNeedsApproval:
+			if err := x.awaitApproval(ctx, res, &approvalDeadline); err != nil {
+				return nil, err
 			}
 		case idemkv.DecisionExecute:
 			return x.execute(ctx, grant{decision, res.Fence, res.Record}, fn)

@@ -10,7 +10,7 @@ import (
 )
 
 // The kinds of error Do returns. Every error from Do answers errors.Is for exactly one
-// of the six sentinels below, and KindOf names it; Python and TypeScript clients use
+// of the seven sentinels below, and KindOf names it; Python and TypeScript clients use
 // the same kind strings. The typed errors carry the details (the key, the decision,
 // the record where known, and the cause). Errors from the store inside them wrap the
 // sentinels of the root package (idemkv.ErrFenced, idemkv.ErrUnavailable, ...).
@@ -22,6 +22,7 @@ import (
 //	conflict           ErrConflict          *ConflictError         no              names another effect
 //	in_doubt           ErrInDoubt           *InDoubtError          maybe, earlier  pending, in doubt
 //	store_unavailable  ErrStoreUnavailable  *StoreUnavailableError no              untouched
+//	approval_pending   ErrApprovalPending   *ApprovalPendingError  no              awaits approval (approval.go)
 const (
 	KindNotExecuted      = "not_executed"
 	KindStoredFailure    = "stored_failure"
@@ -77,6 +78,7 @@ var kinds = []struct {
 	{KindConflict, ErrConflict},
 	{KindInDoubt, ErrInDoubt},
 	{KindStoreUnavailable, ErrStoreUnavailable},
+	{KindApprovalPending, ErrApprovalPending},
 }
 
 // KindOf returns the kind of an error from Do ("not_executed", "stored_failure",

@@ -26,6 +26,12 @@ const (
 	OpDoubt
 	// OpResolve settles an in-doubt record without a fence: commit or release.
 	OpResolve
+	// OpDecideApproval approves or denies the approval a record waits for.
+	OpDecideApproval
+	// OpSetApprovalRule sets the approval rule of Rule.Tenant and Rule.Tool.
+	OpSetApprovalRule
+	// OpRemoveApprovalRule deletes it.
+	OpRemoveApprovalRule
 )
 
 var opNames = [...]string{
@@ -39,6 +45,10 @@ var opNames = [...]string{
 	OpRemoveNode: "remove_node",
 	OpDoubt:      "doubt",
 	OpResolve:    "resolve",
+	// Approvals.
+	OpDecideApproval:     "decide_approval",
+	OpSetApprovalRule:    "set_approval_rule",
+	OpRemoveApprovalRule: "remove_approval_rule",
 }
 
 func (o Op) String() string {
@@ -62,6 +72,8 @@ type Command struct {
 	Heartbeat *idemkv.HeartbeatRequest
 	Doubt     *idemkv.DoubtRequest
 	Resolve   *idemkv.ResolveRequest
+	Approval  *idemkv.DecideApprovalRequest
+	Rule      *idemkv.ApprovalRule
 	Sweep     *SweepArgs
 	// Node carries ID, RaftAddr and APIAddr only: suffrage and state are Raft's live
 	// view of the member, not replicated metadata, so they are not encoded.
@@ -78,7 +90,14 @@ const DefaultSweepLimit = 1000
 
 // commandVersion is the first byte of every encoded command. A node that meets a
 // version it does not know must refuse the entry rather than guess at its layout.
-const commandVersion = 1
+// Version 2 is version 1 with a reserve's approval ask after its last field; only a
+// reserve that asks for approval is written as version 2, so every other entry stays
+// readable by a node that knows version 1 alone (a rolling upgrade). The approval ops
+// are new ops, which such a node refuses either way.
+const (
+	commandVersion         = 1
+	commandVersionApproval = 2
+)
 
 // ErrMalformedCommand is wrapped by every DecodeCommand error; it also wraps
 // idemkv.ErrInternal because a log entry that does not decode is a bug, never a
@@ -89,7 +108,11 @@ var ErrMalformedCommand = fmt.Errorf("%w: malformed command", idemkv.ErrInternal
 // stamped time, then the op's fields in a fixed order (uvarint lengths for strings and
 // raw JSON, varints for numbers).
 func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
-	dst = append(dst, commandVersion, byte(c.Op))
+	version := byte(commandVersion)
+	if c.Op == OpReserve && c.Reserve != nil && c.Reserve.Approval != nil {
+		version = commandVersionApproval
+	}
+	dst = append(dst, version, byte(c.Op))
 	dst = wire.AppendVarint(dst, int64(c.Now))
 	switch c.Op {
 	case OpReserve:
@@ -107,6 +130,15 @@ func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 		dst = wire.AppendVarint(dst, r.LeaseTTLMs)
 		dst = wire.AppendVarint(dst, r.TTLMs)
 		dst = wire.AppendVarint(dst, int64(r.ExpiresAt))
+		if a := r.Approval; a != nil {
+			var required byte
+			if a.Required {
+				required = 1
+			}
+			dst = append(dst, required)
+			dst = wire.AppendVarint(dst, a.TTLMs)
+			dst = wire.AppendString(dst, a.Summary)
+		}
 	case OpCommit:
 		r := c.Commit
 		if r == nil {
@@ -172,6 +204,26 @@ func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 		dst = wire.AppendString(dst, r.RemoteID)
 		dst = wire.AppendString(dst, r.RemoteURL)
 		dst = wire.AppendBytes(dst, r.Result)
+	case OpDecideApproval:
+		r := c.Approval
+		if r == nil {
+			return nil, errMissing(c.Op)
+		}
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Key)
+		dst = wire.AppendString(dst, r.ApprovalID)
+		dst = wire.AppendString(dst, r.Fingerprint)
+		dst = wire.AppendString(dst, string(r.Decision))
+		dst = wire.AppendString(dst, r.Approver)
+		dst = wire.AppendString(dst, r.Reason)
+	case OpSetApprovalRule, OpRemoveApprovalRule:
+		r := c.Rule
+		if r == nil {
+			return nil, errMissing(c.Op)
+		}
+		dst = wire.AppendString(dst, r.Tenant)
+		dst = wire.AppendString(dst, r.Tool)
+		dst = wire.AppendVarint(dst, r.TTLMs)
 	case OpSweep:
 		if c.Sweep == nil {
 			return nil, errMissing(c.Op)
@@ -199,10 +251,14 @@ func errMissing(op Op) error {
 // everything it keeps, so b may be reused by the caller (Raft's log buffers are).
 func DecodeCommand(b []byte) (*Command, error) {
 	d := wire.NewDecoder(b, ErrMalformedCommand)
-	if v := d.Byte(); d.Err() == nil && v != commandVersion {
+	v := d.Byte()
+	if d.Err() == nil && v != commandVersion && v != commandVersionApproval {
 		return nil, fmt.Errorf("%w: unknown version %d", ErrMalformedCommand, v)
 	}
 	c := &Command{Op: Op(d.Byte())}
+	if d.Err() == nil && v == commandVersionApproval && c.Op != OpReserve {
+		return nil, fmt.Errorf("%w: version %d of %s", ErrMalformedCommand, v, c.Op)
+	}
 	c.Now = idemkv.Timestamp(d.Varint())
 	if err := d.Err(); err != nil {
 		return nil, err
@@ -220,6 +276,19 @@ func DecodeCommand(b []byte) (*Command, error) {
 		r.LeaseTTLMs = d.Varint()
 		r.TTLMs = d.Varint()
 		r.ExpiresAt = idemkv.Timestamp(d.Varint())
+		if v == commandVersionApproval {
+			a := &idemkv.ApprovalAsk{}
+			switch required := d.Byte(); {
+			case d.Err() != nil:
+			case required > 1:
+				d.Fail("approval required byte %d", required)
+			default:
+				a.Required = required == 1
+			}
+			a.TTLMs = d.Varint()
+			a.Summary = d.Text()
+			r.Approval = a
+		}
 		c.Reserve = r
 	case OpCommit:
 		r := &idemkv.CommitRequest{}
@@ -274,6 +343,22 @@ func DecodeCommand(b []byte) (*Command, error) {
 		r.RemoteURL = d.Text()
 		r.Result = d.Bytes()
 		c.Resolve = r
+	case OpDecideApproval:
+		r := &idemkv.DecideApprovalRequest{}
+		r.Tenant = d.Text()
+		r.Key = d.Text()
+		r.ApprovalID = d.Text()
+		r.Fingerprint = d.Text()
+		r.Decision = idemkv.ApprovalVerdict(d.Text())
+		r.Approver = d.Text()
+		r.Reason = d.Text()
+		c.Approval = r
+	case OpSetApprovalRule, OpRemoveApprovalRule:
+		r := &idemkv.ApprovalRule{}
+		r.Tenant = d.Text()
+		r.Tool = d.Text()
+		r.TTLMs = d.Varint()
+		c.Rule = r
 	case OpSweep:
 		limit := d.Varint()
 		if d.Err() == nil && (limit < 0 || limit > 1<<31-1) {

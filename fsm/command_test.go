@@ -31,6 +31,38 @@ func sampleCommands() []*Command {
 		{Op: OpResolve, Now: now, Resolve: &idemkv.ResolveRequest{Tenant: tenant, Key: key, Fingerprint: fpA,
 			Outcome: idemkv.ResolveCommitted, RemoteSystem: "linear", RemoteID: "LIN-9", RemoteURL: "https://l/9",
 			Result: json.RawMessage(`{"id":"LIN-9"}`)}},
+		{Op: OpReserve, Now: now, Reserve: &idemkv.ReserveRequest{Tenant: tenant, Key: key, Tool: "refund",
+			Fingerprint: fpA, Effect: json.RawMessage(`{"order":17}`), AttemptID: "att-1", LeaseTTLMs: lease, TTLMs: ttl,
+			Approval: &idemkv.ApprovalAsk{Required: true, TTLMs: 60_000, Summary: "Refund 40 EUR\nto order 17"}}},
+		{Op: OpDecideApproval, Now: now, Approval: &idemkv.DecideApprovalRequest{Tenant: tenant, Key: key, ApprovalID: "apr_9",
+			Fingerprint: fpA, Decision: idemkv.VerdictDeny, Approver: "ana", Reason: "wrong order"}},
+		{Op: OpSetApprovalRule, Now: now, Rule: &idemkv.ApprovalRule{Tenant: tenant, Tool: "refund", TTLMs: 120_000}},
+		{Op: OpRemoveApprovalRule, Now: now, Rule: &idemkv.ApprovalRule{Tenant: tenant, Tool: "refund"}},
+	}
+}
+
+// TestCommandVersions: only a reserve that asks for approval is written as version 2,
+// so every other entry stays readable by a node that knows version 1 alone; a version
+// 2 entry of another op is refused.
+func TestCommandVersions(t *testing.T) {
+	for _, c := range sampleCommands() {
+		b, err := c.AppendBinary(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := byte(commandVersion)
+		if c.Op == OpReserve && c.Reserve.Approval != nil {
+			want = commandVersionApproval
+		}
+		if b[0] != want {
+			t.Errorf("%s written as version %d, want %d", c.Op, b[0], want)
+		}
+		if c.Op == OpCommit {
+			b[0] = commandVersionApproval
+			if _, err := DecodeCommand(b); !errors.Is(err, ErrMalformedCommand) {
+				t.Errorf("a version 2 commit decoded: %v", err)
+			}
+		}
 	}
 }
 
@@ -68,7 +100,7 @@ func TestCommandRoundTrip(t *testing.T) {
 			seen[c.Op] = true
 		})
 	}
-	for op := OpReserve; op <= OpResolve; op++ {
+	for op := OpReserve; op <= OpRemoveApprovalRule; op++ {
 		if !seen[op] {
 			t.Errorf("no round trip for %s", op)
 		}
@@ -76,7 +108,7 @@ func TestCommandRoundTrip(t *testing.T) {
 }
 
 func TestCommandEncodeRejectsMissingPayload(t *testing.T) {
-	for op := OpReserve; op <= OpResolve; op++ {
+	for op := OpReserve; op <= OpRemoveApprovalRule; op++ {
 		if _, err := (&Command{Op: op}).AppendBinary(nil); !errors.Is(err, idemkv.ErrInternal) {
 			t.Errorf("%s without payload: err = %v, want internal", op, err)
 		}
@@ -95,7 +127,7 @@ func TestDecodeCommandRejects(t *testing.T) {
 		"empty":           nil,
 		"unknown version": append([]byte{9}, valid[1:]...),
 		"unknown op":      {commandVersion, 0, 0},
-		"op past the end": {commandVersion, byte(OpResolve + 1), 0},
+		"op past the end": {commandVersion, byte(OpRemoveApprovalRule + 1), 0},
 		"trailing bytes":  append(append([]byte(nil), valid...), 0),
 		"huge length":     {commandVersion, byte(OpRelease), 0, 0xff, 0xff, 0xff, 0xff, 0x0f},
 		"negative limit":  {commandVersion, byte(OpSweep), 0, 1},

@@ -33,8 +33,17 @@ func Expired(rec *idemkv.Record, now idemkv.Timestamp) bool {
 // req must have its defaults filled (idemkv.ReserveRequest.EnsureDefaults, from the
 // limits the node owns): Decide takes the lease and the TTL as given and owns no
 // defaults, so that a changed default cannot be applied by two owners.
+//
+// Approvals (docs/protocol.md "Approvals") are rows of the same table: a request that
+// requires one (req.Approval, with a server-side rule already folded in by the state
+// machine) on an absent record stores a record awaiting approval instead of granting
+// anything; a waiting approval that lapsed counts as absent.
 func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) (next *idemkv.Record, res *idemkv.ReserveResult) {
-	if Expired(cur, now) {
+	if Expired(cur, now) || (cur.Status == idemkv.StatusAwaitingApproval && cur.Approval.Lapsed(now)) {
+		if req.Approval != nil && req.Approval.Required {
+			next = askApproval(req, now, index)
+			return next, needsApproval(next)
+		}
 		lease := now + idemkv.Timestamp(req.LeaseTTLMs)
 		next = &idemkv.Record{
 			Tenant:         req.Tenant,
@@ -58,7 +67,30 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionConflict, Conflict: conflictOf(cur, req), Record: cur}
 	}
 	if cur.Status.Terminal() {
+		// A denied approval is a failed record: its receipt says approval_denied.
 		return nil, &idemkv.ReserveResult{Decision: idemkv.DecisionReplay, Receipt: cur.Outcome(), Record: cur}
+	}
+	if cur.Status == idemkv.StatusAwaitingApproval {
+		if cur.Approval == nil || cur.Approval.State != idemkv.ApprovalApproved {
+			// Retries and resumes see the same request: the same approval id, never a
+			// second card.
+			return nil, needsApproval(cur)
+		}
+		// Approved: this reserve consumes the approval and runs the effect. Once
+		// pending, the record follows the rows below, so recovering it after its
+		// attempt died needs no second approval: the approval was of the operation,
+		// not of an attempt.
+		next = cur.Clone()
+		next.Status = idemkv.StatusPending
+		next.Fence = index
+		next.AttemptID = req.AttemptID
+		next.Actor = req.Actor
+		next.Attempts = 1
+		next.UpdatedAt = now
+		next.LeaseExpiresAt = now + idemkv.Timestamp(req.LeaseTTLMs)
+		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
+		capExpiry(next, now)
+		return next, granted(idemkv.DecisionExecute, next)
 	}
 	if cur.InDoubt {
 		// Nobody can learn the outcome by taking the key over, so nobody gets it: no
@@ -100,6 +132,46 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		capExpiry(next, now)
 		return next, granted(idemkv.DecisionRecover, next)
 	}
+}
+
+// askApproval is the record of a new approval request: no fence, no lease, the
+// effect's canonical JSON kept for the approver. Its id names the entry that asked,
+// so a request after this one lapsed or was swept gets another id. The record lives at
+// least as long as the request may wait.
+func askApproval(req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) *idemkv.Record {
+	ask := req.Approval
+	a := &idemkv.Approval{
+		ID:          ApprovalID(index),
+		State:       idemkv.ApprovalWaiting,
+		Summary:     ask.Summary,
+		RequestedAt: now,
+		ExpiresAt:   now + idemkv.Timestamp(ask.TTLMs),
+		ByRule:      ask.ByRule,
+	}
+	next := &idemkv.Record{
+		Tenant:      req.Tenant,
+		Key:         req.Key,
+		Fingerprint: req.Fingerprint,
+		Tool:        req.Tool,
+		Actor:       req.Actor,
+		Status:      idemkv.StatusAwaitingApproval,
+		CreatedAt:   now,
+		UpdatedAt:   now,
+		ExpiresAt:   max(requestedExpiry(req, now), a.ExpiresAt),
+		Approval:    a,
+		Effect:      req.Effect,
+	}
+	capExpiry(next, now)
+	a.ExpiresAt = min(a.ExpiresAt, next.ExpiresAt)
+	return next
+}
+
+// ApprovalID is the id of the approval asked for by the log entry at index.
+func ApprovalID(index uint64) string { return fmt.Sprintf("apr_%d", index) }
+
+func needsApproval(rec *idemkv.Record) *idemkv.ReserveResult {
+	a := *rec.Approval
+	return &idemkv.ReserveResult{Decision: idemkv.DecisionNeedsApproval, Approval: &a, Record: rec}
 }
 
 func granted(d idemkv.Decision, rec *idemkv.Record) *idemkv.ReserveResult {
@@ -147,6 +219,10 @@ func checkOwner(cur *idemkv.Record, fp string, fence uint64, now idemkv.Timestam
 	}
 	if fp != "" && fp != cur.Fingerprint {
 		return fmt.Errorf("%w: the record holds %s", idemkv.ErrFingerprintMismatch, cur.Fingerprint)
+	}
+	if cur.Status == idemkv.StatusAwaitingApproval {
+		// No attempt was granted, so no fence can own it.
+		return fmt.Errorf("%w: the record awaits approval and no attempt holds it", idemkv.ErrNotPending)
 	}
 	switch {
 	case fence < cur.Fence:
@@ -313,4 +389,48 @@ func DecideResolve(cur *idemkv.Record, req *idemkv.ResolveRequest, now idemkv.Ti
 	default:
 		return nil, nil, false, idemkv.Invalid("outcome", "outcome must be %q or %q", idemkv.ResolveCommitted, idemkv.ResolveNotExecuted)
 	}
+}
+
+// DecideApproval approves or denies the approval cur waits for. The decision binds to
+// the approval id and the fingerprint the approver saw: another id (a later request
+// after this one lapsed) or another effect is fingerprint_mismatch, and an approval
+// that is no longer waiting (decided, consumed or lapsed) is not_pending. Approved:
+// the record waits for the reserve that consumes it. Denied: the record is failed with
+// approval_denied, which every retry replays.
+func DecideApproval(cur *idemkv.Record, req *idemkv.DecideApprovalRequest, now idemkv.Timestamp) (next *idemkv.Record, err error) {
+	if Expired(cur, now) {
+		return nil, fmt.Errorf("%w: no live record for this key", idemkv.ErrNotFound)
+	}
+	a := cur.Approval
+	if a == nil {
+		return nil, fmt.Errorf("%w: the record asked for no approval (it is %s)", idemkv.ErrNotPending, cur.Status)
+	}
+	if req.ApprovalID != a.ID {
+		return nil, fmt.Errorf("%w: the record holds approval %s, not %s", idemkv.ErrFingerprintMismatch, a.ID, req.ApprovalID)
+	}
+	if req.Fingerprint != cur.Fingerprint {
+		return nil, fmt.Errorf("%w: approval %s is of %s", idemkv.ErrFingerprintMismatch, a.ID, cur.Fingerprint)
+	}
+	switch {
+	case a.State != idemkv.ApprovalWaiting:
+		return nil, fmt.Errorf("%w: approval %s was already %s by %s at %s", idemkv.ErrNotPending, a.ID, a.State, a.Approver, a.DecidedAt)
+	case a.Lapsed(now):
+		return nil, fmt.Errorf("%w: approval %s expired unanswered at %s", idemkv.ErrNotPending, a.ID, a.ExpiresAt)
+	}
+	next = cur.Clone()
+	next.UpdatedAt = now
+	next.Approval.Approver = req.Approver
+	next.Approval.Reason = req.Reason
+	next.Approval.DecidedAt = now
+	switch req.Decision {
+	case idemkv.VerdictApprove:
+		next.Approval.State = idemkv.ApprovalApproved
+	case idemkv.VerdictDeny:
+		next.Approval.State = idemkv.ApprovalDenied
+		next.Status = idemkv.StatusFailed
+		next.Error = idemkv.DeniedError(req.Approver, req.Reason)
+	default:
+		return nil, idemkv.Invalid("decision", "decision must be %q or %q", idemkv.VerdictApprove, idemkv.VerdictDeny)
+	}
+	return next, nil
 }

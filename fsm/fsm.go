@@ -30,6 +30,7 @@ type Result struct {
 	Released bool                  // OpRelease, OpResolve not_executed
 	Swept    int                   // OpSweep: records deleted
 	More     bool                  // OpSweep: expired records remain (<= Now) after this entry
+	Asked    bool                  // OpReserve: the entry stored a new approval request
 	Err      error                 // wraps ErrFenced, ErrFingerprintMismatch, ErrNotPending, ErrNotFound, ErrInvalidArgument or ErrInternal
 }
 
@@ -253,6 +254,9 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 		return res, nil, err
 	}
 	switch cmd.Op {
+	case OpSetApprovalRule, OpRemoveApprovalRule:
+		res, err := applyRule(b, cmd)
+		return res, nil, err
 	case OpSweep:
 		swept, more, err := sweep(b, now, cmd.Sweep.Limit)
 		if err != nil {
@@ -292,6 +296,11 @@ func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Times
 	if err != nil {
 		return nil, err
 	}
+	if cmd.Op == OpReserve {
+		if cmd, err = withRule(b, cmd); err != nil {
+			return nil, err
+		}
+	}
 	d := decideOn(cur, cmd, now, index)
 	if d.err != nil {
 		return &Result{Err: d.err}, nil
@@ -326,8 +335,12 @@ func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint
 		if r.LeaseTTLMs <= 0 || (r.TTLMs <= 0 && r.ExpiresAt == 0) {
 			return decision{err: errUnfilled}
 		}
+		if r.Approval != nil && r.Approval.Required && (len(r.Effect) == 0 || r.Approval.TTLMs <= 0) {
+			return decision{err: errNoEffect(r)}
+		}
 		next, rr := Decide(cur, r, now, index)
-		return decision{put: next, res: &Result{Reserve: rr}}
+		asked := next != nil && rr.Decision == idemkv.DecisionNeedsApproval
+		return decision{put: next, res: &Result{Reserve: rr, Asked: asked}}
 	case OpCommit:
 		next, receipt, err := DecideCommit(cur, cmd.Commit, now)
 		return decision{put: next, res: &Result{Receipt: receipt}, err: err}
@@ -349,6 +362,9 @@ func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint
 	case OpResolve:
 		next, receipt, release, err := DecideResolve(cur, cmd.Resolve, now)
 		return decision{put: next, release: release, res: &Result{Receipt: receipt, Released: release}, err: err}
+	case OpDecideApproval:
+		next, err := DecideApproval(cur, cmd.Approval, now)
+		return decision{put: next, res: &Result{Record: next}, err: err}
 	}
 	// Unreachable: recordOf names no other op.
 	return decision{err: idemkv.Errorf(idemkv.ErrInternal, "fsm: no decision for %s", cmd.Op)}

@@ -97,6 +97,8 @@ func recordOf(cmd *Command) (k recordKey, ok bool) {
 		return recordKey{cmd.Doubt.Tenant, cmd.Doubt.Key}, true
 	case OpResolve:
 		return recordKey{cmd.Resolve.Tenant, cmd.Resolve.Key}, true
+	case OpDecideApproval:
+		return recordKey{cmd.Approval.Tenant, cmd.Approval.Key}, true
 	}
 	return recordKey{}, false
 }
@@ -108,7 +110,8 @@ func touched(cmd *Command) (k recordKey, all bool) {
 	if k, ok := recordOf(cmd); ok {
 		return k, false
 	}
-	if cmd.Op == OpSetNode || cmd.Op == OpRemoveNode {
+	switch cmd.Op {
+	case OpSetNode, OpRemoveNode, OpSetApprovalRule, OpRemoveApprovalRule:
 		return recordKey{}, false
 	}
 	return recordKey{}, true

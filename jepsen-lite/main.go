@@ -41,7 +41,8 @@ func newCommand() *cobra.Command {
 		Use:   "jepsen-lite",
 		Short: "Fault-injection test of an idemkv cluster: partitions, crashes, pauses, membership, snapshots, clocks",
 		Long: `jepsen-lite builds idemkv with the test hooks, starts a cluster of real processes on
-loopback with a TCP proxy on every Raft link, runs two workloads while a nemesis
+loopback with a TCP proxy on every Raft link, runs its workloads (register, agent,
+short-lease, approvals) while a nemesis
 breaks the cluster, heals everything, and checks the history.
 
 Nemesis families (--nemesis all, none, or a comma list):
@@ -65,7 +66,7 @@ Nemesis families (--nemesis all, none, or a comma list):
 Sabotage modes (--sabotage, to prove the checkers can fail):
   stale-reads, ignore-fences, early-ack, fail-writes, internal-errors,
   early-recover, orphan-effects, skip-failed-restore, wedge-gap, unbounded-clock,
-  local-pending, unanchored-stamps, legacy-listen-policy
+  local-pending, unanchored-stamps, legacy-listen-policy, unbound-approval
 
 Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed (a fault that
 did not apply or showed no effect counts as a harness failure).`,

@@ -184,6 +184,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
+	approvals := workload.NewApprovals(workload.ApprovalsConfig{Clients: max(4, cfg.Concurrency/3), Slots: max(2, cfg.Slots/2)}, api, rec)
 	leases := workload.NewLease(workload.LeaseConfig{Clients: max(4, cfg.Concurrency/3), Keys: 3,
 		LeaseMin: time.Second, LeaseMax: 2 * time.Second, TTL: 3 * time.Second}, api, rec)
 	var nem *nemesis.Nemesis
@@ -192,12 +193,12 @@ func run(ctx context.Context, cfg config) error {
 		AwaitRecovery: func(ctx context.Context, healed int64) { awaitRecovery(ctx, rec, nem, healed, cfg.Recovery) },
 		Writes:        api}, c)
 
-	say("running for %s: %d register clients, %d agent workers, %d short-lease clients, nemesis %s, sabotage %q, seed %d",
-		cfg.Time, cfg.Concurrency, max(1, cfg.Concurrency/2), max(4, cfg.Concurrency/3), strings.Join(cfg.Families, ","), cfg.Sabotage.String(), cfg.Seed)
+	say("running for %s: %d register clients, %d agent workers, %d short-lease and %d approvals clients, nemesis %s, sabotage %q, seed %d",
+		cfg.Time, cfg.Concurrency, max(1, cfg.Concurrency/2), max(4, cfg.Concurrency/3), max(4, cfg.Concurrency/3), strings.Join(cfg.Families, ","), cfg.Sabotage.String(), cfg.Seed)
 	runCtx, stopRun := context.WithTimeout(ctx, cfg.Time)
 	defer stopRun()
 	var wg sync.WaitGroup
-	for _, f := range []func(context.Context){reg.Run, agent.Run, leases.Run, nem.Run} {
+	for _, f := range []func(context.Context){reg.Run, agent.Run, leases.Run, approvals.Run, nem.Run} {
 		wg.Add(1)
 		go func() { defer wg.Done(); f(runCtx) }()
 	}
@@ -219,6 +220,9 @@ func run(ctx context.Context, cfg config) error {
 	}
 	say("final reads ...")
 	if err := reg.FinalReads(ctx); err != nil {
+		return err
+	}
+	if err := approvals.FinalReads(ctx); err != nil {
 		return err
 	}
 	say("settling the agent keys left pending ...")
@@ -267,6 +271,9 @@ func run(ctx context.Context, cfg config) error {
 		sum.add("lost-acknowledged-write", a.Key, fmt.Sprintf("op %d: %s", a.Op, a.Detail))
 	}
 	for _, a := range workload.CheckLeases(ops) {
+		sum.add(a.Kind, a.Key, a.Detail)
+	}
+	for _, a := range workload.CheckApprovals(ops) {
 		sum.add(a.Kind, a.Key, a.Detail)
 	}
 	effects := down.Effects()

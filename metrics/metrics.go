@@ -45,6 +45,11 @@ type Metrics struct {
 	// them, or because an RPC claimed a node id the peer's certificate does not name,
 	// by reason (node/raftlisten.go).
 	RaftConnsClosed *prometheus.CounterVec
+	// ApprovalRequests counts new approval requests (not the retries that see the same
+	// one) by tool; ApprovalDecisions counts decisions by tool and verdict (approve,
+	// deny). The proposing node counts them once the entry applied.
+	ApprovalRequests  *prometheus.CounterVec
+	ApprovalDecisions *prometheus.CounterVec
 
 	// Sweeper figures.
 	Swept         prometheus.Counter
@@ -158,6 +163,14 @@ func New() *Metrics {
 			Namespace: namespace, Name: "raft_connections_closed_total",
 			Help: "Connections the Raft listener closed: evicted or refused while in their handshake (source_full, listener_full, refused), a failed handshake (handshake), or an RPC that claimed another node's id (wrong_node_id).",
 		}, []string{"reason"}),
+		ApprovalRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "approval_requests_total",
+			Help: "New approval requests (a reserve that needs approval on an absent record), by tool.",
+		}, []string{"tool"}),
+		ApprovalDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "approval_decisions_total",
+			Help: "Approvals decided, by tool and decision (approve, deny).",
+		}, []string{"tool", "decision"}),
 		Swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "expiry_swept_records_total",
 			Help: "Records deleted by the expiry sweeper.",
@@ -177,7 +190,7 @@ func New() *Metrics {
 		}),
 	}
 	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.ClockStampsClamped, m.LongPollWakeups, m.LocalAnswers, m.RaftConnsClosed,
-		m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
+		m.ApprovalRequests, m.ApprovalDecisions, m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -205,6 +218,10 @@ type NodeStats struct {
 	ClockMeasured bool
 	// LocalAnswers: the node answers replays and conflicts from its own state now.
 	LocalAnswers bool
+	// ApprovalsWaiting counts the approvals nobody answered yet (lapsed ones left
+	// out); ApprovalOldestAge is how long the oldest of them has waited (0 if none).
+	ApprovalsWaiting  int
+	ApprovalOldestAge time.Duration
 }
 
 // RaftStates are the values of the state label of idemkv_raft_state.
@@ -233,6 +250,10 @@ var (
 		"The state machine clock minus this node's wall clock, measured at the latest stamp it applied (absent until measured).", nil, nil)
 	descLocalAnswers = prometheus.NewDesc(namespace+"_local_answers_enabled",
 		"1 while this node answers replays and conflicts from its own state; 0 while its clock is unanchored, its offset unmeasured or beyond the margin, or it has not heard a leader for longer than the margin.", nil, nil)
+	descApprovalsWaiting = prometheus.NewDesc(namespace+"_approvals_waiting",
+		"Approval requests nobody has approved or denied yet, lapsed ones left out.", nil, nil)
+	descApprovalAge = prometheus.NewDesc(namespace+"_approval_oldest_waiting_seconds",
+		"How long the oldest waiting approval has waited for a decision (0 when there is none).", nil, nil)
 )
 
 // RegisterNode adds the figures of a running node to the registry, read from stats on
@@ -245,7 +266,7 @@ type nodeCollector func() NodeStats
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommitIndex, descAppliedIndex,
-		descLastLogIndex, descLastContact, descRecords, descInDoubt, descInDoubtAge, descClockOffset, descLocalAnswers} {
+		descLastLogIndex, descLastContact, descRecords, descInDoubt, descInDoubtAge, descClockOffset, descLocalAnswers, descApprovalsWaiting, descApprovalAge} {
 		ch <- d
 	}
 }
@@ -277,4 +298,6 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 		local = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descLocalAnswers, prometheus.GaugeValue, local)
+	ch <- prometheus.MustNewConstMetric(descApprovalsWaiting, prometheus.GaugeValue, float64(s.ApprovalsWaiting))
+	ch <- prometheus.MustNewConstMetric(descApprovalAge, prometheus.GaugeValue, s.ApprovalOldestAge.Seconds())
 }

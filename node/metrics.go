@@ -34,6 +34,10 @@ func (n *Node) RegisterMetrics(m *metrics.Metrics) error {
 		cs := n.clock.state()
 		s.ClockMeasured, s.ClockOffset = cs.Measured, cs.Offset
 		s.LocalAnswers = n.localRefusal() == ""
+		if count, oldest := n.fsm.WaitingApprovals(n.now()); count > 0 {
+			s.ApprovalsWaiting = count
+			s.ApprovalOldestAge = max(n.now().Time().Sub(oldest.Time()), 0)
+		}
 		if state == raft.Leader {
 			s.LastContact = 0
 		} else if lc := n.raft.LastContact(); !lc.IsZero() {

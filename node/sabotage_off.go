@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
 )
 
@@ -19,6 +20,9 @@ import (
 func (n *Node) earlyAck(*fsm.Command) (res *fsm.Result, handled bool, err error) {
 	return nil, false, nil
 }
+
+// unbindApproval leaves every reserve as it is here.
+func (n *Node) unbindApproval(r *idemkv.ReserveRequest) *idemkv.ReserveRequest { return r }
 
 // raftFSM is the state machine as Raft sees it: the FSM itself.
 func (n *Node) raftFSM() raft.FSM { return n.fsm }

@@ -112,6 +112,26 @@ func (s applySaboteur) ignoreFence(l *raft.Log) *raft.Log {
 	return &cp
 }
 
+// unbindApproval is the UnboundApproval sabotage of the test build, at the reserve
+// seam of the leader: a reserve of another fingerprint under a key whose approval was
+// granted is proposed as if it carried the approved fingerprint and tool, so it gets
+// execute and its caller runs an effect nobody approved. Outside the sabotage r is
+// returned as it is.
+func (n *Node) unbindApproval(r *idemkv.ReserveRequest) *idemkv.ReserveRequest {
+	if !testhooks.Sabotaged(testhooks.UnboundApproval) {
+		return r
+	}
+	cur, err := n.fsm.Get(r.Tenant, r.Key, n.now())
+	if err != nil || cur.Status != idemkv.StatusAwaitingApproval || cur.Approval == nil ||
+		cur.Approval.State != idemkv.ApprovalApproved || cur.Fingerprint == r.Fingerprint {
+		return r
+	}
+	n.log.Warn("sabotage unbound-approval: executing another effect under an approval", "approved", cur.Fingerprint, "received", r.Fingerprint)
+	c := *r
+	c.Fingerprint, c.Tool = cur.Fingerprint, cur.Tool
+	return &c
+}
+
 // Restore answers a failed snapshot restore with success while the SkipFailedRestore
 // sabotage is on, and puts the state machine where the code before issue 12's defect 2
 // left it: an empty store at applied index 0 that goes on applying (it restores an

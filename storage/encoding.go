@@ -15,6 +15,8 @@ import (
 //	r/<tenant>\x00<key>                          record
 //	x/<8-byte big-endian expires_at><tenant>\x00<key>  expiry index (empty value)
 //	d/<tenant>\x00<key>                           in-doubt index: pending records marked in doubt (value: in_doubt_since, 8 bytes)
+//	w/<tenant>\x00<8-byte big-endian requested_at><key>  waiting-approval index (value: the approval's expires_at, 8 bytes)
+//	a/<tenant>\x00<tool>                          approval rule (replicated state, like records)
 //	m/applied                                    applied index + term (16 bytes)
 //	m/clock                                      state machine clock (8 bytes)
 //	m/swept                                      expiry key of the last entry swept
@@ -25,6 +27,8 @@ const (
 	prefixExpiry = "x/"
 	prefixNode   = "n/"
 	prefixDoubt  = "d/"
+	prefixWait   = "w/"
+	prefixRule   = "a/"
 )
 
 var (
@@ -92,6 +96,38 @@ func doubtKey(tenant, key string) []byte {
 	return append(b, key...)
 }
 
+// waitKey orders a tenant's waiting approvals by requested_at, then key.
+func waitKey(tenant string, requestedAt idemkv.Timestamp, key string) []byte {
+	b := make([]byte, 0, len(prefixWait)+len(tenant)+1+8+len(key))
+	b = append(b, prefixWait...)
+	b = append(b, tenant...)
+	b = append(b, 0)
+	b = binary.BigEndian.AppendUint64(b, uint64(requestedAt))
+	return append(b, key...)
+}
+
+func parseWaitKey(k []byte) (tenant string, requestedAt idemkv.Timestamp, key string, err error) {
+	rest := k[len(prefixWait):]
+	for i, c := range rest {
+		if c == 0 {
+			if len(rest) < i+1+8 {
+				break
+			}
+			at := idemkv.Timestamp(binary.BigEndian.Uint64(rest[i+1:]))
+			return string(rest[:i]), at, string(rest[i+9:]), nil
+		}
+	}
+	return "", 0, "", fmt.Errorf("%w: malformed waiting-approval key", ErrCorrupt)
+}
+
+func ruleKey(tenant, tool string) []byte {
+	b := make([]byte, 0, len(prefixRule)+len(tenant)+1+len(tool))
+	b = append(b, prefixRule...)
+	b = append(b, tenant...)
+	b = append(b, 0)
+	return append(b, tool...)
+}
+
 func nodeKey(id string) []byte { return append([]byte(prefixNode), id...) }
 
 // prefixEnd returns the smallest key greater than every key starting with p.
@@ -116,10 +152,19 @@ const (
 	// flagInDoubt: in_doubt_since follows the error. Records written before it
 	// existed lack the flag and decode as not in doubt.
 	flagInDoubt
+	// flagApproval: the approval follows in_doubt_since; flagEffect: the effect's
+	// canonical JSON follows the approval. A new optional section takes the next bit
+	// and goes after the last one, so every record written before it still decodes.
+	flagApproval
+	flagEffect
+	knownFlags = flagReceipt | flagError | flagInDoubt | flagApproval | flagEffect
 )
 
-var statusCodes = map[idemkv.Status]byte{idemkv.StatusPending: 1, idemkv.StatusCommitted: 2, idemkv.StatusFailed: 3}
-var statusByCode = [...]idemkv.Status{1: idemkv.StatusPending, 2: idemkv.StatusCommitted, 3: idemkv.StatusFailed}
+var approvalStateCodes = map[idemkv.ApprovalState]byte{idemkv.ApprovalWaiting: 1, idemkv.ApprovalApproved: 2, idemkv.ApprovalDenied: 3}
+var approvalStateByCode = [...]idemkv.ApprovalState{1: idemkv.ApprovalWaiting, 2: idemkv.ApprovalApproved, 3: idemkv.ApprovalDenied}
+
+var statusCodes = map[idemkv.Status]byte{idemkv.StatusPending: 1, idemkv.StatusCommitted: 2, idemkv.StatusFailed: 3, idemkv.StatusAwaitingApproval: 4}
+var statusByCode = [...]idemkv.Status{1: idemkv.StatusPending, 2: idemkv.StatusCommitted, 3: idemkv.StatusFailed, 4: idemkv.StatusAwaitingApproval}
 
 // encodeRecord is deterministic (replicas must hash equal states to equal bytes).
 // Tenant and key live in the Pebble key and are not repeated.
@@ -150,6 +195,16 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	if r.InDoubt {
 		flags |= flagInDoubt
 	}
+	var approvalState byte
+	if a := r.Approval; a != nil {
+		if approvalState, ok = approvalStateCodes[a.State]; !ok {
+			return nil, fmt.Errorf("storage: cannot store approval state %q", a.State)
+		}
+		flags |= flagApproval
+	}
+	if len(r.Effect) > 0 {
+		flags |= flagEffect
+	}
 	dst = append(dst, flags)
 	if rc := r.Receipt; rc != nil {
 		dst = wire.AppendString(dst, rc.RemoteSystem)
@@ -165,6 +220,24 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	}
 	if r.InDoubt {
 		dst = wire.AppendVarint(dst, int64(r.InDoubtSince))
+	}
+	if a := r.Approval; a != nil {
+		dst = wire.AppendString(dst, a.ID)
+		dst = append(dst, approvalState)
+		var byRule byte
+		if a.ByRule {
+			byRule = 1
+		}
+		dst = append(dst, byRule)
+		dst = wire.AppendString(dst, a.Summary)
+		dst = wire.AppendVarint(dst, int64(a.RequestedAt))
+		dst = wire.AppendVarint(dst, int64(a.ExpiresAt))
+		dst = wire.AppendString(dst, a.Approver)
+		dst = wire.AppendString(dst, a.Reason)
+		dst = wire.AppendVarint(dst, int64(a.DecidedAt))
+	}
+	if len(r.Effect) > 0 {
+		dst = wire.AppendBytes(dst, r.Effect)
 	}
 	return dst, nil
 }
@@ -209,7 +282,7 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 	r.Actor = d.Text()
 	r.AttemptID = d.Text()
 	flags := d.Byte()
-	if unknown := flags &^ (flagReceipt | flagError | flagInDoubt); unknown != 0 {
+	if unknown := flags &^ knownFlags; unknown != 0 {
 		d.Fail("unknown flags %#x", unknown)
 	}
 	if flags&flagReceipt != 0 {
@@ -232,8 +305,58 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 		r.InDoubt = true
 		r.InDoubtSince = idemkv.Timestamp(d.Varint())
 	}
+	if flags&flagApproval != 0 {
+		r.Approval = decodeApproval(&d)
+	}
+	if flags&flagEffect != 0 {
+		r.Effect = d.Bytes()
+	}
 	if err := d.Finish(); err != nil {
 		return nil, fmt.Errorf("%w: record %q/%q", err, tenant, key)
+	}
+	return r, nil
+}
+
+func decodeApproval(d *wire.Decoder) *idemkv.Approval {
+	a := &idemkv.Approval{ID: d.Text()}
+	st := d.Byte()
+	if d.Err() == nil && (int(st) >= len(approvalStateByCode) || approvalStateByCode[st] == "") {
+		d.Fail("unknown approval state %d", st)
+	}
+	if d.Err() == nil {
+		a.State = approvalStateByCode[st]
+	}
+	switch byRule := d.Byte(); {
+	case d.Err() != nil:
+	case byRule > 1:
+		d.Fail("approval by_rule byte %d", byRule)
+	default:
+		a.ByRule = byRule == 1
+	}
+	a.Summary = d.Text()
+	a.RequestedAt = idemkv.Timestamp(d.Varint())
+	a.ExpiresAt = idemkv.Timestamp(d.Varint())
+	a.Approver = d.Text()
+	a.Reason = d.Text()
+	a.DecidedAt = idemkv.Timestamp(d.Varint())
+	return a
+}
+
+// ruleVersion is the first byte of a stored approval rule.
+const ruleVersion = 1
+
+func encodeRule(r idemkv.ApprovalRule) []byte {
+	return wire.AppendVarint([]byte{ruleVersion}, r.TTLMs)
+}
+
+func decodeRule(tenant, tool string, v []byte) (idemkv.ApprovalRule, error) {
+	if len(v) == 0 || v[0] != ruleVersion {
+		return idemkv.ApprovalRule{}, fmt.Errorf("%w: bad approval rule header", ErrCorrupt)
+	}
+	d := wire.NewDecoder(v[1:], ErrCorrupt)
+	r := idemkv.ApprovalRule{Tenant: tenant, Tool: tool, TTLMs: d.Varint()}
+	if err := d.Finish(); err != nil {
+		return idemkv.ApprovalRule{}, fmt.Errorf("%w: approval rule %q/%q", err, tenant, tool)
 	}
 	return r, nil
 }

@@ -57,6 +57,10 @@ func TestRecordEncodingRoundTrip(t *testing.T) {
 		fullRecord(),
 		{Tenant: "t", Key: "k", Status: idemkv.StatusPending, ExpiresAt: 1},
 		{Tenant: "t", Key: "k", Status: idemkv.StatusFailed, Fence: 3, ExpiresAt: ts, Error: &idemkv.ErrorInfo{Code: "x"}},
+		{Tenant: "t", Key: "k", Status: idemkv.StatusAwaitingApproval, ExpiresAt: ts, Effect: json.RawMessage(`{"order":17}`),
+			Approval: &idemkv.Approval{ID: "apr_9", State: idemkv.ApprovalWaiting, Summary: "Refund\n40 EUR", RequestedAt: ts - 5, ExpiresAt: ts, ByRule: true}},
+		{Tenant: "t", Key: "k", Status: idemkv.StatusFailed, ExpiresAt: ts, Error: idemkv.DeniedError("ana", "no"),
+			Approval: &idemkv.Approval{ID: "apr_9", State: idemkv.ApprovalDenied, RequestedAt: ts - 5, ExpiresAt: ts, Approver: "ana", Reason: "no", DecidedAt: ts - 1}},
 	}
 	for _, r := range recs {
 		b, err := encodeRecord(nil, r)
@@ -87,6 +91,24 @@ func TestRecordEncodingRoundTrip(t *testing.T) {
 	}
 	if _, err := encodeRecord(nil, &idemkv.Record{Status: "weird"}); err == nil {
 		t.Error("encoded an unknown status")
+	}
+	if _, err := encodeRecord(nil, &idemkv.Record{Status: idemkv.StatusPending, Approval: &idemkv.Approval{State: "maybe"}}); err == nil {
+		t.Error("encoded an unknown approval state")
+	}
+}
+
+// TestRecordEncodingReadsOlderRecords: a record written before approvals existed (this
+// is the encoding of a committed record made by 3c10450) decodes as it did, without
+// approval or effect.
+func TestRecordEncodingReadsOlderRecords(t *testing.T) {
+	old := []byte("\x01\x00\x00\x01\xa3\x1d\x82\xac\x00\x02\a\x01\x80\xc0\xe2\x85\xe3h\x8a\xc0\xe2\x85\xe3h\x00\vsha256:aaaa" +
+		"\x06refund\x01w\x05att-1\x01\x06linear\bLIN-1842\x00\x02{}\x8a\xc0\xe2\x85\xe3h")
+	got, err := decodeRecord("t", "k", old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status != idemkv.StatusCommitted || got.Receipt == nil || got.Receipt.RemoteID != "LIN-1842" || got.Approval != nil || got.Effect != nil {
+		t.Fatalf("old record decoded as %+v", got)
 	}
 }
 

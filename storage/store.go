@@ -357,7 +357,7 @@ func (s *Store) Overdue(now idemkv.Timestamp, limit int) (count int, oldest idem
 	return count, oldest, err
 }
 
-// Hash digests every record and node entry, in key order. Bookkeeping (applied index,
+// Hash digests every record, node entry and approval rule, in key order. Bookkeeping (applied index,
 // clock) and the derived expiry index are left out, so replicas that applied the same
 // commands hash equal whatever their snapshot history.
 func (s *Store) Hash() ([32]byte, error) {
@@ -368,7 +368,7 @@ func (s *Store) Hash() ([32]byte, error) {
 	defer s.mu.RUnlock()
 	h := sha256.New()
 	var lenBuf [binary.MaxVarintLen64]byte
-	for _, p := range []string{prefixNode, prefixRecord} {
+	for _, p := range []string{prefixNode, prefixRecord, prefixRule} {
 		it, err := db.NewIter(prefixIter(p))
 		if err != nil {
 			return [32]byte{}, fmt.Errorf("storage: hash: %w", err)
@@ -461,7 +461,7 @@ func (s *Store) CheckExpiryIndex() error {
 	if records != entries {
 		return fmt.Errorf("%w: %d records but %d expiry entries", ErrCorrupt, records, entries)
 	}
-	if err := checkDoubtIndex(snap); err != nil {
+	if err := errors.Join(checkDoubtIndex(snap), checkWaitIndex(snap)); err != nil {
 		return err
 	}
 	// Scans start after the swept mark: an entry at or before it would never be swept.
@@ -571,7 +571,7 @@ func (b *Batch) storedExpiry(k []byte) (knownExpiry, error) {
 // PutRecord stores rec and moves its expiry index entry along with it.
 func (b *Batch) PutRecord(rec *idemkv.Record) error {
 	k := recordKey(rec.Tenant, rec.Key)
-	if err := b.keepDoubtIndex(k, rec.Tenant, rec.Key, rec); err != nil {
+	if err := errors.Join(b.keepDoubtIndex(k, rec.Tenant, rec.Key, rec), b.keepWaitIndex(k, rec.Tenant, rec.Key, rec)); err != nil {
 		return err
 	}
 	old, err := b.storedExpiry(k)
@@ -607,7 +607,7 @@ func (b *Batch) PutRecord(rec *idemkv.Record) error {
 // reports whether there was a record.
 func (b *Batch) DeleteRecord(tenant, key string) (bool, error) {
 	k := recordKey(tenant, key)
-	if err := b.keepDoubtIndex(k, tenant, key, nil); err != nil {
+	if err := errors.Join(b.keepDoubtIndex(k, tenant, key, nil), b.keepWaitIndex(k, tenant, key, nil)); err != nil {
 		return false, err
 	}
 	old, err := b.storedExpiry(k)

@@ -125,6 +125,7 @@ func addClientCommands(root *cobra.Command) {
 	group := []*cobra.Command{
 		newReserveCommand(&cf), newCommitCommand(&cf), newFailCommand(&cf), newReleaseCommand(&cf),
 		newHeartbeatCommand(&cf), newGetCommand(&cf), newListCommand(&cf), newResolveCommand(&cf),
+		newApprovalsCommand(&cf),
 	}
 	for _, c := range group {
 		cf.register(c)

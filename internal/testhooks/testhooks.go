@@ -73,6 +73,11 @@ const (
 	// peers out and a new leader from being elected. jepsen-lite's Raft-port nemesis
 	// must catch it.
 	LegacyListenPolicy
+	// UnboundApproval unbinds an approval from its effect: a reserve of another
+	// fingerprint under a key whose approval was granted is proposed as if it carried
+	// the approved fingerprint, so it gets execute and runs an effect nobody approved.
+	// jepsen-lite's approvals workload must catch it.
+	UnboundApproval
 )
 
 var modeNames = []struct {
@@ -92,6 +97,7 @@ var modeNames = []struct {
 	{LocalPending, "local-pending"},
 	{UnanchoredStamps, "unanchored-stamps"},
 	{LegacyListenPolicy, "legacy-listen-policy"},
+	{UnboundApproval, "unbound-approval"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -180,7 +186,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

@@ -38,6 +38,8 @@ const (
 	FHeartbeat = "heartbeat"
 	FGet       = "get"
 	FDo        = "do"
+	// FDecide approves or denies an approval (the approvals workload).
+	FDecide = "decide"
 )
 
 // Input is what an operation asked for.
@@ -55,6 +57,9 @@ type Input struct {
 	Args  string `json:"args,omitempty"`
 	// Final marks the reads after the last heal.
 	Final bool `json:"final,omitempty"`
+	// ApprovalID and Verdict belong to the approvals workload's decisions.
+	ApprovalID string `json:"approval,omitempty"`
+	Verdict    string `json:"verdict,omitempty"`
 }
 
 // Record is the part of a stored record that the checkers look at.
@@ -72,6 +77,9 @@ type Record struct {
 	// LeaseExpiresAt is the record's lease_expires_at in Unix milliseconds (0 when
 	// no lease is held).
 	LeaseExpiresAt int64 `json:"lease_expires_at,omitempty"`
+	// ApprovalID and ApprovalState are the record's approval, if it asked for one.
+	ApprovalID    string `json:"approval,omitempty"`
+	ApprovalState string `json:"approval_state,omitempty"`
 }
 
 // Receipt is the part of a receipt that the checkers look at.

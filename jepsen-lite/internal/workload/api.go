@@ -203,6 +203,9 @@ func toRecord(r *idemkv.Record) *history.Record {
 	if r.Error != nil {
 		out.ErrorCode = r.Error.Code
 	}
+	if r.Approval != nil {
+		out.ApprovalID, out.ApprovalState = r.Approval.ID, string(r.Approval.State)
+	}
 	return out
 }
 
@@ -260,6 +263,14 @@ func (a *API) Release(ctx context.Context, node int, req *idemkv.ReleaseRequest)
 func (a *API) Heartbeat(ctx context.Context, node int, req *idemkv.HeartbeatRequest) (*history.Output, result) {
 	var rec idemkv.Record
 	r := a.do(ctx, node, http.MethodPost, "/v1/heartbeat", req, &rec)
+	return output(r, func(o *history.Output) { o.Record = toRecord(&rec) }), r
+}
+
+// DecideApproval approves or denies an approval.
+func (a *API) DecideApproval(ctx context.Context, node int, req *idemkv.DecideApprovalRequest) (*history.Output, result) {
+	var rec idemkv.Record
+	path := "/v1/approvals/" + url.PathEscape(req.Tenant) + "/" + url.PathEscape(req.Key)
+	r := a.do(ctx, node, http.MethodPost, path, req, &rec)
 	return output(r, func(o *history.Output) { o.Record = toRecord(&rec) }), r
 }
 

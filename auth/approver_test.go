@@ -1,0 +1,66 @@
+package auth_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/auth"
+)
+
+// TestApproverRole: an approver decides, lists and reads its tenants' approvals and
+// writes nothing; a client, the agent that asks, may list but never approve; an
+// approver token needs tenants.
+func TestApproverRole(t *testing.T) {
+	f, err := auth.Parse([]byte(`{"tokens":[
+		{"name":"ana","hash":"` + auth.HashToken("a") + `","role":"approver","tenants":["shop"]},
+		{"name":"agent","hash":"` + auth.HashToken("c") + `","role":"client","tenants":["shop"]},
+		{"name":"ops","hash":"` + auth.HashToken("o") + `","role":"admin"},
+		{"name":"prom","hash":"` + auth.HashToken("p") + `","role":"monitor"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.New(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	who := func(token string) *auth.Principal {
+		p, err := a.Authenticate(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		token  string
+		op     api.Operation
+		tenant string
+		allow  bool
+	}{
+		{"a", api.OpApprove, "shop", true},
+		{"a", api.OpApprove, "bank", false},
+		{"a", api.OpListApprovals, "shop", true},
+		{"a", api.OpRead, "shop", true},
+		{"a", api.OpRead, "bank", false},
+		{"a", api.OpWrite, "shop", false},
+		{"a", api.OpList, "shop", false},
+		{"a", api.OpAdmin, "", false},
+		{"c", api.OpApprove, "shop", false},
+		{"c", api.OpListApprovals, "shop", true},
+		{"c", api.OpListApprovals, "bank", false},
+		{"o", api.OpApprove, "bank", true},
+		{"o", api.OpListApprovals, "bank", true},
+		{"p", api.OpApprove, "shop", false},
+		{"p", api.OpListApprovals, "shop", false},
+	}
+	for _, tc := range tests {
+		err := who(tc.token).Allow(tc.op, tc.tenant)
+		if tc.allow != (err == nil) || (err != nil && !errors.Is(err, idemkv.ErrPermissionDenied)) {
+			t.Errorf("token %s %s on %q: %v, want allowed=%v", tc.token, tc.op, tc.tenant, err, tc.allow)
+		}
+	}
+	if _, err := auth.Parse([]byte(`{"tokens":[{"name":"ana","hash":"` + auth.HashToken("a") + `","role":"approver"}]}`)); !errors.Is(err, auth.ErrInvalidFile) {
+		t.Errorf("an approver without tenants: %v, want an invalid file", err)
+	}
+}
