@@ -108,7 +108,7 @@ func touched(cmd *Command) (k recordKey, all bool) {
 	if k, ok := recordOf(cmd); ok {
 		return k, false
 	}
-	if cmd.Op == OpSetNode || cmd.Op == OpRemoveNode {
+	if cmd.Op == OpSetNode || cmd.Op == OpRemoveNode || cmd.Op == OpLogCheckpoint {
 		return recordKey{}, false
 	}
 	return recordKey{}, true
