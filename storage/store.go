@@ -4,6 +4,10 @@
 // It only stores and retrieves; it never decides. Every rule about what a record may
 // become lives in package fsm. Writes go through a Batch, which keeps a record and its
 // expiry index entry in step, so that no caller can update one without the other.
+//
+// A fatal error from Pebble fails the store for good, whichever goroutine met it
+// (fatal.go): every later operation refuses with ErrFailed, and the hooks of OnFailure
+// (the state machine's halt) hear of it at once.
 package storage
 
 import (
