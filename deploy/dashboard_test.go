@@ -36,6 +36,7 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	// Vectors show up once they have a child; the node's figures once registered.
 	m.Decisions.WithLabelValues("create_ticket", "execute").Inc()
 	m.Requests.WithLabelValues("POST /v1/reserve", "200").Observe(0.001)
+	m.RaftLogVerifications.WithLabelValues("ok").Inc()
 	if err := m.RegisterNode(func() metrics.NodeStats { return metrics.NodeStats{State: "leader"} }); err != nil {
 		t.Fatal(err)
 	}

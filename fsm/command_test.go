@@ -127,7 +127,7 @@ func TestDecodeCommandRejects(t *testing.T) {
 		"empty":           nil,
 		"unknown version": append([]byte{9}, valid[1:]...),
 		"unknown op":      {commandVersion, 0, 0},
-		"op past the end": {commandVersion, byte(OpRemoveApprovalRule + 1), 0},
+		"op past the end": {commandVersion, byte(OpLogCheckpoint + 1), 0},
 		"trailing bytes":  append(append([]byte(nil), valid...), 0),
 		"huge length":     {commandVersion, byte(OpRelease), 0, 0xff, 0xff, 0xff, 0xff, 0x0f},
 		"negative limit":  {commandVersion, byte(OpSweep), 0, 1},
@@ -176,4 +176,31 @@ func FuzzDecodeCommand(f *testing.F) {
 			t.Fatalf("re-encoding changed the command:\n%+v\n%+v", c, c2)
 		}
 	})
+}
+
+// A log checkpoint round-trips with no payload, and IsLogCheckpoint tells it from
+// every other command by its first two bytes.
+func TestLogCheckpointIsANoOpCommand(t *testing.T) {
+	buf, err := (&Command{Op: OpLogCheckpoint}).AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !IsLogCheckpoint(buf) {
+		t.Fatalf("%x is not a log checkpoint", buf)
+	}
+	c, err := DecodeCommand(buf)
+	if err != nil || c.Op != OpLogCheckpoint || c.Now != 0 {
+		t.Fatalf("decoded %+v, %v", c, err)
+	}
+	if k, all := touched(c); all || k != (recordKey{}) {
+		t.Fatalf("a checkpoint wakes %v (all %v)", k, all)
+	}
+	for op := OpReserve; op < OpLogCheckpoint; op++ {
+		if IsLogCheckpoint([]byte{commandVersion, byte(op), 0}) {
+			t.Fatalf("%s taken for a log checkpoint", op)
+		}
+	}
+	if IsLogCheckpoint(nil) || IsLogCheckpoint([]byte{9, byte(OpLogCheckpoint), 0}) {
+		t.Fatal("a short entry or another version taken for a log checkpoint")
+	}
 }

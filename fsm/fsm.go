@@ -81,6 +81,9 @@ func New(st *storage.Store, m *metrics.Metrics, logger *slog.Logger) (*FSM, erro
 	if err := f.load(); err != nil {
 		return nil, err
 	}
+	// Pebble's fatal error halts the state machine on whichever goroutine met it: a
+	// backup's, a snapshot's, one of Pebble's own (issue 22, point 4).
+	st.OnFailure(func(err error) { f.halt(err) })
 	return f, nil
 }
 

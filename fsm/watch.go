@@ -111,7 +111,7 @@ func touched(cmd *Command) (k recordKey, all bool) {
 		return k, false
 	}
 	switch cmd.Op {
-	case OpSetNode, OpRemoveNode, OpSetApprovalRule, OpRemoveApprovalRule:
+	case OpSetNode, OpRemoveNode, OpSetApprovalRule, OpRemoveApprovalRule, OpLogCheckpoint:
 		return recordKey{}, false
 	}
 	return recordKey{}, true

@@ -31,6 +31,11 @@ type Metrics struct {
 	ApplyBatch prometheus.Histogram
 	// LeaderChanges counts observed leadership changes.
 	LeaderChanges prometheus.Counter
+	// RaftLogVerifications counts the ranges of the Raft log that raft-wal's verifier
+	// checked on this node, by result: ok, mismatch (what this node wrote or reads back
+	// is not what the leader wrote), unchecked (compacted away before the check, or
+	// the node started inside the range).
+	RaftLogVerifications *prometheus.CounterVec
 	// ClockStampsClamped counts command stamps this node kept within the clock bound
 	// because its wall clock ran outside it (fsm.BoundStamp).
 	ClockStampsClamped prometheus.Counter
@@ -147,6 +152,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "raft_leader_changes_total",
 			Help: "Leadership changes observed by this node.",
 		}),
+		RaftLogVerifications: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "raft_log_verifications_total",
+			Help: "Ranges of the Raft log checked against the leader's checksum, by result (ok, mismatch, unchecked).",
+		}, []string{"result"}),
 		ClockStampsClamped: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "clock_stamps_clamped_total",
 			Help: "Command stamps kept within the clock bound because this node's wall clock jumped or drifted outside it.",
@@ -189,7 +198,7 @@ func New() *Metrics {
 			Help: "How long the oldest expired, unswept record has been overdue.",
 		}),
 	}
-	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.ClockStampsClamped, m.LongPollWakeups, m.LocalAnswers, m.RaftConnsClosed,
+	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.LeaderChanges, m.RaftLogVerifications, m.ClockStampsClamped, m.LongPollWakeups, m.LocalAnswers, m.RaftConnsClosed,
 		m.ApprovalRequests, m.ApprovalDecisions, m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

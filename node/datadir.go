@@ -32,7 +32,7 @@ import (
 // (symbolic links are left alone: a chmod would follow them out of the data dir). It
 // logs what it changed, once.
 func privateDataDir(dir string, log *slog.Logger) error {
-	if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
+	if err := makeDir(dir); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
 	}
 	info, err := os.Stat(dir)
@@ -125,6 +125,11 @@ const snapshotsDir = "snapshots"
 // with its directory and every snapshot it creates private (Raft makes them 0755 and
 // 0666: a snapshot is every record of every tenant).
 func openSnapshotStore(dataDir string, hlog hclog.Logger) (raft.SnapshotStore, error) {
+	// Raft's store makes its directory with MkdirAll and never syncs the data dir;
+	// makeDir does both first (issue 22, point 5).
+	if err := makeDir(filepath.Join(dataDir, snapshotsDir)); err != nil {
+		return nil, fmt.Errorf("node: snapshot store: %w", err)
+	}
 	s, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
 	if err != nil {
 		return nil, fmt.Errorf("node: snapshot store: %w", err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/raft"
+	"github.com/hashicorp/raft-wal/verifier"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/expiry"
@@ -42,6 +43,10 @@ type Config struct {
 	// RaftWALSegmentBytes sizes the segment files of the wal backend (default
 	// DefaultRaftWALSegmentBytes); a change applies to segments created after it.
 	RaftWALSegmentBytes int
+	// RaftLogVerifyInterval is how often the leader appends a checkpoint for the Raft
+	// log verifier (verify.go; default DefaultRaftLogVerifyInterval). Negative turns the
+	// verifier off: no checkpoints, and no verifier in front of the log store.
+	RaftLogVerifyInterval time.Duration
 	// RaftAddr is the address the Raft transport listens on.
 	RaftAddr string
 	// RaftAdvertise is the address peers dial; default RaftAddr.
@@ -134,24 +139,25 @@ type RaftStores struct {
 // DefaultConfig returns the defaults of `idemkv serve`.
 func DefaultConfig() Config {
 	return Config{
-		ID:                   "n1",
-		DataDir:              "idemkv-data",
-		RaftAddr:             "127.0.0.1:7421",
-		APIAddr:              "127.0.0.1:7420",
-		HeartbeatTimeout:     1000 * time.Millisecond,
-		ElectionTimeout:      1000 * time.Millisecond,
-		LeaderLeaseTimeout:   500 * time.Millisecond,
-		CommitTimeout:        5 * time.Millisecond,
-		SnapshotThreshold:    8192,
-		SnapshotInterval:     2 * time.Minute,
-		TrailingLogs:         10240,
-		MaxAppendEntries:     512,
-		RaftWALSegmentBytes:  DefaultRaftWALSegmentBytes,
-		ApplyTimeout:         10 * time.Second,
-		ClockTick:            DefaultClockTick,
-		RaftHandshakeTimeout: DefaultRaftHandshakeTimeout,
-		RaftIdleTimeout:      DefaultRaftIdleTimeout,
-		RaftMaxPending:       DefaultRaftMaxPending,
+		ID:                    "n1",
+		DataDir:               "idemkv-data",
+		RaftAddr:              "127.0.0.1:7421",
+		APIAddr:               "127.0.0.1:7420",
+		HeartbeatTimeout:      1000 * time.Millisecond,
+		ElectionTimeout:       1000 * time.Millisecond,
+		LeaderLeaseTimeout:    500 * time.Millisecond,
+		CommitTimeout:         5 * time.Millisecond,
+		SnapshotThreshold:     8192,
+		SnapshotInterval:      2 * time.Minute,
+		TrailingLogs:          10240,
+		MaxAppendEntries:      512,
+		RaftWALSegmentBytes:   DefaultRaftWALSegmentBytes,
+		RaftLogVerifyInterval: DefaultRaftLogVerifyInterval,
+		ApplyTimeout:          10 * time.Second,
+		ClockTick:             DefaultClockTick,
+		RaftHandshakeTimeout:  DefaultRaftHandshakeTimeout,
+		RaftIdleTimeout:       DefaultRaftIdleTimeout,
+		RaftMaxPending:        DefaultRaftMaxPending,
 		// cmd passes the test build's offset clock in; a library user gets the wall
 		// clock.
 		Now: time.Now,
@@ -177,6 +183,7 @@ func (c *Config) withDefaults() {
 	setDur(&c.SnapshotInterval, d.SnapshotInterval)
 	setDur(&c.ApplyTimeout, d.ApplyTimeout)
 	setDur(&c.ClockTick, d.ClockTick)
+	setDur(&c.RaftLogVerifyInterval, DefaultRaftLogVerifyInterval)
 	setDur(&c.RaftHandshakeTimeout, d.RaftHandshakeTimeout)
 	setDur(&c.RaftIdleTimeout, d.RaftIdleTimeout)
 	if c.RaftMaxPending == 0 {
@@ -254,8 +261,10 @@ type Node struct {
 	// raftLog is the Raft log and stable store opened in the data dir, closed by the
 	// node even when WrapRaftStores put others in front of it.
 	raftLog raftLogStore
-	// logs is Raft's log as Raft reads it: the cache over the (possibly wrapped) store.
-	logs *raft.LogCache
+	// logs is Raft's log as Raft reads it: the cache over the verifier over the
+	// (possibly wrapped) store.
+	logs     *raft.LogCache
+	verifier *verifier.LogStore
 
 	clock *stampClock
 
@@ -296,7 +305,8 @@ func Open(cfg Config) (*Node, error) {
 		n.closeResources()
 		return nil, err
 	}
-	n.wg.Add(4)
+	n.wg.Add(5)
+	go n.watchLogChecksums()
 	go n.watchLeadership()
 	go n.watchPeers()
 	go n.watchHalt()
@@ -350,6 +360,10 @@ func (n *Node) open() error {
 	if n.cfg.WrapRaftStores != nil {
 		stores = n.cfg.WrapRaftStores(stores)
 		stores.Log = keepMonotonic(n.raftLog, stores.Log)
+	}
+	if n.cfg.RaftLogVerifyInterval > 0 {
+		n.verifier = n.verifyLog(stores.Log)
+		stores.Log = n.verifier
 	}
 	if n.logs, err = raft.NewLogCache(1024, stores.Log); err != nil {
 		return fmt.Errorf("node: raft log cache: %w", err)
@@ -522,6 +536,9 @@ func (n *Node) closeResources() error {
 	var errs []error
 	if n.transport != nil {
 		errs = append(errs, n.transport.Close())
+	}
+	if n.verifier != nil {
+		errs = append(errs, n.verifier.Close()) // stops its goroutine; the store is closed below
 	}
 	if n.raftLog != nil {
 		errs = append(errs, n.raftLog.Close())

@@ -20,8 +20,6 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/segment"
 	"go.etcd.io/bbolt"
-
-	"github.com/idemkv/idemkv/storage"
 )
 
 // The Raft log backends: the store under Raft's log and its stable state (current term,
@@ -180,11 +178,7 @@ func writeFileSynced(dir, name string, data []byte) error {
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 		return err
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
+	return syncDir(dir)
 }
 
 // openRaftLog opens (or creates) the Raft log of dataDir in the given backend;
@@ -201,10 +195,14 @@ func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger
 		if err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
+		// bbolt syncs the file it may just have created, never the directory holding it.
+		if err := syncDir(dataDir); err != nil {
+			return nil, errors.Join(fmt.Errorf("node: raft log (%s): %w", backend, err), s.Close())
+		}
 		return s, nil
 	case RaftLogWAL:
 		dir := filepath.Join(dataDir, walLogDir)
-		if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
+		if err := makeDir(dir); err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
 		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(walSegmentBytes),

@@ -153,10 +153,13 @@ func (s *Store) failCaptures(err error) {
 func (s *Store) commit(b *pebble.Batch) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
+	if err := s.Failure(); err != nil {
+		return err
+	}
 	if len(s.captures) > 0 {
 		s.noteWrites(b)
 	}
-	return b.Commit(pebble.NoSync)
+	return guard(func() error { return b.Commit(pebble.NoSync) })
 }
 
 // stopTracking ends the noting of writes for sn and returns the keys noted.
@@ -243,7 +246,7 @@ func (sn *Snapshot) checkpoint() (dir string, fixups []fixup, err error) {
 	// commit before the call is in the files (commits without sync may still sit in
 	// Pebble's buffer), and commits made while it runs may be there too. The keys noted
 	// until it returned cover all of those.
-	cerr := db.Checkpoint(dir, pebble.WithFlushedWAL())
+	cerr := guard(func() error { return db.Checkpoint(dir, pebble.WithFlushedWAL()) })
 	keys, terr := s.stopTracking(sn)
 	if err := errors.Join(cerr, terr); err != nil {
 		return "", nil, errors.Join(fmt.Errorf("storage: snapshot: checkpoint: %w", err), s.opts.FS.RemoveAll(dir))
@@ -369,6 +372,11 @@ func (c *countingWriter) write(b []byte) {
 // before the store is swapped for it. A stream that fails anywhere leaves the store as
 // it was; only an I/O error in the swap itself can leave it closed (see swapIn).
 func (s *Store) Restore(r io.Reader) error {
+	// A failed store stays failed: its database cannot be closed cleanly, and the disk
+	// under it is what failed.
+	if err := s.Failure(); err != nil {
+		return fmt.Errorf("storage: restore: %w", err)
+	}
 	sr := &snapReader{r: bufio.NewReaderSize(r, 256<<10), crc: crc32.New(castagnoli)}
 	version, err := sr.header()
 	if err != nil {

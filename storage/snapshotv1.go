@@ -123,7 +123,7 @@ func (s *Store) loadRecords(sr *snapReader, dir string) (records int64, err erro
 			return 0, err
 		}
 		if batch.Len() >= restoreBatchBytes {
-			if err := batch.Commit(pebble.NoSync); err != nil {
+			if err := guard(func() error { return batch.Commit(pebble.NoSync) }); err != nil {
 				return 0, fmt.Errorf("storage: restore: %w", err)
 			}
 			batch.Close()
@@ -142,7 +142,7 @@ func (s *Store) loadRecords(sr *snapReader, dir string) (records int64, err erro
 			return 0, err
 		}
 	}
-	if err := batch.Commit(pebble.Sync); err != nil {
+	if err := guard(func() error { return batch.Commit(pebble.Sync) }); err != nil {
 		return 0, fmt.Errorf("storage: restore: %w", err)
 	}
 	// The stream carries the count when its store kept one; one that did not is

@@ -4,6 +4,10 @@
 // It only stores and retrieves; it never decides. Every rule about what a record may
 // become lives in package fsm. Writes go through a Batch, which keeps a record and its
 // expiry index entry in step, so that no caller can update one without the other.
+//
+// A fatal error from Pebble fails the store for good, whichever goroutine met it
+// (fatal.go): every later operation refuses with ErrFailed, and the hooks of OnFailure
+// (the state machine's halt) hear of it at once.
 package storage
 
 import (
@@ -50,13 +54,20 @@ type Store struct {
 	captures map[*Snapshot]struct{}
 	// captureSeq names the checkpoint directories of snapshots.
 	captureSeq atomic.Uint64
+
+	// failure is Pebble's fatal error, once it reported one (fatal.go).
+	failure failure
 }
 
 // errClosed answers reads of a store that has no open database.
 var errClosed = fmt.Errorf("%w: storage: the store is closed", idemkv.ErrInternal)
 
-// open returns the database with mu held shared; the caller must RUnlock.
+// open returns the database with mu held shared; the caller must RUnlock. A failed
+// store opens nothing.
 func (s *Store) open() (*pebble.DB, error) {
+	if err := s.Failure(); err != nil {
+		return nil, err
+	}
 	s.mu.RLock()
 	if s.db == nil {
 		s.mu.RUnlock()
@@ -163,7 +174,9 @@ func ensureRecordCount(db *pebble.DB, logger *slog.Logger) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := db.Set(keyRecords, binary.BigEndian.AppendUint64(nil, uint64(n)), pebble.Sync); err != nil {
+	if err := guard(func() error {
+		return db.Set(keyRecords, binary.BigEndian.AppendUint64(nil, uint64(n)), pebble.Sync)
+	}); err != nil {
 		return 0, fmt.Errorf("storage: store the record count: %w", err)
 	}
 	logger.Info("counted the stored records", logKeyKeys, n)
@@ -195,8 +208,14 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.dropCaptures()
-	err := s.db.Close()
+	// A failed database may meet its fatal error again on the way out; that error only
+	// repeats the failure, which the store has reported already (Failure, the hooks).
+	err := guard(s.db.Close)
 	s.db = nil
+	if err != nil && s.Failure() != nil {
+		s.logger.Warn("closing the failed store", logKeyErr, err)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("storage: close: %w", err)
 	}
@@ -212,7 +231,7 @@ func (s *Store) Sync() error {
 		return err
 	}
 	defer s.mu.RUnlock()
-	if err := db.LogData(nil, pebble.Sync); err != nil {
+	if err := guard(func() error { return db.LogData(nil, pebble.Sync) }); err != nil {
 		return fmt.Errorf("storage: sync: %w", err)
 	}
 	return nil
@@ -221,6 +240,9 @@ func (s *Store) Sync() error {
 // Record returns the stored record of (tenant, key), or nil if there is none. Expiry
 // is not applied here: deciding what an expired record means is the caller's business.
 func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
+	if err := s.Failure(); err != nil {
+		return nil, err
+	}
 	k := recordKey(tenant, key)
 	if v, ok := s.recent.get(k); ok {
 		return decodeRecord(tenant, key, v)
@@ -772,20 +794,4 @@ func sweptBound(r pebble.Reader) ([]byte, error) {
 	}
 	// mark+"\x00" is the smallest key greater than mark.
 	return append(mark, 0), nil
-}
-
-// pebbleLogger routes Pebble's printf-style logging into slog.
-type pebbleLogger struct{ l *slog.Logger }
-
-func (p pebbleLogger) Infof(format string, args ...any) { p.l.Debug(fmt.Sprintf(format, args...)) }
-func (p pebbleLogger) Errorf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...))
-}
-
-// Fatalf must not return (Pebble's contract): Pebble calls it only when continuing
-// would corrupt data.
-func (p pebbleLogger) Fatalf(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	p.l.Error(msg)
-	panic("pebble: " + msg)
 }

@@ -50,7 +50,7 @@ func (s *Store) openDB(dir string, mode openMode) (*pebble.DB, error) {
 		MemTableSize:                64 << 20,
 		MemTableStopWritesThreshold: 4,
 		FormatMajorVersion:          pebble.FormatNewest,
-		Logger:                      pebbleLogger{s.logger},
+		Logger:                      pebbleLogger{l: s.logger, fail: s.failure.fail},
 		FS:                          s.opts.FS,
 	}
 	if mode == openReceived {
@@ -222,7 +222,7 @@ func (s *Store) fixUp(dir string, h headerV2, fixups []fixup) (records int64, er
 			return 0, err
 		}
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := guard(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		return 0, fmt.Errorf("storage: restore: %w", err)
 	}
 	index, term, err := readApplied(db)
@@ -254,7 +254,7 @@ func (s *Store) swapIn(stage string) error {
 	s.dropCaptures()
 	s.recent.clear()
 	if s.db != nil {
-		if err := s.db.Close(); err != nil {
+		if err := guard(s.db.Close); err != nil {
 			// Nothing is lost: the directory is replaced either way.
 			s.logger.Error("closing the store for a restore", logKeyErr, err)
 		}

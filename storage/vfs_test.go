@@ -2,16 +2,18 @@ package storage
 
 import (
 	"errors"
-	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/testlog"
 )
 
@@ -60,28 +62,106 @@ func TestCrashCloneKeepsSyncedDropsUnsynced(t *testing.T) {
 
 // A full disk under Pebble is never a silent success. A commit without sync (the
 // state machine's) goes to the memtable and the log writer fails in the background; the
-// next sync (Persist's, a restore's) reaches Pebble's fatal commit error, which the
-// store turns into a panic: the process stops, and Raft's log replays what Pebble lost.
-// The fault harness (node tests, jepsen-lite's storage family) builds on this.
-func TestFullDiskStopsAtTheNextSync(t *testing.T) {
-	full := &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
+// next sync (Persist's, a restore's) reaches Pebble's fatal commit error, which fails
+// the store: that sync, and everything after it, returns ErrFailed naming the full disk,
+// and the hooks (the state machine's halt) hear of it. Raft's log replays what Pebble
+// lost after a restart. The fault harness (node tests, jepsen-lite's storage family)
+// builds on this.
+func TestFullDiskFailsTheStoreAtTheNextSync(t *testing.T) {
+	full := fullDisk()
+	s := openOn(t, errorfs.Wrap(vfs.NewMem(), full), "pebble")
+	heard := make(chan error, 2)
+	s.OnFailure(func(err error) { heard <- err })
+	putAll(t, s, rec("t", "before", 1))
+	full.On()
+	putAll(t, s, rec("t", "during", 1))
+	err := s.Sync()
+	if !errors.Is(err, ErrFailed) || !errors.Is(err, idemkv.ErrUnavailable) || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("a sync on a full disk: %v, want ErrFailed naming the full disk", err)
+	}
+	mustHaveFailed(t, s, heard)
+}
+
+// fullDisk fails every write with ENOSPC once switched on.
+func fullDisk() *errorfs.Toggle {
+	return &errorfs.Toggle{Injector: errorfs.InjectorFunc(func(op errorfs.Op) error {
 		if op.Kind.ReadOrWrite() == errorfs.OpIsWrite {
 			return syscall.ENOSPC
 		}
 		return nil
 	})}
-	// The store is not closed: after a fatal error Pebble's commit pipeline is gone.
+}
+
+// mustHaveFailed checks what a failed store does: the hook heard the failure once, a
+// hook registered late hears it at once, every read and write refuses with ErrFailed,
+// a restore too, and Close returns (the database is broken, not the process).
+func mustHaveFailed(t *testing.T, s *Store, heard chan error) {
+	t.Helper()
+	select {
+	case err := <-heard:
+		if !errors.Is(err, ErrFailed) {
+			t.Fatalf("the hook heard %v", err)
+		}
+	default:
+		t.Fatal("the failure hook was not called")
+	}
+	if err := s.Failure(); !errors.Is(err, ErrFailed) {
+		t.Fatalf("Failure() = %v", err)
+	}
+	late := make(chan error, 1)
+	s.OnFailure(func(err error) { late <- err })
+	select {
+	case <-late:
+	default:
+		t.Fatal("a hook registered after the failure was not called")
+	}
+	if _, err := s.Record("t", "before"); !errors.Is(err, ErrFailed) {
+		t.Fatalf("a read of the failed store: %v", err)
+	}
+	b := s.NewBatch()
+	if err := b.PutRecord(rec("t", "after", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(); !errors.Is(err, ErrFailed) {
+		t.Fatalf("a commit to the failed store: %v", err)
+	}
+	if err := s.Restore(strings.NewReader("IDEMKVSN")); !errors.Is(err, ErrFailed) {
+		t.Fatalf("a restore of the failed store: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("close of the failed store: %v; the failure was reported already", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("close of the failed store hangs")
+	}
+	if len(heard) != 0 {
+		t.Fatalf("the hook was called again: %v", <-heard)
+	}
+}
+
+// A backup takes a checkpoint, which flushes Pebble's log with a sync: on a full disk
+// that is Pebble's fatal error on the backup's goroutine (an HTTP handler's, whose
+// panics net/http recovers). The store fails there, whoever called: the backup gets
+// ErrFailed and the hooks hear it.
+func TestFullDiskFailsTheStoreDuringASnapshot(t *testing.T) {
+	full := fullDisk()
 	s := openOn(t, errorfs.Wrap(vfs.NewMem(), full), "pebble")
+	heard := make(chan error, 2)
+	s.OnFailure(func(err error) { heard <- err })
 	putAll(t, s, rec("t", "before", 1))
+	snap := s.NewSnapshot()
 	full.On()
 	putAll(t, s, rec("t", "during", 1))
-	var recovered any
-	func() {
-		defer func() { recovered = recover() }()
-		err := s.Sync()
-		t.Fatalf("a sync on a full disk returned %v instead of stopping", err)
-	}()
-	if msg := fmt.Sprint(recovered); !strings.Contains(msg, "no space left") {
-		t.Fatalf("stopped with %q, want the full disk named", msg)
+	_, err := snap.WriteTo(io.Discard)
+	if !errors.Is(err, ErrFailed) || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("a snapshot on a full disk: %v, want ErrFailed naming the full disk", err)
 	}
+	if err := snap.Close(); err != nil {
+		t.Logf("close of the snapshot: %v", err)
+	}
+	mustHaveFailed(t, s, heard)
 }

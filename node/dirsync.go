@@ -1,0 +1,57 @@
+package node
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/idemkv/idemkv/storage"
+)
+
+// makeDir creates dir and any missing parents, and makes each new entry durable: it
+// syncs the directory that holds it, up to the closest ancestor that existed (Pebble's
+// mkdirAllAndSyncParents does the same for pebble/). A directory entry is data of its
+// parent; without that sync a power cut may drop a directory whose files were all
+// synced, e.g. wal/ with the term and vote of a node that just joined, which could
+// then vote twice in one term (issue 22, point 5).
+func makeDir(dir string) error {
+	dir = filepath.Clean(dir)
+	var created []string
+	for p := dir; ; p = filepath.Dir(p) {
+		_, err := os.Stat(p)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		created = append(created, p)
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	if len(created) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
+		return err
+	}
+	// The deepest first is no better than any order: nothing is durable until all are.
+	for _, p := range created {
+		if err := syncDir(filepath.Dir(p)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncDir makes the entries of dir durable: files and directories created in it,
+// renamed into it or out of it.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
+}
