@@ -34,8 +34,8 @@ const (
 	OpRemoveApprovalRule
 	// OpLogCheckpoint changes no state: the leader appends one now and then for
 	// raft-wal's log verifier (node/verify.go), which checksums the entries between two
-	// of them on every node. It carries no payload and no stamp (Now is 0), so it
-	// moves no clock.
+	// of them on every node. It carries no payload; its stamp is a proposal's like any
+	// other (the node's clock reads every applied entry as freshly stamped).
 	OpLogCheckpoint
 )
 

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -24,15 +25,6 @@ const (
 	logVerifyMismatch  = "mismatch"
 	logVerifyUnchecked = "unchecked"
 )
-
-// logCheckpoint is the entry the leader appends for the verifier (fsm.OpLogCheckpoint).
-var logCheckpoint = func() []byte {
-	b, err := (&fsm.Command{Op: fsm.OpLogCheckpoint}).AppendBinary(nil)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}()
 
 // verifyLog puts raft-wal's verifier between Raft and store. The verifier closes the
 // store it wraps when that is an io.Closer; the node closes its stores itself, so it
@@ -72,8 +64,10 @@ func (n *Node) reportLogVerification(r verifier.VerificationReport) {
 	}
 }
 
-// watchLogChecksums appends a log checkpoint every RaftLogVerifyInterval while this
-// node leads.
+// watchLogChecksums appends a log checkpoint (fsm.OpLogCheckpoint) every
+// RaftLogVerifyInterval while this node leads. It is proposed as every command is,
+// stamped: the stamp clock takes each entry the state machine applies for a fresh
+// stamp.
 func (n *Node) watchLogChecksums() {
 	defer n.wg.Done()
 	if n.verifier == nil {
@@ -90,7 +84,10 @@ func (n *Node) watchLogChecksums() {
 		if n.raft.State() != raft.Leader {
 			continue
 		}
-		if err := n.raft.Apply(logCheckpoint, n.cfg.ApplyTimeout).Error(); err != nil {
+		ctx, cancel := context.WithTimeout(n.ctx, n.cfg.ApplyTimeout)
+		_, err := n.propose(ctx, &fsm.Command{Op: fsm.OpLogCheckpoint})
+		cancel()
+		if err != nil && n.ctx.Err() == nil {
 			n.log.Warn("appending a raft log checkpoint", "err", err)
 		}
 	}
