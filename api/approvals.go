@@ -44,11 +44,12 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 	leaderWrite(s, func(q *idemkv.DecideApprovalRequest) error {
 		q.Tenant, q.Key = tenant, key
 		return q.Validate()
-	}, s.store.DecideApproval, s.countApproval).ServeHTTP(w, r)
+	}, s.store.DecideApproval, s.logApproval).ServeHTTP(w, r)
 }
 
-// countApproval counts a decision the store took.
-func (s *Server) countApproval(_ context.Context, req *idemkv.DecideApprovalRequest, rec *idemkv.Record) {
+// logApproval logs a decision the store took: who approved what stays in the record,
+// and in the log of the node that served it. The node that proposed it counts it.
+func (s *Server) logApproval(_ context.Context, req *idemkv.DecideApprovalRequest, rec *idemkv.Record) {
 	s.log.Info("approval decided", "tenant", req.Tenant, "key", req.Key, "approval_id", req.ApprovalID,
 		"decision", string(req.Decision), "approver", req.Approver, "tool", rec.Tool)
 }
