@@ -4,13 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,37 +18,9 @@ import (
 // hours off (the test build's clock offset, internal/testhooks): a machine that boots
 // with a wrong clock and starts idemkv before NTP corrects it (issue 22, point 1).
 
-var (
-	hooksOnce sync.Once
-	hooksPath string
-	hooksErr  error
-)
-
-// idemkvTestHooksBinary builds the binary with the test hooks, whose stamped clock
-// IDEMKV_TESTHOOK_CLOCK_OFFSET shifts.
-func idemkvTestHooksBinary(t *testing.T) string {
-	t.Helper()
-	hooksOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "idemkv-hooks-bin-")
-		if err != nil {
-			hooksErr = err
-			return
-		}
-		hooksPath = filepath.Join(dir, "idemkv")
-		out, err := exec.Command("go", "build", "-tags", "idemkv_testhooks", "-o", hooksPath, ".").CombinedOutput()
-		if err != nil {
-			hooksErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if hooksErr != nil {
-		t.Fatal(hooksErr)
-	}
-	return hooksPath
-}
-
 func newHooksProc(t *testing.T, id, join string) *proc {
 	p := newProc(t, id, join)
-	p.bin = idemkvTestHooksBinary(t)
+	p.bin = idemkvBinaryTagged(t, "idemkv_testhooks")
 	return p
 }
 

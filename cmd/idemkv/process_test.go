@@ -25,30 +25,38 @@ import (
 // The tests in this file run the real binary as separate processes and kill them with
 // SIGKILL, the way a crash or an OOM killer would.
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// builds holds one binary per set of build tags, built once per test binary.
+var builds sync.Map // tags -> *build
 
-func idemkvBinary(t *testing.T) string {
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+func idemkvBinary(t *testing.T) string { return idemkvBinaryTagged(t, "") }
+
+// idemkvBinaryTagged builds cmd/idemkv with tags (once per test binary).
+func idemkvBinaryTagged(t *testing.T, tags string) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	v, _ := builds.LoadOrStore(tags, &build{})
+	b := v.(*build)
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "idemkv-bin-")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "idemkv")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		b.path = filepath.Join(dir, "idemkv")
+		out, err := exec.Command("go", "build", "-tags", tags, "-o", b.path, ".").CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			b.err = fmt.Errorf("go build -tags %q: %v\n%s", tags, err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return binPath
+	return b.path
 }
 
 // proc is an `idemkv serve` process with fast Raft timing and tiny snapshot

@@ -123,23 +123,17 @@ func (n *Nemesis) clockRestart(ctx, heal context.Context, hold time.Duration, pa
 // probeReserveOnce asks for req through whichever node leads, retrying unavailability
 // for 30 s, and says how the decision differs from want.
 func (n *Nemesis) probeReserveOnce(ctx context.Context, req idemkv.ReserveRequest, want idemkv.Decision) error {
-	var last error
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		l, err := n.leader(ctx)
-		if err != nil {
-			last = err
-			continue
-		}
+	var got idemkv.Decision
+	if err := n.onLeader(ctx, func(l int) error {
 		var rr idemkv.ReserveResult
-		if last = n.c.Call(ctx, l, "POST", "/v1/reserve", req, &rr); last != nil {
-			sleep(ctx, 200*time.Millisecond)
-			continue
-		}
-		if rr.Decision != want {
-			return fmt.Errorf("%s, want %s", rr.Decision, want)
-		}
-		return nil
+		err := n.c.Call(ctx, l, "POST", "/v1/reserve", req, &rr)
+		got = rr.Decision
+		return err
+	}); err != nil {
+		return err
 	}
-	return fmt.Errorf("no answer within 30 s: %w", last)
+	if got != want {
+		return fmt.Errorf("%s, want %s", got, want)
+	}
+	return nil
 }

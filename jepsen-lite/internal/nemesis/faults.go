@@ -207,6 +207,26 @@ func (n *Nemesis) probeReserve(key, fp string) idemkv.ReserveRequest {
 
 // probeCommit reserves and commits key, retrying through leader changes.
 func (n *Nemesis) probeCommit(ctx context.Context, key, fp string) error {
+	err := n.onLeader(ctx, func(l int) error {
+		var rr idemkv.ReserveResult
+		if err := n.c.Call(ctx, l, "POST", "/v1/reserve", n.probeReserve(key, fp), &rr); err != nil {
+			return err
+		}
+		if rr.Decision == idemkv.DecisionReplay {
+			return nil
+		}
+		commit := idemkv.CommitRequest{Tenant: probeTenant, Key: key, Fingerprint: fp, Fence: rr.Fence,
+			RemoteSystem: "probe", RemoteID: key}
+		return n.c.Call(ctx, l, "POST", "/v1/commit", commit, nil)
+	})
+	if err != nil {
+		return fmt.Errorf("no committed probe key: %w", err)
+	}
+	return nil
+}
+
+// onLeader calls f with whichever node leads until it succeeds, for up to 30 s.
+func (n *Nemesis) onLeader(ctx context.Context, f func(leader int) error) error {
 	var last error
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
@@ -215,23 +235,12 @@ func (n *Nemesis) probeCommit(ctx context.Context, key, fp string) error {
 			last = err
 			continue
 		}
-		var rr idemkv.ReserveResult
-		req := n.probeReserve(key, fp)
-		if last = n.c.Call(ctx, l, "POST", "/v1/reserve", req, &rr); last != nil {
-			sleep(ctx, 200*time.Millisecond)
-			continue
-		}
-		if rr.Decision == idemkv.DecisionReplay {
-			return nil
-		}
-		commit := idemkv.CommitRequest{Tenant: probeTenant, Key: key, Fingerprint: fp, Fence: rr.Fence,
-			RemoteSystem: "probe", RemoteID: key}
-		if last = n.c.Call(ctx, l, "POST", "/v1/commit", commit, nil); last == nil {
+		if last = f(l); last == nil {
 			return nil
 		}
 		sleep(ctx, 200*time.Millisecond)
 	}
-	return fmt.Errorf("no committed probe key within 30 s: %w", last)
+	return fmt.Errorf("nothing succeeded within 30 s: %w", last)
 }
 
 // probeServed asks every running node for readiness, a linearizable read of key and
