@@ -223,8 +223,10 @@ func (n *Node) anchorClock() error {
 // leader has stamped nothing for Config.ClockTick, so that the state machine clock
 // stays near real time in a quiet period: a node that restarts after one resumes from
 // there (stampClock), and followers keep measuring their offset (localClockTrusted).
+// It also ends, within ClockTick, any wait for an index the state machine would reach
+// only with a write; the WedgeGap sabotage, the code from before both, has no tick.
 func (n *Node) tickClock(ctx context.Context) {
-	if n.cfg.ClockTick < 0 {
+	if n.cfg.ClockTick < 0 || n.establishByBarrier() {
 		return
 	}
 	t := time.NewTicker(n.cfg.ClockTick / 2)

@@ -176,7 +176,9 @@ func emptySnapshot() ([]byte, error) {
 // wedgeGap and establishByBarrier are the WedgeGap sabotage of the test build, the
 // code before the fix of issue 12's defect 1: a new leader establishes with a Raft
 // barrier, which never reaches the state machine, and the state machine counts as
-// behind an index more than 64 entries ahead of it whatever those entries are.
+// behind an index more than 64 entries ahead of it whatever those entries are. That
+// code had no quiet-period clock tick either (tickClock), whose writes would end the
+// wedge within Config.ClockTick and hide it from the churn family's probe.
 func (n *Node) wedgeGap(index uint64) bool {
 	return testhooks.Sabotaged(testhooks.WedgeGap) && index > n.fsm.AppliedIndex()+64
 }
