@@ -297,6 +297,7 @@ def reserve_call(
     lease_ttl: Optional[float] = None,
     ttl: Optional[float] = None,
     expires_at: Optional[str] = None,
+    approval: Optional[Mapping[str, Any]] = None,
 ) -> Call:
     body = _drop_none(
         {
@@ -312,6 +313,8 @@ def reserve_call(
             "lease_ttl_ms": ms(lease_ttl),
             "ttl_ms": ms(ttl),
             "expires_at": expires_at,
+            # {"required", "ttl_ms"?, "summary"?}: docs/protocol.md section 7.
+            "approval": dict(approval) if approval is not None else None,
         }
     )
     return Call("POST", "/v1/reserve", "/v1/reserve", body=body)
@@ -418,6 +421,57 @@ def list_call(
     if in_doubt:
         q["in_doubt"] = "true"
     return Call("GET", "/v1/records/{tenant}", "/v1/records/" + escape_segment(tenant), query=q)
+
+
+def approvals_call(tenant: str, limit: Optional[int] = None, after: Optional[str] = None,
+                   consistency: Optional[str] = None) -> Call:
+    q = {k: str(v) for k, v in {"tenant": tenant, "limit": limit, "after": after, "consistency": consistency}.items()
+         if v}
+    return Call("GET", "/v1/approvals", "/v1/approvals", query=q)
+
+
+# The verdicts of a decision, and the approval state each leaves.
+VERDICTS = {"approve": "approved", "deny": "denied"}
+
+
+def decide_approval_call(tenant: str, key: str, approval_id: str, fingerprint: str, decision: str, approver: str,
+                         reason: Optional[str] = None) -> Call:
+    if decision not in VERDICTS:
+        raise ValueError('idemkv: an approval decision is "approve" or "deny"')
+    body = _drop_none({"approval_id": approval_id, "effect_fingerprint": fingerprint, "decision": decision,
+                       "approver": approver, "reason": reason or None})
+    path = "/v1/approvals/" + escape_segment(tenant) + "/" + escape_segment(key)
+    return Call("POST", "/v1/approvals/{tenant}/{key}", path, body=body)
+
+
+def decided_as(rec: Optional[Mapping[str, Any]], call: Call) -> bool:
+    """Whether rec holds exactly the decision call carries: a decision retried after its
+    answer was lost meets not_pending, its own doing (the Go DecideApproval)."""
+    a = (rec or {}).get("approval") or {}
+    b = call.body or {}
+    return (a.get("id") == b.get("approval_id") and a.get("approver") == b.get("approver")
+            and (a.get("reason") or None) == b.get("reason") and a.get("state") == VERDICTS[b["decision"]])
+
+
+def decision_error(e: "APIError") -> "APIError":
+    """A decision's 409s as their typed errors."""
+    from .errors import ApprovalMismatchError, ApprovalNotPendingError
+
+    kind = {"not_pending": ApprovalNotPendingError, "fingerprint_mismatch": ApprovalMismatchError}.get(e.code)
+    if kind is None:
+        return e
+    typed = kind(e.code, e.message, status=e.status, field=e.field)
+    typed.__cause__ = e
+    return typed
+
+
+def approval_rule_call(tenant: str, tool: str, ttl: Optional[float] = None, remove: bool = False) -> Call:
+    body = _drop_none({"tenant": tenant, "tool": tool, "ttl_ms": ms(ttl), "remove": remove or None})
+    return Call("POST", "/v1/approval-rules", "/v1/approval-rules", body=body)
+
+
+def approval_rules_call(tenant: str) -> Call:
+    return Call("GET", "/v1/approval-rules", "/v1/approval-rules", query={"tenant": tenant})
 
 
 def cluster_call() -> Call:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from typing import Any, Awaitable, Callable, Optional, ParamSpec, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from . import _core, _otel
@@ -299,6 +299,51 @@ class AsyncClient:
 
     async def cluster(self) -> dict[str, Any]:
         return await self._call(_core.cluster_call())  # type: ignore[no-any-return]
+
+    # Approvals: see the sync Client's calls of the same names.
+
+    async def approvals(self, tenant: str, limit: Optional[int] = None, after: Optional[str] = None,
+                        consistency: Optional[str] = None) -> dict[str, Any]:
+        return await self._call(_core.approvals_call(tenant, limit, after, consistency))  # type: ignore[no-any-return]
+
+    async def iter_approvals(self, tenant: str, page_size: Optional[int] = None) -> AsyncIterator[dict[str, Any]]:
+        after: Optional[str] = None
+        while True:
+            page = await self.approvals(tenant, limit=page_size, after=after)
+            for rec in page.get("approvals") or []:
+                yield rec
+            after = page.get("next")
+            if not after:
+                return
+
+    async def decide_approval(self, tenant: str, key: str, *, approval_id: str, fingerprint: str, decision: str,
+                              approver: str, reason: Optional[str] = None) -> dict[str, Any]:
+        call = _core.decide_approval_call(tenant, key, approval_id, fingerprint, decision, approver, reason)
+        try:
+            return await self._call(call)  # type: ignore[no-any-return]
+        except APIError as e:
+            if e.code == "not_pending" and getattr(e, "retried", False):
+                rec = await self.get(tenant, key)
+                if _core.decided_as(rec, call):
+                    return rec  # type: ignore[return-value]
+            raise _core.decision_error(e) from e.__cause__
+
+    async def approve(self, tenant: str, key: str, *, approval_id: str, fingerprint: str, approver: str,
+                      reason: Optional[str] = None) -> dict[str, Any]:
+        return await self.decide_approval(tenant, key, approval_id=approval_id, fingerprint=fingerprint,
+                                          decision="approve", approver=approver, reason=reason)
+
+    async def deny(self, tenant: str, key: str, *, approval_id: str, fingerprint: str, approver: str,
+                   reason: Optional[str] = None) -> dict[str, Any]:
+        return await self.decide_approval(tenant, key, approval_id=approval_id, fingerprint=fingerprint,
+                                          decision="deny", approver=approver, reason=reason)
+
+    async def set_approval_rule(self, tenant: str, tool: str, ttl: Optional[float] = None,
+                                remove: bool = False) -> dict[str, Any]:
+        return await self._call(_core.approval_rule_call(tenant, tool, ttl, remove))  # type: ignore[no-any-return]
+
+    async def approval_rules(self, tenant: str) -> dict[str, Any]:
+        return await self._call(_core.approval_rules_call(tenant))  # type: ignore[no-any-return]
 
     async def do(self, fn: Callable[[], Awaitable[Any]], **op: Any) -> Any:
         """The tool-call loop for a coroutine function; see :meth:`Client.do`."""

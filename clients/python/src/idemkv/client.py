@@ -6,7 +6,7 @@ import http.client
 import ssl
 import threading
 import time
-from typing import Any, Callable, Optional, ParamSpec, TypeVar
+from typing import Any, Callable, Iterator, Optional, ParamSpec, TypeVar
 from urllib.parse import urlsplit
 
 from . import _core
@@ -265,6 +265,65 @@ class Client:
     def cluster(self) -> dict[str, Any]:
         """The cluster as the answering node sees it."""
         return self._call(_core.cluster_call())  # type: ignore[no-any-return]
+
+    # Approvals (docs/protocol.md section 7): what waits, and the approver's decision.
+
+    def approvals(self, tenant: str, limit: Optional[int] = None, after: Optional[str] = None,
+                  consistency: Optional[str] = None) -> dict[str, Any]:
+        """One page of a tenant's waiting approvals, oldest first: ``{"approvals":
+        [record...], "next"?}``, each record with its ``approval`` (id, summary,
+        requested_at, expires_at), ``tool``, ``effect`` and ``effect_fingerprint``. Pass
+        ``next`` as ``after`` for the next page."""
+        return self._call(_core.approvals_call(tenant, limit, after, consistency))  # type: ignore[no-any-return]
+
+    def iter_approvals(self, tenant: str, page_size: Optional[int] = None) -> Iterator[dict[str, Any]]:
+        """Every waiting approval of the tenant, oldest first, a page at a time."""
+        after: Optional[str] = None
+        while True:
+            page = self.approvals(tenant, limit=page_size, after=after)
+            yield from page.get("approvals") or []
+            after = page.get("next")
+            if not after:
+                return
+
+    def decide_approval(self, tenant: str, key: str, *, approval_id: str, fingerprint: str, decision: str,
+                        approver: str, reason: Optional[str] = None) -> dict[str, Any]:
+        """Approves (``decision="approve"``) or denies (``"deny"``) the request the key
+        waits for; needs an approver (or admin) token. approval_id and fingerprint are
+        what the approver saw. Answer: the record. Raises
+        :class:`~idemkv.ApprovalNotPendingError` when the request was decided, consumed
+        or lapsed, :class:`~idemkv.ApprovalMismatchError` for another request or effect."""
+        call = _core.decide_approval_call(tenant, key, approval_id, fingerprint, decision, approver, reason)
+        try:
+            return self._call(call)  # type: ignore[no-any-return]
+        except APIError as e:
+            if e.code == "not_pending" and getattr(e, "retried", False):
+                rec = self.get(tenant, key)
+                if _core.decided_as(rec, call):
+                    return rec  # type: ignore[return-value]
+            raise _core.decision_error(e) from e.__cause__
+
+    def approve(self, tenant: str, key: str, *, approval_id: str, fingerprint: str, approver: str,
+                reason: Optional[str] = None) -> dict[str, Any]:
+        """decide_approval(..., decision="approve")."""
+        return self.decide_approval(tenant, key, approval_id=approval_id, fingerprint=fingerprint, decision="approve",
+                                    approver=approver, reason=reason)
+
+    def deny(self, tenant: str, key: str, *, approval_id: str, fingerprint: str, approver: str,
+             reason: Optional[str] = None) -> dict[str, Any]:
+        """decide_approval(..., decision="deny"): every retry of the key replays the denial."""
+        return self.decide_approval(tenant, key, approval_id=approval_id, fingerprint=fingerprint, decision="deny",
+                                    approver=approver, reason=reason)
+
+    def set_approval_rule(self, tenant: str, tool: str, ttl: Optional[float] = None,
+                          remove: bool = False) -> dict[str, Any]:
+        """Makes every reserve of the tenant's tool require approval (admin token); ttl
+        in seconds. Answer: ``{"rules": [...]}``, the tenant's rules."""
+        return self._call(_core.approval_rule_call(tenant, tool, ttl, remove))  # type: ignore[no-any-return]
+
+    def approval_rules(self, tenant: str) -> dict[str, Any]:
+        """The tenant's approval rules: ``{"rules": [{tenant, tool, ttl_ms}...]}``."""
+        return self._call(_core.approval_rules_call(tenant))  # type: ignore[no-any-return]
 
     # The tool-call loop.
 

@@ -39,6 +39,7 @@ from typing import Any, Callable, Literal, Mapping, Optional, ParamSpec, Sequenc
 
 from ._context import current_operation, is_passthrough
 from .errors import NotExecutedError
+from .approval import ApprovalRequirement
 from .loop import CLASSES, Op, Outcome, Result, _jsonable, make_op
 from .runner import run_async, run_sync
 
@@ -159,7 +160,7 @@ def idempotent(
     to_result: Optional[Callable[[Any], Result]] = ..., deadline: Optional[float] = ...,
     outcome: Literal[False] = ..., not_executed_on: Any = ..., permanent_on: Any = ...,
     serialize: Optional[Callable[[Any], Any]] = ..., deserialize: Optional[Callable[[Any], Any]] = ...,
-    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ...,
+    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ..., approval: Optional[ApprovalRequirement] = ...,
 ) -> Callable[P, R]: ...
 
 
@@ -172,7 +173,7 @@ def idempotent(
     to_result: Optional[Callable[[Any], Result]] = ..., deadline: Optional[float] = ...,
     outcome: Literal[False] = ..., not_executed_on: Any = ..., permanent_on: Any = ...,
     serialize: Optional[Callable[[Any], Any]] = ..., deserialize: Optional[Callable[[Any], Any]] = ...,
-    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ...,
+    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ..., approval: Optional[ApprovalRequirement] = ...,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
@@ -185,7 +186,7 @@ def idempotent(
     to_result: Optional[Callable[[Any], Result]] = ..., deadline: Optional[float] = ...,
     outcome: Literal[True], not_executed_on: Any = ..., permanent_on: Any = ...,
     serialize: Optional[Callable[[Any], Any]] = ..., deserialize: Optional[Callable[[Any], Any]] = ...,
-    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ...,
+    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ..., approval: Optional[ApprovalRequirement] = ...,
 ) -> Callable[P, Any]: ...
 
 
@@ -198,7 +199,7 @@ def idempotent(
     to_result: Optional[Callable[[Any], Result]] = ..., deadline: Optional[float] = ...,
     outcome: Literal[True], not_executed_on: Any = ..., permanent_on: Any = ...,
     serialize: Optional[Callable[[Any], Any]] = ..., deserialize: Optional[Callable[[Any], Any]] = ...,
-    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ...,
+    from_receipt: Optional[Callable[[dict[str, Any]], Any]] = ..., approval: Optional[ApprovalRequirement] = ...,
 ) -> Callable[[Callable[P, Any]], Callable[P, Any]]: ...
 
 
@@ -225,6 +226,7 @@ def idempotent(
     serialize: Optional[Callable[[Any], Any]] = None,
     deserialize: Optional[Callable[[Any], Any]] = None,
     from_receipt: Optional[Callable[[dict[str, Any]], Any]] = None,
+    approval: Optional[ApprovalRequirement] = None,
 ) -> Any:
     """Wrap fn so that, for one key, its effect happens at most once.
 
@@ -239,6 +241,10 @@ def idempotent(
         not executed" (the key is released) and "failed for good" (stored, replayed).
     serialize / deserialize: the tool's value as the stored JSON, and back (replays).
     from_receipt: what a replay returns when no result was stored; default the receipt.
+    approval: an ApprovalRequirement: a person approves the effect before it runs; its
+        summary may be a function of the tool's arguments. The call waits for the
+        decision up to its wait, or raises ApprovalPendingError; a denial is an
+        ApprovalDeniedError, replayed to every retry.
     client: a Client or AsyncClient; default: the one set_default_client gave.
     outcome: return the whole Outcome instead of the tool's value.
     """
@@ -263,6 +269,10 @@ def idempotent(
     ne_on, perm_on = _exceptions("not_executed_on", not_executed_on), _exceptions("permanent_on", permanent_on)
     if side_effect == "read_only" and (probe is not None or effect is not None):
         raise ValueError("idemkv: a read_only tool takes no probe= or effect= (nothing is reserved)")
+    if approval is not None and not isinstance(approval, ApprovalRequirement):
+        raise TypeError(f"idemkv: approval= takes an idemkv.ApprovalRequirement, not {type(approval).__name__}")
+    if approval is not None and side_effect == "read_only":
+        raise ValueError("idemkv: a read_only tool takes no approval= (nothing is reserved)")
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(f):
@@ -275,7 +285,9 @@ def idempotent(
                 raise TypeError(f"idemkv: key={key!r} names no parameter of {name}{sig}; "
                                 f"for a fixed key use one that is not a Python identifier, or key=lambda ...")
             key_param = key
-        for hook_name, hook in (("key", key if callable(key) else None), ("effect", effect), ("probe", probe)):
+        summary = approval.summary if approval is not None and callable(approval.summary) else None
+        for hook_name, hook in (("key", key if callable(key) else None), ("effect", effect), ("probe", probe),
+                                ("approval summary", summary)):
             _check_hook(hook_name, hook, f, name)
         rebuild = deserialize or _rebuilder(f)
 
@@ -300,15 +312,22 @@ def idempotent(
                 e = None
                 if side_effect != "read_only":
                     e = effect(*args, **kwargs) if effect is not None else default_effect(f, args, kwargs)
+                a = approval
+                if summary is not None:
+                    text = summary(*args, **kwargs)
+                    if not isinstance(text, str):
+                        raise TypeError(f"the approval summary function returned {type(text).__name__}, not text")
+                    a = dataclasses.replace(approval, summary=text)  # type: ignore[arg-type]
             except Exception as err:
-                # The tool did not run: its key or effect could not be made.
-                raise NotExecutedError(f"idemkv: the key or effect of {name} failed: {err!r}", cause=err) from err
+                # The tool did not run: its key, effect or summary could not be made.
+                raise NotExecutedError(f"idemkv: the key, effect or approval summary of {name} failed: {err!r}",
+                                       cause=err) from err
             p = None if probe is None else functools.partial(probe, *args, **kwargs)
             opn = current_operation()
             opts: dict[str, Any] = dict(key=k, tool=name, side_effect=side_effect, probe=p, drop=drop, actor=actor,
                                         ttl=ttl, lease_ttl=lease_ttl, remote_system=remote_system,
                                         to_result=to_result, deadline=deadline, not_executed_on=ne_on,
-                                        permanent_on=perm_on, serialize=serialize,
+                                        permanent_on=perm_on, serialize=serialize, approval=a,
                                         attempt_id=opn.attempt_id if opn is not None else None)
             if side_effect != "read_only":
                 opts["effect"] = e

@@ -1,7 +1,7 @@
 """The error vocabulary of idemkv's clients, the same words in Go, Python and TypeScript.
 
 Every error the tool-call loop (:meth:`Client.do`, ``@idempotent``) raises is exactly
-one of six kinds, each an :class:`IdemkvError` subclass carrying ``.kind``:
+one of seven kinds, each an :class:`IdemkvError` subclass carrying ``.kind``:
 
 ==================== ============================ ====================================
 kind                 class                        meaning
@@ -16,11 +16,18 @@ kind                 class                        meaning
                                                   can tell whether its effect happened
 ``store_unavailable`` :class:`StoreUnavailableError` idemkv could not be reached within
                                                   the store-wait bound
+``approval_pending`` :class:`ApprovalPendingError` the effect waits for a person's
+                                                  approval; nothing ran
 ==================== ============================ ====================================
+
+A denied approval is a stored failure: :class:`ApprovalDeniedError`, a
+:class:`StoredFailureError` whose code is ``approval_denied``.
 
 The low-level calls raise :class:`APIError` for an answer with a wire code (its
 ``.code`` is the server's: ``fenced``, ``not_pending``, ...), and
-:class:`StoreUnavailableError` when no node answered within the bound.
+:class:`StoreUnavailableError` when no node answered within the bound. A decision on an
+approval that is no longer waiting raises :class:`ApprovalNotPendingError`, one naming
+another request or effect :class:`ApprovalMismatchError` (both APIErrors).
 """
 
 from __future__ import annotations
@@ -35,7 +42,14 @@ __all__ = [
     "ConflictError",
     "InDoubtError",
     "StoreUnavailableError",
+    "ApprovalPendingError",
+    "ApprovalPending",
+    "ApprovalDeniedError",
+    "ApprovalDenied",
     "APIError",
+    "ApprovalNotPendingError",
+    "ApprovalMismatchError",
+    "APPROVAL_DENIED",
     "KINDS",
     "Permanent",
     "NotExecuted",
@@ -138,7 +152,67 @@ class StoreUnavailableError(IdemkvError):
         self.attempt_id = attempt_id
 
 
-# The six kinds, in the order of the Go client's KindOf.
+# The error code of the failed receipt a denied approval replays (idemkv.CodeApprovalDenied).
+APPROVAL_DENIED = "approval_denied"
+
+
+class ApprovalPendingError(IdemkvError):
+    """The effect waits for a person's approval; nothing ran and nothing is held.
+
+    ``.approval_id`` names the request to decide (``idemkv approvals approve --tenant T
+    --key K --id ...``); ``.summary``, ``.requested_at`` and ``.expires_at`` (RFC 3339)
+    are what the approver sees and when the request lapses unanswered; ``.approval`` is
+    the server's whole approval object and ``.record`` the record. A runtime that
+    suspends stores them and calls the tool again, with the same key and effect, once
+    resumed: it gets this same request (never a second card) until it is decided, then
+    the tool runs once (approved) or the denial comes back (:class:`ApprovalDeniedError`).
+    Resumed after ``.expires_at`` with no decision, the request has lapsed: the call asks
+    anew, with a new ``approval_id``. ``.lapsed_ids`` lists the requests that lapsed
+    while this one call waited.
+    """
+
+    kind = "approval_pending"
+
+    def __init__(self, message: str, *, tenant: str, key: str, approval: Mapping[str, Any],
+                 lapsed_ids: tuple[str, ...] = (), **kw: Any) -> None:
+        super().__init__(message, decision="needs_approval", **kw)
+        self.tenant = tenant
+        self.key = key
+        self.approval = dict(approval)
+        self.approval_id = str(approval.get("id", ""))
+        self.summary = str(approval.get("summary", ""))
+        self.requested_at = approval.get("requested_at")
+        self.expires_at = approval.get("expires_at")
+        self.lapsed_ids = lapsed_ids
+
+    @property
+    def fingerprint(self) -> str:
+        """The effect fingerprint the approver approves (what a decision names)."""
+        return str((self.record or {}).get("effect_fingerprint", ""))
+
+
+class ApprovalDeniedError(StoredFailureError):
+    """A person denied the approval this effect asked for; the tool never ran.
+
+    The record is failed for good with the code ``approval_denied``, and every retry of
+    the key gets this error back. ``.approver``, ``.reason`` and ``.approval_id`` say
+    who denied which request and why; ``.decided_at`` when (where the record says)."""
+
+    def __init__(self, message: str, *, receipt: Mapping[str, Any], replayed: bool, **kw: Any) -> None:
+        super().__init__(message, receipt=receipt, replayed=replayed, **kw)
+        details = (receipt.get("error") or {}).get("details") or {}
+        approval = (self.record or {}).get("approval") or {}
+        self.approver = str(details.get("approver") or approval.get("approver") or "")
+        self.reason = str(details.get("reason") or approval.get("reason") or "")
+        self.approval_id = str(approval.get("id", ""))
+        self.decided_at = approval.get("decided_at")
+
+
+# The names of the task's vocabulary, for who prefers them.
+ApprovalPending = ApprovalPendingError
+ApprovalDenied = ApprovalDeniedError
+
+# The seven kinds, in the order of the Go client's KindOf.
 KINDS: tuple[str, ...] = (
     NotExecutedError.kind,
     StoredFailureError.kind,
@@ -146,6 +220,7 @@ KINDS: tuple[str, ...] = (
     ConflictError.kind,
     InDoubtError.kind,
     StoreUnavailableError.kind,
+    ApprovalPendingError.kind,
 )
 
 
@@ -164,6 +239,17 @@ class APIError(Exception):
     def retryable(self) -> bool:
         """unavailable: certainly not applied; outcome_unknown: retry with the same attempt."""
         return self.code in ("unavailable", "outcome_unknown")
+
+
+class ApprovalNotPendingError(APIError):
+    """A decision on an approval that is no longer waiting (409 not_pending): it was
+    decided already (the message says by whom and when), consumed, or it lapsed."""
+
+
+class ApprovalMismatchError(APIError):
+    """A decision naming another request or effect than the one the key waits for (409
+    fingerprint_mismatch): the request the approver saw lapsed and a new one was made,
+    or the key now holds another effect. Nothing was decided."""
 
 
 # The stored code of a Permanent error that names none (the Go client's

@@ -23,8 +23,11 @@ from typing import Any, Callable, Generator, Optional, Sequence
 
 from . import _core, _otel
 from ._core import Call, Config, new_attempt_id
+from .approval import ApprovalRequirement, ApprovalWait, await_approval, reserve_effect
 from .errors import (
+    APPROVAL_DENIED,
     APIError,
+    ApprovalDeniedError,
     ConflictError,
     InDoubtError,
     NotExecuted,
@@ -154,6 +157,9 @@ class Op:
     permanent_on: tuple[type[BaseException], ...] = ()
     # The value of a tool as the JSON stored with its receipt (default: see _jsonable).
     serialize: Optional[Callable[[Any], Any]] = None
+    # What this tool asks of approvals (docs/protocol.md section 7); see
+    # ApprovalRequirement. Its summary here is the text itself.
+    approval: Optional[ApprovalRequirement] = None
 
     @classmethod
     def make(cls, config: Config, **kw: Any) -> "Op":
@@ -191,6 +197,16 @@ class Op:
             raise ValueError("idemkv: a mutating tool call needs an effect or a fingerprint")
         if self.lease_ttl < 1:
             raise ValueError("idemkv: the lease must be at least 1 second")
+        a = self.approval
+        if a is not None:
+            if not isinstance(a, ApprovalRequirement):
+                raise TypeError(f"idemkv: approval= takes an idemkv.ApprovalRequirement, not {type(a).__name__}")
+            if callable(a.summary):
+                raise TypeError("idemkv: a summary function is for @idempotent (it is called with the tool's "
+                                "arguments); give the text here")
+            if a.required and self.effect is None:
+                raise ValueError("idemkv: a call that requires approval needs its effect, not only a fingerprint: "
+                                 "the approver approves what they can read")
 
     def compute_fingerprint(self) -> str:
         if self.fingerprint is not None:
@@ -348,8 +364,15 @@ class _Loop:
     def main(self) -> Gen:
         op = self.op
         deadline = None if op.deadline is None else time.monotonic() + op.deadline
-        reserve = _core.reserve_call(op.tenant, op.key, op.tool, fingerprint=self.fp, actor=op.actor,
-                                     attempt_id=self.attempt_id, lease_ttl=op.lease_ttl, ttl=op.ttl)
+        effect, ask = None, None
+        if op.approval is not None:
+            # A record that waits for approval keeps the effect for the approver.
+            ask = op.approval.ask()
+            if op.effect is not None:
+                effect = reserve_effect(op.effect, op.drop)
+        reserve = _core.reserve_call(op.tenant, op.key, op.tool, fingerprint=self.fp, effect=effect, actor=op.actor,
+                                     attempt_id=self.attempt_id, lease_ttl=op.lease_ttl, ttl=op.ttl, approval=ask)
+        approval = ApprovalWait()
         waits = settles = 0
         while True:
             try:
@@ -381,6 +404,9 @@ class _Loop:
                     if op.unguarded and op.side_effect == IDEMPOTENT:
                         return (yield from self.unguarded(e))
                     raise
+                continue
+            if decision == "needs_approval":
+                yield from await_approval(self, res, approval, deadline)
                 continue
             g = _Grant(decision, int(res.get("fence") or 0), record)
             if decision == "execute":
@@ -657,6 +683,9 @@ def _receipt_of(rec: Optional[dict[str, Any]]) -> dict[str, Any]:
 def _stored_failure(key: str, receipt: dict[str, Any], replayed: bool, decision: str,
                     record: Optional[dict[str, Any]]) -> StoredFailureError:
     info = receipt.get("error") or {}
+    if info.get("code") == APPROVAL_DENIED:
+        return ApprovalDeniedError(f"idemkv: {key!r} was not run: its approval was {info.get('message', 'denied')}",
+                                   receipt=receipt, replayed=replayed, decision=decision, record=record)
     return StoredFailureError(f"idemkv: {key!r} failed permanently: {info.get('code', '')}: {info.get('message', '')}",
                               receipt=receipt, replayed=replayed, decision=decision, record=record)
 
