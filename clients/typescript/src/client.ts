@@ -4,11 +4,11 @@
 // (unavailable, outcome_unknown, a transport failure). The tool-call loop is in
 // idempotent.ts.
 
-import { ApiError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
+import { ApiError, ApprovalMismatchError, ApprovalNotPendingError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
 import { ATTR, failSpan, SPAN_KIND_CLIENT, traceHeaders, type Attributes, type Tracer } from "./telemetry.js";
 import { fetchSend, nodeSend, type HttpResponse, type Send, type TlsOptions } from "./transport.js";
 import type {
-  ClusterInfo, CommitRequest, DoubtRequest, FailRequest, GetOptions, HeartbeatRequest, ListOptions, ListResult,
+  ApprovalRule, ApprovalsOptions, ApprovalsResult, ClusterInfo, CommitRequest, DecideApprovalRequest, DoubtRequest, FailRequest, GetOptions, HeartbeatRequest, ListOptions, ListResult,
   Receipt, Record as IdemkvRecord, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult, ResolveRequest,
 } from "./types.js";
 import { abortReason, backoff, linkedController, newAttemptId, sleep } from "./util.js";
@@ -454,6 +454,90 @@ export class Client {
   /** The cluster as the answering node sees it. */
   async cluster(opts?: CallOptions): Promise<ClusterInfo> {
     return this.call<ClusterInfo>({ method: "GET", route: "/v1/cluster", path: "/v1/cluster" }, opts);
+  }
+
+  // ---- approvals (docs/protocol.md section 7) ----
+
+  /**
+   * One page of a tenant's waiting approvals, oldest first: records with their approval
+   * (id, summary, requested_at, expires_at), tool, effect and effect_fingerprint. Pass
+   * .next as after for the next page.
+   */
+  async approvals(tenant: string, options: ApprovalsOptions & CallOptions = {}): Promise<ApprovalsResult> {
+    const q = new URLSearchParams({ tenant });
+    if (options.limit !== undefined) q.set("limit", String(options.limit));
+    if (options.after !== undefined) q.set("after", options.after);
+    if (options.consistency !== undefined) q.set("consistency", options.consistency);
+    const page = await this.call<ApprovalsResult>({
+      method: "GET", route: "/v1/approvals", path: "/v1/approvals", query: q, attrs: () => ({ [ATTR.TENANT]: tenant }),
+    }, options);
+    return { ...page, approvals: page.approvals ?? [] };
+  }
+
+  /** Every waiting approval of the tenant, oldest first, a page at a time. */
+  async *allApprovals(tenant: string, options: { pageSize?: number } & CallOptions = {}): AsyncGenerator<IdemkvRecord, void, undefined> {
+    let after: string | undefined;
+    for (;;) {
+      const o: ApprovalsOptions & CallOptions = { ...options };
+      if (options.pageSize !== undefined) o.limit = options.pageSize;
+      if (after !== undefined) o.after = after;
+      const page = await this.approvals(tenant, o);
+      yield* page.approvals;
+      if (page.next === undefined || page.next === "") return;
+      after = page.next;
+    }
+  }
+
+  /**
+   * Approves or denies the request a key waits for; it takes an approver (or admin) token.
+   * The answer is the record. A request that was decided, consumed or lapsed throws
+   * ApprovalNotPendingError; another approval id or fingerprint ApprovalMismatchError. A
+   * decision retried after its answer was lost meets not_pending, its own doing: when the
+   * record holds exactly this decision it is reported as success.
+   */
+  async decideApproval(req: DecideApprovalRequest, opts?: CallOptions): Promise<IdemkvRecord> {
+    const { tenant, idempotency_key: key, ...body } = req;
+    const state = { retried: false };
+    try {
+      return await this.call<IdemkvRecord>({
+        method: "POST", route: "/v1/approvals/{tenant}/{key}", path: `/v1/approvals/${segment(tenant)}/${segment(key)}`, body,
+        attrs: () => keyAttrs(tenant, key),
+      }, opts, state);
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      if (err.code === "not_pending" && state.retried) {
+        const rec = await this.get(tenant, key, opts).catch(() => undefined);
+        const a = rec?.approval;
+        if (rec !== undefined && a !== undefined && a.id === req.approval_id && a.approver === req.approver &&
+          (a.reason ?? "") === (req.reason ?? "") && a.state === (req.decision === "deny" ? "denied" : "approved")) return rec;
+      }
+      const o = { status: err.status, cause: err, ...(err.field !== undefined ? { field: err.field } : {}) };
+      if (err.code === "not_pending") throw new ApprovalNotPendingError(err.message, o);
+      if (err.code === "fingerprint_mismatch") throw new ApprovalMismatchError(err.message, o);
+      throw err;
+    }
+  }
+
+  /** decideApproval with decision "approve". */
+  async approve(req: Omit<DecideApprovalRequest, "decision">, opts?: CallOptions): Promise<IdemkvRecord> {
+    return this.decideApproval({ ...req, decision: "approve" }, opts);
+  }
+
+  /** decideApproval with decision "deny": every retry of the key replays the denial. */
+  async deny(req: Omit<DecideApprovalRequest, "decision">, opts?: CallOptions): Promise<IdemkvRecord> {
+    return this.decideApproval({ ...req, decision: "deny" }, opts);
+  }
+
+  /** Makes every reserve of a tenant's tool require approval (admin token); ttl in ms. The answer is the tenant's rules. */
+  async setApprovalRule(req: { tenant: string; tool: string; ttl_ms?: number; remove?: boolean }, opts?: CallOptions): Promise<{ rules: ApprovalRule[] }> {
+    return this.call<{ rules: ApprovalRule[] }>({ method: "POST", route: "/v1/approval-rules", path: "/v1/approval-rules", body: req }, opts);
+  }
+
+  /** The tenant's approval rules. */
+  async approvalRules(tenant: string, opts?: CallOptions): Promise<{ rules: ApprovalRule[] }> {
+    return this.call<{ rules: ApprovalRule[] }>({
+      method: "GET", route: "/v1/approval-rules", path: "/v1/approval-rules", query: new URLSearchParams({ tenant }),
+    }, opts);
   }
 }
 

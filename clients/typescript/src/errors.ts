@@ -3,12 +3,13 @@
 // Two families:
 //   - ApiError: what one low-level call (reserve, commit, get, ...) got from idemkv, with
 //     the wire code of the answer (docs/protocol.md, "Errors").
-//   - IdemkvError and its six subclasses: what the tool-call loop (idempotent, run)
+//   - IdemkvError and its seven subclasses: what the tool-call loop (idempotent, run)
 //     concluded. Every error that loop throws is exactly one of them, told apart by
 //     .kind (or instanceof): not_executed, stored_failure, outcome_unknown, conflict,
-//     in_doubt, store_unavailable.
+//     in_doubt, store_unavailable, approval_pending. A denied approval is a stored
+//     failure: ApprovalDeniedError, a StoredFailureError with code approval_denied.
 
-import type { Conflict, Decision, Receipt, Record as IdemkvRecord } from "./types.js";
+import type { Approval, Conflict, Decision, Receipt, Record as IdemkvRecord } from "./types.js";
 
 /** The wire codes of idemkv's error answers, with their HTTP statuses. */
 export const WIRE_CODES = {
@@ -59,7 +60,7 @@ export function isRetryable(err: unknown): boolean {
 }
 
 /** The kinds of error of the tool-call loop; the same strings in Go and Python. */
-export type ErrorKind = "not_executed" | "stored_failure" | "outcome_unknown" | "conflict" | "in_doubt" | "store_unavailable";
+export type ErrorKind = "not_executed" | "stored_failure" | "outcome_unknown" | "conflict" | "in_doubt" | "store_unavailable" | "approval_pending";
 
 export interface IdemkvErrorDetails {
   decision?: Decision;
@@ -164,6 +165,88 @@ export class StoreUnavailableError extends IdemkvError {
     super(message, details);
     this.name = "StoreUnavailableError";
     this.attemptId = details?.attemptId;
+  }
+}
+
+/** The error code of the failed receipt a denied approval replays (Go's idemkv.CodeApprovalDenied). */
+export const APPROVAL_DENIED = "approval_denied";
+
+/**
+ * The effect waits for a person's approval; nothing ran and nothing is held. .approvalId
+ * names the request to decide; .summary, .requestedAt and .expiresAt are what the approver
+ * sees and when the request lapses unanswered. A runtime that suspends keeps them and calls
+ * the tool again, with the same key and effect, once resumed: it gets this same request
+ * (never a second card) until it is decided, then the tool runs once (approved) or the
+ * denial comes back (ApprovalDeniedError). Resumed after .expiresAt with no decision, the
+ * request has lapsed and the call asks anew, with a new approvalId; .lapsedIds lists the
+ * requests that lapsed while this one call waited.
+ */
+export class ApprovalPendingError extends IdemkvError {
+  readonly kind = "approval_pending" as const;
+  readonly tenant: string;
+  readonly key: string;
+  readonly approval: Approval | undefined;
+  readonly approvalId: string;
+  readonly summary: string;
+  readonly requestedAt: string | undefined;
+  readonly expiresAt: string | undefined;
+  /** The effect fingerprint the approver approves (what a decision names). */
+  readonly fingerprint: string;
+  readonly lapsedIds: readonly string[];
+  constructor(message: string, tenant: string, key: string, approval: Approval | undefined, lapsedIds: readonly string[], details?: IdemkvErrorDetails) {
+    super(message, { ...details, decision: "needs_approval" });
+    this.name = "ApprovalPendingError";
+    this.tenant = tenant;
+    this.key = key;
+    this.approval = approval;
+    this.approvalId = approval?.id ?? "";
+    this.summary = approval?.summary ?? "";
+    this.requestedAt = approval?.requested_at;
+    this.expiresAt = approval?.expires_at;
+    this.fingerprint = details?.record?.effect_fingerprint ?? "";
+    this.lapsedIds = lapsedIds;
+  }
+}
+
+/**
+ * A person denied the approval this effect asked for; the tool never ran. The record is
+ * failed for good with code approval_denied and every retry gets this error back. .approver,
+ * .reason and .approvalId say who denied which request and why.
+ */
+export class ApprovalDeniedError extends StoredFailureError {
+  readonly approver: string;
+  readonly reason: string;
+  readonly approvalId: string;
+  readonly decidedAt: string | undefined;
+  constructor(message: string, receipt: Receipt, replayed: boolean, details?: IdemkvErrorDetails) {
+    super(message, receipt, replayed, details);
+    this.name = "ApprovalDeniedError";
+    const d = (receipt.error?.details ?? {}) as { approver?: unknown; reason?: unknown };
+    const a = details?.record?.approval;
+    this.approver = typeof d.approver === "string" ? d.approver : a?.approver ?? "";
+    this.reason = typeof d.reason === "string" ? d.reason : a?.reason ?? "";
+    this.approvalId = a?.id ?? "";
+    this.decidedAt = a?.decided_at;
+  }
+}
+
+/** A decision on an approval that is no longer waiting (409 not_pending): decided (the message says by whom), consumed or lapsed. */
+export class ApprovalNotPendingError extends ApiError {
+  constructor(message: string, options: { status?: number; field?: string; cause?: unknown } = {}) {
+    super("not_pending", message, options);
+    this.name = "ApprovalNotPendingError";
+  }
+}
+
+/**
+ * A decision naming another request or effect than the one the key waits for (409
+ * fingerprint_mismatch): the request the approver saw lapsed and a new one was made, or the
+ * key holds another effect. Nothing was decided.
+ */
+export class ApprovalMismatchError extends ApiError {
+  constructor(message: string, options: { status?: number; field?: string; cause?: unknown } = {}) {
+    super("fingerprint_mismatch", message, options);
+    this.name = "ApprovalMismatchError";
   }
 }
 

@@ -3,6 +3,7 @@
 // exactly fn's type (optional parameters included); the call that runs the tool returns
 // its value, and a replay the stored result.
 
+import { checkApproval, type ApprovalRequirement } from "./approval.js";
 import { currentOperation, isPassthrough } from "./context.js";
 import { NotExecutedError } from "./errors.js";
 import type { Receipt } from "./types.js";
@@ -71,11 +72,17 @@ export interface IdempotentOptions<A extends unknown[], R> {
   replay?: (receipt: Receipt) => R;
   /** Sees every committed outcome (decision, replayed, probed ...), for logs and traces. */
   onOutcome?: (outcome: Outcome) => void;
+  /**
+   * A person approves the effect before it runs (docs/protocol.md section 7); the summary
+   * may be a function of the call's arguments. The call waits for the decision up to wait
+   * ms, or throws ApprovalPendingError; a denial is an ApprovalDeniedError, replayed to every retry.
+   */
+  approval?: ApprovalRequirement<A>;
 }
 
 const OPTIONS = new Set([
   "client", "tool", "tenant", "key", "effect", "drop", "sideEffect", "actor", "leaseTtl", "ttl", "receipt", "probe",
-  "notExecutedOn", "permanentOn", "serialize", "deserialize", "fromReceipt", "replay", "onOutcome",
+  "notExecutedOn", "permanentOn", "serialize", "deserialize", "fromReceipt", "replay", "onOutcome", "approval",
 ]);
 const SIDE_EFFECTS = new Set(["read_only", "idempotent", "non_idempotent", "idempotent_mutation", "non_idempotent_mutation"]);
 
@@ -128,9 +135,10 @@ function check(options: IdempotentOptions<never, unknown>): void {
   for (const f of ["effect", "receipt", "probe", "serialize", "deserialize", "fromReceipt", "replay", "onOutcome"]) {
     if (o[f] !== undefined && typeof o[f] !== "function") throw new TypeError(`idemkv: ${f} must be a function`);
   }
-  if (o.sideEffect === "read_only" && (o.probe !== undefined || o.effect !== undefined)) {
-    throw new TypeError("idemkv: a read_only tool takes no probe or effect (nothing is reserved)");
+  if (o.sideEffect === "read_only" && (o.probe !== undefined || o.effect !== undefined || o.approval !== undefined)) {
+    throw new TypeError("idemkv: a read_only tool takes no probe, effect or approval (nothing is reserved)");
   }
+  if (o.approval !== undefined) checkApproval(o.approval, "approval");
 }
 
 /**
@@ -176,8 +184,15 @@ export function idempotent<F extends (...args: any[]) => Promise<any>>(fn: F, op
       const key = keyOf(args);
       op = { tenant, key, tool: o.tool };
       if (o.sideEffect !== "read_only") op.effect = o.effect ? o.effect(...args) : defaultEffect(args);
+      const a = o.approval;
+      if (a !== undefined) {
+        const { summary, ...rest } = a;
+        const text = typeof summary === "function" ? summary(...args) : summary;
+        if (text !== undefined && typeof text !== "string") throw new TypeError(`the approval summary function returned ${typeof text}, not text`);
+        op.approval = text === undefined ? rest : { ...rest, summary: text };
+      }
     } catch (err) {
-      throw new NotExecutedError(`idemkv: the key or effect of ${o.tool} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+      throw new NotExecutedError(`idemkv: the key, effect or approval summary of ${o.tool} failed: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }
     const receiptOf = (r: R): ToolResult => {
       const f = o.receipt ? o.receipt(r, ...args) : { remoteSystem: o.tool, remoteId: op.key };

@@ -5,6 +5,8 @@
 //   - Client: one method per endpoint of the HTTP API.
 //   - canonicalize / fingerprint: RFC 8785 effect fingerprints, byte-identical to the server's.
 //   - ClientOptions.tracer: OpenTelemetry spans, with no dependency on OpenTelemetry.
+//   - approvals: a tool's ApprovalRequirement waits for a person's decision or throws
+//     ApprovalPendingError; Client.approvals / approve / deny for approvers.
 //   - operation(id, fn): keys from the run's context; MemoryStore and passthrough: unit tests without a node.
 
 export { Client, MAX_WAIT_MS } from "./client.js";
@@ -17,8 +19,9 @@ export type { MemoryStoreOptions } from "./memory.js";
 export type { Operation } from "./context.js";
 export { OMITTED_RESULT_KEY, resultOmitted, run, toolContext } from "./run.js";
 export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, Store, ToolContext, ToolFn, ToolResult } from "./run.js";
+export type { ApprovalRequirement } from "./approval.js";
 export {
-  ApiError, ConflictError, DEFAULT_FAILURE_CODE, IdemkvError, InDoubtError, isRetryable, notExecuted, NotExecutedError,
+  APPROVAL_DENIED, ApiError, ApprovalDeniedError, ApprovalMismatchError, ApprovalNotPendingError, ApprovalPendingError, ConflictError, DEFAULT_FAILURE_CODE, IdemkvError, InDoubtError, isRetryable, notExecuted, NotExecutedError,
   NotExecutedMark, OutcomeUnknownError, permanent, PermanentError, StoredFailureError, StoreUnavailableError, WIRE_CODES,
 } from "./errors.js";
 export type { ErrorKind, IdemkvErrorDetails, WireCode } from "./errors.js";
@@ -28,7 +31,7 @@ export type { TlsOptions } from "./transport.js";
 export { SCOPE_NAME } from "./telemetry.js";
 export type { Attributes, AttributeValue, Span, SpanContext, SpanOptions, Tracer } from "./telemetry.js";
 export type {
-  ClusterInfo, ClusterNode, CommitRequest, Conflict, Consistency, Decision, DoubtRequest, ErrorInfo, FailRequest, GetOptions,
+  Approval, ApprovalAsk, ApprovalRule, ApprovalsOptions, ApprovalsResult, ApprovalState, DecideApprovalRequest, ClusterInfo, ClusterNode, CommitRequest, Conflict, Consistency, Decision, DoubtRequest, ErrorInfo, FailRequest, GetOptions,
   HeartbeatRequest, ListOptions, ListResult, Receipt, Record, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult,
   ResolveRequest, Status, StoredReceipt,
 } from "./types.js";

@@ -6,8 +6,9 @@
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { Client, CallOptions, StoreBudget } from "./client.js";
+import { approvalAsk, awaitApproval, checkApproval, reserveEffect, type ApprovalRequirement, type ApprovalWait } from "./approval.js";
 import {
-  ApiError, ConflictError, InDoubtError, isRetryable, messageOf, NotExecutedError, NotExecutedMark, OutcomeUnknownError,
+  APPROVAL_DENIED, ApiError, ApprovalDeniedError, ConflictError, InDoubtError, isRetryable, messageOf, NotExecutedError, NotExecutedMark, OutcomeUnknownError,
   PermanentError, StoredFailureError, StoreUnavailableError, type IdemkvErrorDetails,
 } from "./errors.js";
 import { fingerprint as fingerprintOf } from "./jcs.js";
@@ -84,6 +85,8 @@ export interface Op {
   notExecutedOn?: (err: unknown) => boolean;
   /** Errors of the tool that will not go away on retry: stored and replayed (as permanent(err)). */
   permanentOn?: (err: unknown) => boolean;
+  /** What this tool asks of approvals (docs/protocol.md section 7); its summary here is the text. */
+  approval?: ApprovalRequirement<never[]>;
 }
 
 /**
@@ -253,6 +256,12 @@ function validate(op: Op, cls: string): void {
     throw new TypeError("a mutating tool call needs an effect or a fingerprint");
   }
   if (op.leaseTtl !== undefined && !(op.leaseTtl >= 1000)) throw new TypeError("leaseTtl must be at least 1000 ms");
+  if (op.approval !== undefined) {
+    checkApproval(op.approval, "approval");
+    if ((op.approval.required ?? true) && op.effect === undefined) {
+      throw new TypeError("a call that requires approval needs its effect, not only a fingerprint: the approver approves what they can read");
+    }
+  }
 }
 
 /** A grant of ownership from reserve. */
@@ -382,6 +391,13 @@ class Attempt {
     };
     if (op.actor !== undefined) req.actor = op.actor;
     if (op.ttl !== undefined) req.ttl_ms = op.ttl;
+    if (op.approval !== undefined) {
+      const ask = approvalAsk(op.approval);
+      if (ask !== undefined) req.approval = ask;
+      // A record that waits for approval keeps the effect for the approver.
+      if (op.effect !== undefined) req.effect = reserveEffect(op.effect, op.drop ?? []);
+    }
+    const seen: ApprovalWait = { ids: [] };
     let settles = 0;
     for (let waits = 0; ; waits++) {
       let res: ReserveResult;
@@ -409,6 +425,14 @@ class Attempt {
         case "in_progress":
           await this.await(res, waits);
           continue;
+        case "needs_approval":
+          await awaitApproval({
+            tenant: op.tenant, key: op.key, requirement: op.approval, callOptions: this.before(),
+            get: (waitMs) => this.client.get(op.tenant, op.key, { ...this.before(), waitMs }),
+            backoffMaxMs: this.client.settings.backoffMaxMs, event: (name, a) => this.event(name, a),
+            failed: (err) => this.beforeError(err, "needs_approval"),
+          }, res, seen);
+          continue;
         case "execute":
           return this.execute({ decision: "execute", fence: res.fence ?? 0, record: res.record }, fn);
         case "recover":
@@ -431,6 +455,10 @@ class Attempt {
     const rec = res.receipt ?? receiptOf(res.record);
     if (rec === undefined) {
       throw new NotExecutedError(`idemkv: replay of ${this.q} without a receipt`, { decision: "replay", record: res.record });
+    }
+    if (rec.status === "failed" && rec.error?.code === APPROVAL_DENIED) {
+      throw new ApprovalDeniedError(`idemkv: ${this.q} was not run: its approval was ${rec.error.message}`, rec, true,
+        { decision: "replay", record: res.record });
     }
     if (rec.status === "failed") {
       throw new StoredFailureError(failMessage(this.q, rec.error), rec, true, { decision: "replay", record: res.record });

@@ -3,8 +3,8 @@
 // Timestamps are RFC 3339 strings with milliseconds, in UTC. Fences are Raft indexes,
 // far below 2^53, so a JavaScript number holds them exactly.
 
-export type Decision = "execute" | "replay" | "conflict" | "in_progress" | "recover";
-export type Status = "pending" | "committed" | "failed";
+export type Decision = "execute" | "replay" | "conflict" | "in_progress" | "recover" | "needs_approval";
+export type Status = "pending" | "committed" | "failed" | "awaiting_approval";
 export type Consistency = "linearizable" | "stale";
 
 /** What a permanent failure stored. */
@@ -41,6 +41,65 @@ export interface Record {
   /** Set when an attempt died and nobody can tell whether its effect happened. */
   in_doubt?: boolean;
   in_doubt_since?: string;
+  /** On a record that asked for an approval (section 7); kept after it is consumed. */
+  approval?: Approval;
+  /** The effect's canonical JSON, kept on a record that asked for an approval. */
+  effect?: unknown;
+}
+
+export type ApprovalState = "waiting" | "approved" | "denied";
+
+/** The approval a record asked for, and its decision once there is one (docs/protocol.md section 7). */
+export interface Approval {
+  /** "apr_" and the Raft index of the entry that asked: a later request under the key gets another. */
+  id: string;
+  state: ApprovalState;
+  summary?: string;
+  requested_at: string;
+  /** When a waiting approval lapses unanswered. */
+  expires_at: string;
+  /** Required by an admin's rule rather than by the request. */
+  by_rule?: boolean;
+  approver?: string;
+  reason?: string;
+  decided_at?: string;
+}
+
+/** A reserve's request for approval. */
+export interface ApprovalAsk {
+  required: boolean;
+  ttl_ms?: number;
+  summary?: string;
+}
+
+/** POST /v1/approvals/{tenant}/{key}: the approval id and fingerprint are what the approver saw. */
+export interface DecideApprovalRequest {
+  tenant: string;
+  idempotency_key: string;
+  approval_id: string;
+  effect_fingerprint: string;
+  decision: "approve" | "deny";
+  approver: string;
+  reason?: string;
+}
+
+export interface ApprovalsOptions {
+  limit?: number;
+  /** The next of an earlier page. */
+  after?: string;
+  consistency?: Consistency;
+}
+
+/** One page of waiting approvals, oldest requested_at first: records with approval, tool and effect. */
+export interface ApprovalsResult {
+  approvals: Record[];
+  next?: string;
+}
+
+export interface ApprovalRule {
+  tenant: string;
+  tool: string;
+  ttl_ms: number;
 }
 
 /** What a replay returns: the stored outcome of the key. */
@@ -79,6 +138,8 @@ export interface ReserveRequest {
   lease_ttl_ms?: number;
   ttl_ms?: number;
   expires_at?: string;
+  /** Asks for a person's approval before the effect runs; needs effect. */
+  approval?: ApprovalAsk;
 }
 
 export interface ReserveResult {
@@ -88,6 +149,8 @@ export interface ReserveResult {
   lease_expires_at?: string;
   receipt?: Receipt;
   conflict?: Conflict;
+  /** On needs_approval: the request to show the approver. */
+  approval?: Approval;
   record: Record;
 }
 

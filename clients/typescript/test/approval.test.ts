@@ -1,0 +1,194 @@
+// Approvals bound to the effect (docs/protocol.md section 7) against a real node with
+// tokens: the agent's client token asks, an approver token decides.
+
+import { after, before, describe, it } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import {
+  ApiError, ApprovalDeniedError, ApprovalMismatchError, ApprovalNotPendingError, ApprovalPendingError, Client, ConflictError,
+  fingerprint, idempotent, NotExecutedError, run, StoredFailureError, type Outcome, type Record as IdemkvRecord,
+} from "../src/index.js";
+import { eventually, idemkvBin, IdemkvNode, killAll, started, tempDir } from "./harness.js";
+
+const TENANT = "shop";
+const agentToken = `agent-${Date.now().toString(16)}`;
+const approverToken = `approver-${Date.now().toString(16)}`;
+let node: IdemkvNode;
+let agent: Client;
+let approver: Client;
+let n = 0;
+
+function hash(token: string): string {
+  return String(execFileSync(idemkvBin(), ["auth", "hash-token", token])).trim();
+}
+
+before(async () => {
+  const dir = tempDir("approvals");
+  writeFileSync(join(dir, "tokens.json"), JSON.stringify({ tokens: [
+    { name: "agent-1", hash: hash(agentToken), role: "client", tenants: [TENANT] },
+    { name: "ana", hash: hash(approverToken), role: "approver", tenants: [TENANT] },
+  ] }));
+  node = await IdemkvNode.create("approvals", ["--auth-file", join(dir, "tokens.json")]);
+  started.push(node);
+  node.start();
+  await node.ready();
+  agent = new Client({ endpoints: [node.httpAddr], token: agentToken });
+  approver = new Client({ endpoints: [node.httpAddr], token: approverToken });
+});
+
+after(async () => {
+  agent?.close();
+  approver?.close();
+  await killAll();
+});
+
+interface RefundArgs { order: string; amount: number }
+
+function refundTool(ran: RefundArgs[], wait = 0): (a: RefundArgs) => Promise<{ id: string }> {
+  return idempotent(async (a: RefundArgs) => {
+    ran.push(a);
+    return { id: `re_${ran.length}` };
+  }, {
+    client: agent, tenant: TENANT, tool: "refund", key: "order",
+    approval: { ttl: 3_600_000, wait, summary: (a) => `Refund ${a.amount} EUR to ${a.order}` },
+  });
+}
+
+async function waiting(key: string): Promise<IdemkvRecord[]> {
+  const out: IdemkvRecord[] = [];
+  for await (const r of approver.allApprovals(TENANT)) if (r.idempotency_key === key) out.push(r);
+  return out;
+}
+
+async function pendingOf(p: Promise<unknown>): Promise<ApprovalPendingError> {
+  try {
+    await p;
+  } catch (err) {
+    assert.ok(err instanceof ApprovalPendingError, `want ApprovalPendingError, got ${String(err)}`);
+    return err;
+  }
+  throw new Error("the call ran: want ApprovalPendingError");
+}
+
+describe("approvals", () => {
+  it("a suspended call resumed twice shows one card, and the approved one runs once", async () => {
+    const ran: RefundArgs[] = [];
+    const refund = refundTool(ran);
+    const order = `order-${Date.now()}-${n++}`;
+    const key = `${order}:refund`;
+    const ids = new Set<string>();
+    let p: ApprovalPendingError | undefined;
+    for (let i = 0; i < 3; i++) {
+      p = await pendingOf(refund({ order, amount: 40 }));
+      assert.equal(p.kind, "approval_pending");
+      assert.deepEqual([p.tenant, p.key, p.summary], [TENANT, key, `Refund 40 EUR to ${order}`]);
+      assert.match(p.approvalId, /^apr_/);
+      assert.ok(p.expiresAt !== undefined && p.requestedAt !== undefined);
+      assert.equal(p.fingerprint, fingerprint({ order, amount: 40 }));
+      ids.add(p.approvalId);
+    }
+    assert.ok(p !== undefined);
+    assert.equal(ids.size, 1, "a resume asked for a second approval");
+    assert.deepEqual(ran, []);
+
+    const cards = await waiting(key);
+    assert.equal(cards.length, 1);
+    assert.equal(cards[0].approval?.id, p.approvalId);
+    assert.deepEqual(cards[0].effect, { amount: 40, order });
+
+    await assert.rejects(refund({ order, amount: 41 }), ConflictError);
+    await assert.rejects(agent.approve({ tenant: TENANT, idempotency_key: key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "agent" }),
+      (err: unknown) => err instanceof ApiError && err.code === "permission_denied");
+    await assert.rejects(approver.approve({ tenant: TENANT, idempotency_key: key, approval_id: "apr_1", effect_fingerprint: p.fingerprint, approver: "ana" }),
+      (err: unknown) => err instanceof ApprovalMismatchError && err.code === "fingerprint_mismatch" && err.status === 409);
+
+    const rec = await approver.approve({ tenant: TENANT, idempotency_key: key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "ana", reason: "customer called" });
+    assert.deepEqual([rec.approval?.state, rec.approval?.approver], ["approved", "ana"]);
+    await assert.rejects(approver.deny({ tenant: TENANT, idempotency_key: key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "bo" }),
+      (err: unknown) => err instanceof ApprovalNotPendingError && err instanceof ApiError && err.code === "not_pending");
+    assert.deepEqual(await waiting(key), []);
+
+    assert.deepEqual(await refund({ order, amount: 40 }), { id: "re_1" });
+    assert.deepEqual(await refund({ order, amount: 40 }), { id: "re_1" }); // a replay
+    assert.equal(ran.length, 1);
+    const stored = await agent.get(TENANT, key);
+    assert.deepEqual([stored.status, stored.approval?.id, stored.approval?.reason], ["committed", p.approvalId, "customer called"]);
+  });
+
+  it("a denial is typed, replayed to every retry, and the tool never runs", async () => {
+    const ran: RefundArgs[] = [];
+    const refund = refundTool(ran);
+    const order = `order-${Date.now()}-${n++}`;
+    const p = await pendingOf(refund({ order, amount: 900 }));
+    const rec = await approver.deny({ tenant: TENANT, idempotency_key: p.key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "ana", reason: "too much" });
+    assert.equal(rec.status, "failed");
+    for (let i = 0; i < 2; i++) {
+      await assert.rejects(refund({ order, amount: 900 }), (err: unknown) => {
+        assert.ok(err instanceof ApprovalDeniedError && err instanceof StoredFailureError, String(err));
+        assert.deepEqual([err.kind, err.receipt.error?.code, err.approver, err.reason, err.approvalId, err.replayed],
+          ["stored_failure", "approval_denied", "ana", "too much", p.approvalId, true]);
+        return true;
+      });
+    }
+    assert.deepEqual(ran, []);
+  });
+
+  it("the wait mode is woken by the decision", async () => {
+    const order = `order-${Date.now()}-${n++}`;
+    const key = `${order}:refund`;
+    let ran = 0;
+    const call = run(agent, {
+      tenant: TENANT, key, tool: "refund", effect: { order, amount: 7 }, approval: { summary: "Refund 7", wait: 60_000 },
+    }, async () => {
+      ran++;
+      return { remoteSystem: "payments", remoteId: "re_w" };
+    });
+    const card = await eventually(20_000, "the request listed", async () => {
+      const [c] = await waiting(key);
+      if (c === undefined) throw new Error("not listed yet");
+      return c;
+    });
+    assert.equal(ran, 0);
+    const decided = Date.now();
+    await approver.approve({ tenant: TENANT, idempotency_key: key, approval_id: card.approval?.id ?? "", effect_fingerprint: card.effect_fingerprint, approver: "ana" });
+    const out: Outcome = await call;
+    const woke = Date.now() - decided;
+    assert.deepEqual([out.decision, out.receipt.remote_id, ran], ["execute", "re_w", 1]);
+    assert.ok(woke < 5000, `woke ${woke} ms after the decision`);
+  });
+
+  it("the wait is bounded", async () => {
+    const ran: RefundArgs[] = [];
+    const refund = refundTool(ran, 1000);
+    const start = Date.now();
+    await pendingOf(refund({ order: `order-${Date.now()}-${n++}`, amount: 5 }));
+    const took = Date.now() - start;
+    assert.ok(took >= 1000 && took < 6000, `took ${took} ms`);
+    assert.deepEqual(ran, []);
+  });
+
+  it("bad requirements are refused before anything runs", async () => {
+    const key = `order-${Date.now()}-${n++}`;
+    await assert.rejects(run(agent, { tenant: TENANT, key, tool: "refund", fingerprint: fingerprint(1), approval: {} },
+      async () => ({ remoteSystem: "x", remoteId: "y" })), NotExecutedError);
+    for (const bad of [{ ttl: 10 }, { ttl: 31 * 86_400_000 }, { wait: -1 }, { required: "yes" }, { summry: "typo" }]) {
+      assert.throws(() => idempotent(async (x: number) => x, { client: agent, tenant: TENANT, tool: "t", approval: bad as never }), TypeError);
+    }
+    await assert.rejects(agent.get(TENANT, key), (err: unknown) => err instanceof ApiError && err.code === "not_found");
+  });
+
+  it("lists what waits oldest first, a page at a time", async () => {
+    const refund = refundTool([]);
+    const base = `order-${Date.now()}-${n++}`;
+    const orders = [0, 1, 2].map((i) => `${base}-${i}`);
+    for (const order of orders) await pendingOf(refund({ order, amount: 1 }));
+    const seen: string[] = [];
+    for await (const r of approver.allApprovals(TENANT, { pageSize: 1 })) if (r.idempotency_key.startsWith(base)) seen.push(r.idempotency_key);
+    assert.deepEqual(seen, orders.map((o) => `${o}:refund`));
+    const page = await approver.approvals(TENANT, { limit: 1 });
+    assert.equal(page.approvals.length, 1);
+    assert.ok(page.next !== undefined && page.next !== "");
+  });
+});
