@@ -91,6 +91,15 @@ class DecisionVectors(unittest.TestCase):
 class LoopOverMemory(unittest.TestCase):
     """A runtime's unit test: the wrapper over the in-memory store, no node."""
 
+    def test_a_tool_that_requires_approval_is_refused_not_run(self) -> None:
+        kv = idemkv.testing.MemoryClient(tenant="acme")
+        ran: list[int] = []
+        with self.assertRaises(idemkv.NotExecutedError) as cm:
+            kv.do(lambda: ran.append(1), key="k", tool="refund", effect={"order": 1},
+                  approval=idemkv.ApprovalRequirement(summary="Refund"))
+        self.assertIn("does not model approvals", str(cm.exception))
+        self.assertEqual(ran, [])
+
     def test_replay_conflict_and_recovery(self) -> None:
         kv = idemkv.testing.MemoryClient(tenant="acme", lease_ttl=5)
         made: list[str] = []

@@ -183,6 +183,11 @@ export class MemoryStore {
   }
 
   private reserve(b: Body, now: number): unknown {
+    if ((b.approval as { required?: unknown } | undefined)?.required === true) {
+      // Refused rather than run unapproved: a unit test must not pass a tool that would
+      // wait for a person against a node.
+      throw new Refusal("invalid_argument", "the in-memory store does not model approvals (docs/protocol.md section 7); test a tool that requires approval against a node");
+    }
     const tenant = String(b.tenant), key = String(b.idempotency_key), tool = String(b.tool);
     const fp = String(b.effect_fingerprint ?? ""), attempt = String(b.attempt_id ?? "");
     const lease = Number(b.lease_ttl_ms ?? 30_000), ttl = Number(b.ttl_ms ?? 86_400_000);

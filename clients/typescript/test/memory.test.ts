@@ -6,7 +6,7 @@ import { describe, it } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { ApiError, ConflictError, fingerprint, idempotent, MemoryStore, type Outcome, type ReserveResult } from "../src/index.js";
+import { ApiError, ConflictError, NotExecutedError, fingerprint, idempotent, MemoryStore, type Outcome, type ReserveResult } from "../src/index.js";
 import { repoRoot } from "./harness.js";
 
 interface Step {
@@ -28,6 +28,15 @@ const FPS = { A: "sha256:" + "a0".repeat(32), B: "sha256:" + "b1".repeat(32) };
 const START = 1_800_000_000_000;
 
 describe("the in-memory store", () => {
+  it("refuses a tool that requires approval rather than run it unapproved", async () => {
+    const store = new MemoryStore();
+    let ran = 0;
+    const refund = idempotent(async (o: { order: number }) => { ran++; return o; },
+      { client: store.client(), tenant: "acme", tool: "refund", key: "order", approval: { summary: "Refund" } });
+    await assert.rejects(refund({ order: 1 }), (err: unknown) => err instanceof NotExecutedError && /does not model approvals/.test(err.message));
+    assert.equal(ran, 0);
+  });
+
   it("answers testdata/decisions as the server decides them", async (t) => {
     const scenarios: Array<{ name: string; steps: Step[] }> = JSON.parse(readFileSync(join(repoRoot, "testdata", "decisions", "vectors.json"), "utf8")).scenarios;
     let steps = 0;

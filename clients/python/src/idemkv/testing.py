@@ -128,6 +128,12 @@ class MemoryStore:
                            status=413, field="result")
 
     def _reserve(self, b: dict[str, Any], now: int) -> dict[str, Any]:
+        if (b.get("approval") or {}).get("required"):
+            # Refused rather than run unapproved: a unit test must not pass a tool that
+            # would wait for a person against a node.
+            raise APIError("invalid_argument", "the in-memory store does not model approvals (docs/protocol.md "
+                           "section 7); test a tool that requires approval against a node", status=400,
+                           field="approval")
         tenant, key = b["tenant"], b["idempotency_key"]
         fp, tool, attempt = b.get("effect_fingerprint", ""), b["tool"], b.get("attempt_id", "")
         lease = int(b.get("lease_ttl_ms") or 30_000)
