@@ -332,6 +332,8 @@ func (g *Gateway) failure(ctx context.Context, r *rule, c *call, err error, upst
 		var failed *client.StoredFailureError
 		errors.As(err, &failed)
 		switch {
+		case failed.Replayed && client.IsApprovalDenied(err):
+			return annotate(denied(r, c, failed.Receipt), decided(idemkv.DecisionReplay)...), nil
 		case failed.Replayed:
 			return annotate(decodeFailure(failed.Receipt), decided(idemkv.DecisionReplay)...), nil
 		case upstream != nil:

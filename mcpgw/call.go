@@ -327,8 +327,9 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil), nil
 	}
 	op.Effect, op.Drop = effect, r.policy.Volatile
+	op.Approval = g.approvalAsk(r, c)
 	progress := g.progressFor(ctx, req)
-	w := g.waiting(progress, c.key)
+	var w *waiter // of the Do in progress
 	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
 		probe := g.probe(r, c, req.Params.Meta)
 		op.Probe = func(ctx context.Context) (*client.Result, error) {
@@ -364,9 +365,29 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		}
 		return g.receipt(r, c.key, res, raw)
 	}
-	out, err := g.runner.Do(ctx, op, fn)
-	w.stop()
-	g.noteStore(ctx, err)
+	do := func() (*client.Outcome, error) {
+		w = g.waiting(progress, c.key)
+		out, err := g.runner.Do(ctx, op, fn)
+		w.stop()
+		g.noteStore(ctx, err)
+		return out, err
+	}
+	// A re-issued 2026-07-28 call may carry its user's answer to the gateway's
+	// question (approval.go): it is recorded before the reserve that acts on it.
+	ans := g.answerOf(ctx, r, c, req)
+	out, err := do()
+	var pending *client.ApprovalPendingError
+	if errors.As(err, &pending) && askAgain(ans, pending) && g.mayAskInBand(r, c, req) {
+		if modernRequest(req) {
+			return g.inputRequired(r, pending), nil
+		}
+		if ans = g.elicit(ctx, r, c, req, pending); ans.decided {
+			out, err = do()
+		}
+	}
+	if errors.As(err, &pending) {
+		return approvalPending(r, c, pending, ans), nil
+	}
 	meta := []string{MetaIdempotencyKey, c.key, MetaTenant, c.tenant}
 	if out != nil {
 		meta = append(meta, MetaFingerprint, out.Fingerprint, MetaDecision, string(out.Decision))

@@ -25,6 +25,7 @@ package mcpgw
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,8 +67,19 @@ type Config struct {
 	// its key) tells an agent that asked for progress (a progressToken) that it is
 	// still waiting: clients that time calls out reset the clock on progress.
 	WaitProgress time.Duration
-	// Now is the clock of derived keys' windows (key: derive); default time.Now.
+	// Now is the clock of derived keys' windows (key: derive) and of approval
+	// questions' expiry; default time.Now.
 	Now func() time.Time
+	// Approver decides approvals in band, as the agent's user answered them
+	// (approval_in_band in the policy); nil: the Runner, when it can (a
+	// *client.Client does; idemkv refuses unless its token has the approver role
+	// for the tenant or is an admin's). Approvals are then decided out of band.
+	Approver Decider
+	// StateKey seals the request state of the 2026-07-28 approval questions the
+	// gateway asks (at least 32 bytes); nil: a random key per Gateway. Give every
+	// gateway behind one load balancer the same key, or a re-issued call that
+	// reaches another instance is asked again.
+	StateKey []byte
 	// Name and Version are what the gateway tells its clients it is.
 	Name    string
 	Version string
@@ -123,6 +135,8 @@ func (c Config) Validate() error {
 		return errors.New("mcpgw: Runner is required")
 	case c.MaxReceiptBytes < 256 || c.MaxReceiptBytes > idemkv.MaxRequestBytes:
 		return fmt.Errorf("mcpgw: MaxReceiptBytes must be between 256 and %d", idemkv.MaxRequestBytes)
+	case c.StateKey != nil && len(c.StateKey) < 32:
+		return errors.New("mcpgw: StateKey must be at least 32 bytes")
 	}
 	return c.Policy.Validate()
 }
@@ -157,6 +171,10 @@ type Gateway struct {
 
 	storeDown atomic.Bool // an outage is logged; see noteStore
 
+	decider  Decider  // decides approvals in band; nil: out of band only
+	stateKey []byte   // seals approval questions' request state
+	noDecide sync.Map // tenant -> true: idemkv refused the decider's decisions
+
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 }
@@ -178,6 +196,17 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 		tracer:      cfg.TracerProvider.Tracer(ScopeName),
 		prop:        cfg.Propagator,
 		log:         cfg.Logger,
+		decider:     cfg.Approver,
+		stateKey:    cfg.StateKey,
+	}
+	if g.decider == nil {
+		g.decider, _ = cfg.Runner.(Decider)
+	}
+	if g.stateKey == nil {
+		g.stateKey = make([]byte, 32)
+		if _, err := rand.Read(g.stateKey); err != nil {
+			return nil, fmt.Errorf("mcpgw: a key for request state: %w", err)
+		}
 	}
 	tools, err := g.up.Tools(ctx)
 	if err != nil {

@@ -111,6 +111,8 @@ type Policy struct {
 	// RemoteSystem names the upstream in receipts; default: the upstream server's
 	// name from its initialize answer.
 	RemoteSystem string `yaml:"remote_system"`
+	// ApprovalInBand is the default for tools that do not set their own (false).
+	ApprovalInBand *bool `yaml:"approval_in_band"`
 	// Tools holds the per-tool rules, by tool name.
 	Tools map[string]*ToolPolicy `yaml:"tools"`
 }
@@ -149,6 +151,20 @@ type ToolPolicy struct {
 	// is cancelled upstream and, for a mutating tool, its outcome is unknown (the
 	// record stays pending; a retry recovers it). Zero: the policy's Timeout.
 	Timeout time.Duration `yaml:"timeout"`
+	// Approval is ApprovalRequired to ask a person's approval of each call's
+	// effect before it runs (docs/protocol.md "Approvals"); "" or ApprovalNone: the
+	// policy asks for none (an admin's rule on the server may still).
+	Approval ApprovalMode `yaml:"approval"`
+	// ApprovalTTL is how long a request for approval waits for a decision
+	// (idemkv's default, 24 h, when zero).
+	ApprovalTTL time.Duration `yaml:"approval_ttl"`
+	// ApprovalSummary is the template of what the approver reads beside the
+	// effect ("Refund {amount} {currency} to order {order_id}"); each argument it
+	// names is quoted and clipped (approval.go). Default: the tool and its effect.
+	ApprovalSummary string `yaml:"approval_summary"`
+	// ApprovalInBand lets the agent's MCP client ask its user to decide, in band
+	// (approval.go); default false: approvals are decided out of band.
+	ApprovalInBand *bool `yaml:"approval_in_band"`
 	// ValidationErrors, MissingKey, LeaseTTL and TTL override the policy-wide
 	// defaults.
 	ValidationErrors NotExecuted   `yaml:"validation_errors"`
@@ -286,6 +302,7 @@ type compiled struct {
 	key       *Template
 	derive    time.Duration // the window of key: derive; zero: no derived keys
 	probeArgs map[string]*Template
+	summary   *Template // of approval_summary; nil: the default summary
 }
 
 func compile(tp *ToolPolicy) (*compiled, error) {
@@ -306,6 +323,9 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 		return nil, err
 	}
 	if err := validTimeout(tp.Timeout); err != nil {
+		return nil, err
+	}
+	if err := compileApproval(c); err != nil {
 		return nil, err
 	}
 	if tp.DeriveWindow != 0 && tp.Key != KeyDerive {
@@ -393,6 +413,7 @@ type rule struct {
 	leaseTTL   time.Duration
 	ttl        time.Duration
 	timeout    time.Duration // of each upstream call
+	inBand     bool          // approvals may be asked of the agent's user (approval.go)
 }
 
 func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
@@ -406,6 +427,12 @@ func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
 	}
 	r := &rule{tool: tool, class: Classify(tool, tp), policy: c,
 		missingKey: tp.MissingKey, notExec: tp.ValidationErrors, leaseTTL: tp.LeaseTTL, ttl: tp.TTL, timeout: tp.Timeout}
+	switch {
+	case tp.ApprovalInBand != nil:
+		r.inBand = *tp.ApprovalInBand
+	case p.ApprovalInBand != nil:
+		r.inBand = *p.ApprovalInBand
+	}
 	if r.timeout == 0 {
 		r.timeout = p.Timeout
 	}
@@ -471,6 +498,9 @@ func (r *rule) String() string {
 	}
 	if r.policy.Probe != nil {
 		fmt.Fprintf(&b, ", probe %s", r.policy.Probe.Tool)
+	}
+	if r.policy.Approval == ApprovalRequired {
+		fmt.Fprintf(&b, ", approval required (in band: %t)", r.inBand)
 	}
 	fmt.Fprintf(&b, ", without a key: %s", r.missingKey)
 	return b.String()

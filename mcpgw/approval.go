@@ -1,0 +1,572 @@
+package mcpgw
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/client"
+)
+
+// Approvals bound to the effect (docs/protocol.md "Approvals"), as the gateway asks
+// for them. A tool whose policy says approval: required reserves with the ask; a tool
+// an admin's rule holds on the server is answered needs_approval all the same, so
+// every mutating reserve carries the effect and a summary.
+//
+// A waiting approval is decided out of band (idemkv approvals approve, the API), or,
+// when the policy lets it (approval_in_band) and the gateway holds a Decider, in
+// band: the agent's MCP client asks its user, with elicitation in 2025-11-25 and
+// the multi round-trip input_required result in 2026-07-28. Both are answered by
+// the client's user interface, never by the model: the model writes a call's
+// arguments, not its inputResponses. In-band is off by default all the same: the
+// gateway cannot tell a person's click from a client that answers elicitations by
+// itself, and the person who drives an agent approving its effects is no second
+// pair of eyes. See docs/mcp-gateway.md "Approvals".
+
+// ApprovalMode says whether a tool's calls need a person's approval.
+type ApprovalMode string
+
+const (
+	// ApprovalNone: the policy asks for no approval (the default).
+	ApprovalNone ApprovalMode = "none"
+	// ApprovalRequired: every call's effect waits for an approval before it runs.
+	ApprovalRequired ApprovalMode = "required"
+)
+
+// CodeApprovalPending (MetaError): the call's effect waits for an approval; nothing
+// ran. The details name the approval and how to decide it.
+const CodeApprovalPending = client.KindApprovalPending
+
+// CodeApprovalDenied (MetaError): the approval was denied; nothing ran, and every
+// retry of the call gets the same answer.
+const CodeApprovalDenied = idemkv.CodeApprovalDenied
+
+// Decider decides approvals: a *client.Client whose token has the approver role for
+// the tenant (or is an admin's) does.
+type Decider interface {
+	DecideApproval(ctx context.Context, req *idemkv.DecideApprovalRequest) (*idemkv.Record, error)
+}
+
+// approvalInput names the gateway's input request in an input_required result.
+const approvalInput = MetaPrefix + "approval"
+
+// The bounds of what a summary shows of one argument, in bytes: a summary is at
+// most idemkv.MaxSummaryLen, and a long argument is clipped rather than the
+// summary refused (the call would fail) or cut at its end (hiding what follows).
+const (
+	maxSummaryArg = 256
+	minSummaryArg = 8
+	// maxMessageEffect bounds the effect an in-band question shows.
+	maxMessageEffect = 4 << 10
+)
+
+func compileApproval(c *compiled) error {
+	tp := c.ToolPolicy
+	switch tp.Approval {
+	case "", ApprovalNone, ApprovalRequired:
+	default:
+		return fmt.Errorf("approval %q is neither %s nor %s", tp.Approval, ApprovalNone, ApprovalRequired)
+	}
+	if d := tp.ApprovalTTL; d != 0 && (d < idemkv.MinApprovalTTL || d > idemkv.MaxApprovalTTL) {
+		return fmt.Errorf("approval_ttl %s outside [%s, %s]", d, idemkv.MinApprovalTTL, idemkv.MaxApprovalTTL)
+	}
+	if tp.ApprovalSummary == "" {
+		return nil
+	}
+	t, err := ParseTemplate(tp.ApprovalSummary)
+	if err != nil {
+		return fmt.Errorf("approval_summary: %w", err)
+	}
+	n := 0
+	for _, p := range t.parts {
+		n += len(p.lit)
+		if !printable(strings.NewReplacer("\n", " ", "\t", " ").Replace(p.lit)) {
+			return errors.New("approval_summary: its text must be printable (line breaks and tabs allowed)")
+		}
+	}
+	if n > idemkv.MaxSummaryLen/2 {
+		return fmt.Errorf("approval_summary: its text is %d bytes; at most %d, leaving room for the arguments", n, idemkv.MaxSummaryLen/2)
+	}
+	c.summary = t
+	return nil
+}
+
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// approvalAsk is what the call's reserve asks of approvals: always the effect and a
+// summary (an admin's rule may hold any tool), and the policy's requirement.
+func (g *Gateway) approvalAsk(r *rule, c *call) *client.ApprovalRequirement {
+	return &client.ApprovalRequirement{
+		Required: r.policy.Approval == ApprovalRequired,
+		TTL:      r.policy.ApprovalTTL,
+		Summary:  summarize(r, c),
+	}
+}
+
+// summarize renders the approver's summary of the call within idemkv.MaxSummaryLen.
+// An argument is shown quoted, with every character that is not printable escaped
+// (line breaks, bidirectional overrides, zero-width marks), so that no argument can
+// pass for the summary's own text or hide what follows it; a long one is clipped,
+// saying how much was left out.
+func summarize(r *rule, c *call) string {
+	for limit := maxSummaryArg; ; limit /= 2 {
+		s := renderSummary(r, c, limit)
+		if len(s) <= idemkv.MaxSummaryLen || limit <= minSummaryArg {
+			return clipBytes(s, idemkv.MaxSummaryLen)
+		}
+	}
+}
+
+func renderSummary(r *rule, c *call, limit int) string {
+	if r.policy.summary == nil {
+		effect := c.args
+		if len(r.policy.Effect) > 0 {
+			obj := map[string]any{}
+			for _, p := range r.policy.Effect {
+				if v, ok := lookupPath(c.args, p); ok {
+					obj[p] = v
+				}
+			}
+			effect = obj
+		}
+		return "Call " + quote(r.tool.Name, limit) + " with " + showValue(effect, limit)
+	}
+	s := scope{tenant: c.tenant, tool: r.tool.Name, args: c.args}
+	var b strings.Builder
+	for _, p := range r.policy.summary.parts {
+		if p.name == "" {
+			b.WriteString(p.lit)
+			continue
+		}
+		v, err := s.lookup(p.name)
+		if err != nil {
+			b.WriteString("(no " + p.name + ")")
+			continue
+		}
+		b.WriteString(showValue(v, limit))
+	}
+	return b.String()
+}
+
+// showValue shows an argument to a person: strings quoted and escaped, numbers and
+// booleans as written, objects and arrays as JSON, each within limit bytes.
+func showValue(v any, limit int) string {
+	switch v := v.(type) {
+	case string:
+		return quote(v, limit)
+	case json.Number:
+		return clipNote(escapeUnprintable(v.String()), limit)
+	case bool, nil:
+		b, _ := json.Marshal(v)
+		return string(b)
+	case map[string]any:
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		parts := make([]string, 0, len(keys))
+		for _, k := range keys {
+			parts = append(parts, quote(k, limit)+": "+showValue(v[k], limit))
+		}
+		return clipNote("{"+strings.Join(parts, ", ")+"}", 4*limit)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "(unprintable)"
+	}
+	return clipNote(escapeUnprintable(string(b)), 4*limit)
+}
+
+// quote is s in double quotes, its quotes and backslashes escaped, every character
+// that is not printable written as \uXXXX, clipped to limit bytes of s.
+func quote(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	rest := 0
+	if len(s) > limit {
+		cut := limit
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		rest = len(s) - cut
+		s = s[:cut]
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case unicode.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			b.WriteString(escapeRune(r))
+		}
+	}
+	b.WriteByte('"')
+	if rest > 0 {
+		fmt.Fprintf(&b, "…(%d more bytes)", rest)
+	}
+	return b.String()
+}
+
+func escapeRune(r rune) string {
+	if r > 0xFFFF {
+		return fmt.Sprintf(`\U%08X`, r)
+	}
+	return fmt.Sprintf(`\u%04X`, r)
+}
+
+// escapeUnprintable writes every character of s that is not printable as \uXXXX.
+func escapeUnprintable(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if printable(s) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsPrint(r) {
+			b.WriteRune(r)
+		} else {
+			b.WriteString(escapeRune(r))
+		}
+	}
+	return b.String()
+}
+
+// clipNote clips s to limit bytes, saying how many were left out.
+func clipNote(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	c := clipBytes(s, limit)
+	return c + fmt.Sprintf("…(%d more bytes)", len(s)-len(c))
+}
+
+// clipBytes cuts s to at most max bytes at a character boundary.
+func clipBytes(s string, max int) string {
+	for len(s) > max {
+		_, size := utf8.DecodeLastRuneInString(s)
+		s = s[:len(s)-size]
+	}
+	return s
+}
+
+// approvalState is what an input_required result asks the client to echo: the
+// approval the user was shown. It is sealed (sealState): only a question the gateway
+// asked can be answered, and only for the approval and effect it showed.
+type approvalState struct {
+	Tenant      string `json:"t"`
+	Key         string `json:"k"`
+	ApprovalID  string `json:"a"`
+	Fingerprint string `json:"f"`
+	Expires     int64  `json:"e"` // unix ms: the approval's expires_at
+}
+
+func (g *Gateway) sealState(st approvalState) string {
+	body, _ := json.Marshal(st)
+	mac := hmac.New(sha256.New, g.stateKey)
+	mac.Write(body)
+	enc := base64.RawURLEncoding
+	return enc.EncodeToString(body) + "." + enc.EncodeToString(mac.Sum(nil))
+}
+
+// openState checks a sealed state and its expiry.
+func (g *Gateway) openState(s string, now time.Time) (*approvalState, error) {
+	enc := base64.RawURLEncoding
+	b64, sig, ok := strings.Cut(s, ".")
+	body, err1 := enc.DecodeString(b64)
+	got, err2 := enc.DecodeString(sig)
+	if !ok || err1 != nil || err2 != nil {
+		return nil, errors.New("the request state is not one of the gateway's")
+	}
+	mac := hmac.New(sha256.New, g.stateKey)
+	mac.Write(body)
+	if !hmac.Equal(got, mac.Sum(nil)) {
+		return nil, errors.New("the request state was not sealed by this gateway (another instance's key, or altered)")
+	}
+	var st approvalState
+	if err := json.Unmarshal(body, &st); err != nil {
+		return nil, fmt.Errorf("the request state: %w", err)
+	}
+	if now.UnixMilli() >= st.Expires {
+		return nil, errors.New("the approval the request state names has expired")
+	}
+	return &st, nil
+}
+
+// inBandAnswer is what became of the user's answer a re-issued call carried.
+type inBandAnswer struct {
+	approvalID string // of the approval the user was shown; "" if the state was not usable
+	decided    bool   // the decision was recorded
+	cancelled  bool   // the user dismissed the question without deciding
+	note       string // why it was not recorded, for the out-of-band answer
+}
+
+// mayAskInBand reports whether the agent's client may be asked to decide the call's
+// approval: the policy allows it, the gateway can decide approvals of the tenant, and
+// the client declared form elicitation.
+func (g *Gateway) mayAskInBand(r *rule, c *call, req *mcp.CallToolRequest) bool {
+	if !r.inBand || g.decider == nil {
+		return false
+	}
+	if _, refused := g.noDecide.Load(c.tenant); refused {
+		return false
+	}
+	caps := req.ClientCapabilities()
+	if caps == nil || caps.Elicitation == nil {
+		return false
+	}
+	e := caps.Elicitation
+	return e.Form != nil || e.URL == nil // neither: form, for backward compatibility
+}
+
+// question is the elicitation that asks the agent's user to decide.
+func question(r *rule, p *client.ApprovalPendingError) *mcp.ElicitParams {
+	var b strings.Builder
+	b.WriteString("Approve this call? It runs only once you approve it, and only as shown.\n\n")
+	if p.Approval != nil && p.Approval.Summary != "" {
+		b.WriteString(p.Approval.Summary + "\n\n")
+	}
+	b.WriteString("Tool: " + escapeUnprintable(r.tool.Name) + "\n")
+	if p.Record != nil && len(p.Record.Effect) > 0 {
+		b.WriteString("Effect: " + clipNote(escapeUnprintable(string(p.Record.Effect)), maxMessageEffect) + "\n")
+	}
+	fmt.Fprintf(&b, "Approval %s, tenant %s, key %s", p.ApprovalID, p.Tenant, quote(p.Key, idemkv.MaxKeyLen))
+	if p.Approval != nil {
+		b.WriteString(", expires " + p.Approval.ExpiresAt.String())
+	}
+	return &mcp.ElicitParams{
+		Mode:    "form",
+		Message: b.String(),
+		RequestedSchema: map[string]any{
+			"type": "object",
+			"properties": map[string]any{
+				"approve": map[string]any{"type": "boolean", "title": "Approve",
+					"description": "true runs the call once; false denies it for good (every retry gets the denial)"},
+				"reason": map[string]any{"type": "string", "title": "Reason", "maxLength": idemkv.MaxReasonLen},
+			},
+			"required": []string{"approve"},
+		},
+	}
+}
+
+// verdictOf reads the user's answer: accept with approve true approves, accept with
+// approve false or decline denies, anything else (cancel) decides nothing.
+func verdictOf(er *mcp.ElicitResult) (idemkv.ApprovalVerdict, string, bool) {
+	reason, _ := er.Content["reason"].(string)
+	switch er.Action {
+	case "accept":
+		approve, ok := er.Content["approve"].(bool)
+		if !ok {
+			return "", "", false
+		}
+		if approve {
+			return idemkv.VerdictApprove, reason, true
+		}
+		return idemkv.VerdictDeny, reason, true
+	case "decline":
+		return idemkv.VerdictDeny, reason, true
+	}
+	return "", "", false
+}
+
+// approverName is who decided in band, as the record keeps it: the agent's user,
+// known to the gateway by the call's actor (its _meta or the MCP client's name).
+func approverName(c *call) string {
+	who := c.actor
+	if who == "" {
+		who = "unnamed MCP client"
+	}
+	return idemkv.ClipText("user of "+who+" (in band, through the idemkv MCP gateway)", idemkv.MaxApproverLen)
+}
+
+// decideInBand records the user's answer to the question: the approval and effect
+// the sealed state names, decided as the user said.
+func (g *Gateway) decideInBand(ctx context.Context, r *rule, c *call, st *approvalState, er *mcp.ElicitResult) *inBandAnswer {
+	ans := &inBandAnswer{approvalID: st.ApprovalID}
+	verdict, reason, ok := verdictOf(er)
+	if !ok {
+		ans.cancelled = true
+		ans.note = "the question was dismissed without a decision (" + er.Action + ")"
+		return ans
+	}
+	if g.decider == nil || !r.inBand {
+		ans.note = "this gateway does not record in-band decisions"
+		return ans
+	}
+	if reason == "" {
+		reason = string(verdict) + "d in band by the MCP client's user"
+	}
+	_, err := g.decider.DecideApproval(ctx, &idemkv.DecideApprovalRequest{
+		Tenant: c.tenant, Key: c.key, ApprovalID: st.ApprovalID, Fingerprint: st.Fingerprint,
+		Decision: verdict, Approver: approverName(c), Reason: idemkv.ClipText(reason, idemkv.MaxReasonLen),
+	})
+	attrs := []slog.Attr{slog.String(logKeyTool, r.tool.Name), slog.String(logKeyKey, c.key),
+		slog.String("tenant", c.tenant), slog.String("approval_id", st.ApprovalID), slog.String("decision", string(verdict))}
+	switch {
+	case err == nil:
+		ans.decided = true
+		g.log.LogAttrs(ctx, slog.LevelInfo, "approval decided in band", attrs...)
+	case errors.Is(err, idemkv.ErrPermissionDenied):
+		g.noDecide.Store(c.tenant, true)
+		ans.note = fmt.Sprintf("the gateway's idemkv token may not decide approvals of tenant %q, so the answer was not recorded", c.tenant)
+		g.log.LogAttrs(ctx, slog.LevelWarn, "the idemkv token may not decide approvals of the tenant: its approvals are decided out of band from now on "+
+			"(give the gateway an approver token of the tenant)", append(attrs, slog.Any(logKeyErr, err))...)
+	case errors.Is(err, idemkv.ErrNotPending), errors.Is(err, idemkv.ErrFingerprintMismatch):
+		// Decided or replaced meanwhile (out of band, or by another re-issue): the
+		// reserve that follows answers what the record now says.
+		ans.note = "the approval was no longer the one shown: " + err.Error()
+		g.log.LogAttrs(ctx, slog.LevelInfo, "an in-band answer came for an approval decided or replaced meanwhile", append(attrs, slog.Any(logKeyErr, err))...)
+	default:
+		ans.note = "the answer could not be recorded: " + err.Error()
+		g.log.LogAttrs(ctx, slog.LevelWarn, "could not record an in-band approval decision", append(attrs, slog.Any(logKeyErr, err))...)
+	}
+	return ans
+}
+
+// answerOf reads the answer a re-issued 2026-07-28 call carries to the gateway's
+// question, and records it. nil: the call carries none.
+func (g *Gateway) answerOf(ctx context.Context, r *rule, c *call, req *mcp.CallToolRequest) *inBandAnswer {
+	resp, ok := req.Params.InputResponses[approvalInput]
+	if !ok {
+		return nil
+	}
+	st, err := g.openState(req.Params.RequestState, g.cfg.Now())
+	if err == nil && (st.Tenant != c.tenant || st.Key != c.key) {
+		err = errors.New("the request state names another call")
+	}
+	if err != nil {
+		g.log.LogAttrs(ctx, slog.LevelDebug, "ignoring an answer to an approval question", slog.String(logKeyTool, r.tool.Name), slog.Any(logKeyErr, err))
+		return &inBandAnswer{note: err.Error()}
+	}
+	er, ok := resp.(*mcp.ElicitResult)
+	if !ok {
+		return &inBandAnswer{approvalID: st.ApprovalID, note: fmt.Sprintf("the answer is a %T, not an elicitation result", resp)}
+	}
+	return g.decideInBand(ctx, r, c, st, er)
+}
+
+// askAgain reports whether the question is still to be asked after ans: nothing was
+// asked yet, or the answer was for an approval no longer waiting.
+func askAgain(ans *inBandAnswer, p *client.ApprovalPendingError) bool {
+	return ans == nil || (!ans.cancelled && !ans.decided && ans.approvalID != p.ApprovalID && !strings.Contains(ans.note, "may not decide"))
+}
+
+// inputRequired is the 2026-07-28 answer that asks the agent's client for its user's
+// decision, carrying the sealed state the re-issued call must echo.
+func (g *Gateway) inputRequired(r *rule, p *client.ApprovalPendingError) *mcp.CallToolResult {
+	st := approvalState{Tenant: p.Tenant, Key: p.Key, ApprovalID: p.ApprovalID}
+	if p.Record != nil {
+		st.Fingerprint = p.Record.Fingerprint
+	}
+	if p.Approval != nil {
+		st.Expires = p.Approval.ExpiresAt.Time().UnixMilli()
+	}
+	return &mcp.CallToolResult{
+		InputRequests: mcp.InputRequestMap{approvalInput: question(r, p)},
+		RequestState:  g.sealState(st),
+	}
+}
+
+// elicit asks a 2025-11-25 client's user on its session (elicitation/create), and
+// records the answer.
+func (g *Gateway) elicit(ctx context.Context, r *rule, c *call, req *mcp.CallToolRequest, p *client.ApprovalPendingError) *inBandAnswer {
+	er, err := req.Session.Elicit(ctx, question(r, p))
+	if err != nil {
+		g.log.LogAttrs(ctx, slog.LevelInfo, "the client did not answer the approval question", slog.String(logKeyTool, r.tool.Name), slog.Any(logKeyErr, err))
+		return &inBandAnswer{approvalID: p.ApprovalID, cancelled: true, note: "the client did not answer the question: " + err.Error()}
+	}
+	st := &approvalState{Tenant: c.tenant, Key: c.key, ApprovalID: p.ApprovalID}
+	if p.Record != nil {
+		st.Fingerprint = p.Record.Fingerprint
+	}
+	return g.decideInBand(ctx, r, c, st, er)
+}
+
+// approvalPending is the tool error that names a waiting approval, for it to be
+// decided out of band; a retry of the same call gets the same approval.
+func approvalPending(r *rule, c *call, p *client.ApprovalPendingError, ans *inBandAnswer) *mcp.CallToolResult {
+	d := map[string]any{
+		"status": string(idemkv.StatusAwaitingApproval), "approval_id": p.ApprovalID,
+		"tenant": p.Tenant, "idempotency_key": p.Key, "tool": r.tool.Name,
+	}
+	fp := ""
+	if p.Record != nil {
+		fp = p.Record.Fingerprint
+		d["effect_fingerprint"] = fp
+	}
+	if a := p.Approval; a != nil {
+		d["summary"], d["requested_at"], d["expires_at"] = a.Summary, a.RequestedAt.String(), a.ExpiresAt.String()
+		if a.ByRule {
+			d["by_rule"] = true
+		}
+	}
+	cli := fmt.Sprintf("idemkv approvals approve --tenant %s --key %s --id %s --fingerprint %s --approver NAME",
+		shellQuote(p.Tenant), shellQuote(p.Key), shellQuote(p.ApprovalID), shellQuote(fp))
+	d["decide"] = map[string]any{
+		"cli": cli,
+		"api": fmt.Sprintf("POST /v1/approvals/%s/%s {\"approval_id\":%q,\"effect_fingerprint\":%q,\"decision\":\"approve\"|\"deny\",\"approver\":\"NAME\"} (an approver token of the tenant, or an admin's)",
+			p.Tenant, p.Key, p.ApprovalID, fp),
+	}
+	msg := fmt.Sprintf("idemkv: %s waits for a person's approval (%s) and was not run. "+
+		"Once it is approved, retry this same call: it runs once; if it is denied, the retry answers the denial. "+
+		"Retrying before then answers this again, with the same approval; it never asks twice.", r.tool.Name, p.ApprovalID)
+	if ans != nil && ans.note != "" {
+		msg += " (In band: " + ans.note + ".)"
+		d["in_band"] = ans.note
+	}
+	return annotate(errorResult(CodeApprovalPending, msg, d), MetaIdempotencyKey, c.key, MetaTenant, c.tenant,
+		MetaFingerprint, fp, MetaDecision, string(idemkv.DecisionNeedsApproval))
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '-' || r == '_' || r == '.' || r == ':' || r == '/' || unicode.IsLetter(r) || unicode.IsDigit(r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// denied answers a call whose approval was denied: nothing ran, and every retry of it
+// gets this answer.
+func denied(r *rule, c *call, receipt *idemkv.Receipt) *mcp.CallToolResult {
+	d := map[string]any{"status": string(idemkv.StatusFailed), "tenant": c.tenant, "idempotency_key": c.key, "tool": r.tool.Name}
+	msg := "denied"
+	if e := receipt.Error; e != nil {
+		msg = e.Message
+		var who struct{ Approver, Reason string }
+		if json.Unmarshal(e.Details, &who) == nil {
+			d["approver"], d["reason"] = who.Approver, who.Reason
+		}
+	}
+	return errorResult(CodeApprovalDenied, fmt.Sprintf(
+		"idemkv: the approval of this %s call was %s; it was not run, and every retry of it gets this answer. "+
+			"Doing it anyway takes a new call with another idempotency key, and a new approval.", r.tool.Name, msg), d)
+}
