@@ -30,6 +30,8 @@ type mcpGatewayOptions struct {
 	logFormat       string
 	storeWait       time.Duration
 	listenTokenFile string
+	approverToken   string // file
+	stateKeyFile    string
 	http            mcpgw.HTTPConfig
 	conn            clientFlags
 }
@@ -68,6 +70,8 @@ template from the --policy file. See docs/mcp-gateway.md.
 	f.DurationVar(&o.storeWait, "store-wait", o.storeWait, "how long a mutating call waits for an unreachable idemkv before it fails with store_unavailable (the tool is not called)")
 	f.DurationVar(&o.http.ShutdownGrace, "shutdown-grace", o.http.ShutdownGrace, "how long shutdown waits for calls in flight (--listen)")
 	f.StringVar(&o.listenTokenFile, "listen-token-file", "", "file holding the bearer token every request to --listen must carry (Authorization: Bearer TOKEN)")
+	f.StringVar(&o.approverToken, "approver-token-file", "", "file holding an idemkv token of the approver role, with which the gateway records the decisions its agents' users take in band (policy approval_in_band); default: --token")
+	f.StringVar(&o.stateKeyFile, "state-key-file", "", "file holding at least 32 bytes that seal the request state of 2026-07-28 approval questions; give every gateway behind one load balancer the same (default: a random key per process)")
 	f.Int64Var(&o.http.MaxBodyBytes, "max-body-bytes", o.http.MaxBodyBytes, "largest request body --listen reads (larger: 413)")
 	f.DurationVar(&o.http.ReadHeaderTimeout, "read-header-timeout", o.http.ReadHeaderTimeout, "how long --listen waits for a request's headers")
 	f.DurationVar(&o.http.ReadBodyTimeout, "read-body-timeout", o.http.ReadBodyTimeout, "how long --listen waits for a request's body (larger: 408)")
@@ -137,6 +141,27 @@ func runMCPGateway(ctx context.Context, o mcpGatewayOptions, stderr io.Writer) e
 	cfg.MaxReceiptBytes = o.maxReceiptBytes
 	cfg.Version = version
 	cfg.Logger = logger
+	if o.approverToken != "" {
+		token, err := readSecretFile("--approver-token-file", o.approverToken)
+		if err != nil {
+			return err
+		}
+		approver, err := client.New(client.Config{
+			Endpoints: o.conn.endpoints, Token: token, TLSConfig: tlsConf, Timeout: o.conn.timeout, Logger: logger, StoreWait: o.storeWait,
+		})
+		if err != nil {
+			return err
+		}
+		defer approver.Close()
+		cfg.Approver = approver
+	}
+	if o.stateKeyFile != "" {
+		key, err := readSecretFile("--state-key-file", o.stateKeyFile)
+		if err != nil {
+			return err
+		}
+		cfg.StateKey = []byte(key)
+	}
 	gw, err := mcpgw.New(ctx, cfg)
 	if err != nil {
 		return err
@@ -173,13 +198,11 @@ func serveMCPHTTP(ctx context.Context, gw *mcpgw.Gateway, o mcpGatewayOptions, l
 	cfg := o.http
 	cfg.Logger = logger
 	if o.listenTokenFile != "" {
-		b, err := os.ReadFile(o.listenTokenFile)
+		token, err := readSecretFile("--listen-token-file", o.listenTokenFile)
 		if err != nil {
-			return fmt.Errorf("--listen-token-file: %w", err)
+			return err
 		}
-		if cfg.Token = strings.TrimSpace(string(b)); cfg.Token == "" {
-			return fmt.Errorf("--listen-token-file %s is empty", o.listenTokenFile)
-		}
+		cfg.Token = token
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -190,6 +213,19 @@ func serveMCPHTTP(ctx context.Context, gw *mcpgw.Gateway, o mcpGatewayOptions, l
 	}
 	logger.Info("serving MCP over streamable HTTP", "url", "http://"+ln.Addr().String()+"/mcp", "token", cfg.Token != "")
 	return gw.Serve(ctx, ln, cfg)
+}
+
+// readSecretFile reads the secret a flag names: the file's text, trimmed, not empty.
+func readSecretFile(flag, path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, err)
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		return "", fmt.Errorf("%s %s is empty", flag, path)
+	}
+	return s, nil
 }
 
 // splitCommand splits a command line into words the way a POSIX shell would, without
