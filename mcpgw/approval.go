@@ -292,13 +292,15 @@ func (g *Gateway) sealState(st approvalState) string {
 	mac := hmac.New(sha256.New, g.stateKey)
 	mac.Write(body)
 	enc := base64.RawURLEncoding
-	return enc.EncodeToString(body) + "." + enc.EncodeToString(mac.Sum(nil))
+	return sealedPrefix + enc.EncodeToString(body) + "." + enc.EncodeToString(mac.Sum(nil))
 }
 
 // openState checks a sealed state and its expiry.
 func (g *Gateway) openState(s string, now time.Time) (*approvalState, error) {
 	enc := base64.RawURLEncoding
-	b64, sig, ok := strings.Cut(s, ".")
+	rest, sealed := strings.CutPrefix(s, sealedPrefix)
+	b64, sig, ok := strings.Cut(rest, ".")
+	ok = ok && sealed
 	body, err1 := enc.DecodeString(b64)
 	got, err2 := enc.DecodeString(sig)
 	if !ok || err1 != nil || err2 != nil {
@@ -324,6 +326,7 @@ type inBandAnswer struct {
 	approvalID string // of the approval the user was shown; "" if the state was not usable
 	decided    bool   // the decision was recorded
 	cancelled  bool   // the user dismissed the question without deciding
+	refused    bool   // idemkv refused the gateway's decision: ask this tenant no more
 	note       string // why it was not recorded, for the out-of-band answer
 }
 
@@ -434,6 +437,7 @@ func (g *Gateway) decideInBand(ctx context.Context, r *rule, c *call, st *approv
 		g.log.LogAttrs(ctx, slog.LevelInfo, "approval decided in band", attrs...)
 	case errors.Is(err, idemkv.ErrPermissionDenied):
 		g.noDecide.Store(c.tenant, true)
+		ans.refused = true
 		ans.note = fmt.Sprintf("the gateway's idemkv token may not decide approvals of tenant %q, so the answer was not recorded", c.tenant)
 		g.log.LogAttrs(ctx, slog.LevelWarn, "the idemkv token may not decide approvals of the tenant: its approvals are decided out of band from now on "+
 			"(give the gateway an approver token of the tenant)", append(attrs, slog.Any(logKeyErr, err))...)
@@ -474,7 +478,7 @@ func (g *Gateway) answerOf(ctx context.Context, r *rule, c *call, req *mcp.CallT
 // askAgain reports whether the question is still to be asked after ans: nothing was
 // asked yet, or the answer was for an approval no longer waiting.
 func askAgain(ans *inBandAnswer, p *client.ApprovalPendingError) bool {
-	return ans == nil || (!ans.cancelled && !ans.decided && ans.approvalID != p.ApprovalID && !strings.Contains(ans.note, "may not decide"))
+	return ans == nil || (!ans.cancelled && !ans.decided && !ans.refused && ans.approvalID != p.ApprovalID)
 }
 
 // inputRequired is the 2026-07-28 answer that asks the agent's client for its user's

@@ -279,14 +279,20 @@ func timeoutDetails(r *rule, d time.Duration) map[string]any {
 }
 
 func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	res, raw, err := g.upCall(ctx, r, g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), g.progressFor(ctx, req).relay())
+	res, raw, err := g.upCall(ctx, r, withInput(g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), req), g.progressFor(ctx, req).relay())
 	if err == nil {
 		return withRaw(res, raw), nil
 	}
 	var (
 		we *jsonrpc.Error
 		ce *callError
+		in *inputNeeded
 	)
+	if errors.As(err, &in) {
+		if res := relayInput(req, in); res != nil {
+			return res, nil
+		}
+	}
 	switch {
 	case errors.As(err, &we):
 		// The upstream's own protocol error, passed on as it came.
@@ -343,7 +349,7 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	var upstream *mcp.CallToolResult
 	fn := func(ctx context.Context) (*client.Result, error) {
 		w.granted()
-		res, raw, err := g.upCall(ctx, r, g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), progress.relay())
+		res, raw, err := g.upCall(ctx, r, withInput(g.forward(ctx, req.Params.Name, c.raw, req.Params.Meta), req), progress.relay())
 		if err != nil {
 			var ce *callError
 			if errors.As(err, &ce) && !ce.sent {
@@ -387,6 +393,17 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	}
 	if errors.As(err, &pending) {
 		return approvalPending(r, c, pending, ans), nil
+	}
+	var (
+		in    *inputNeeded
+		probe *probeError
+	)
+	if errors.As(err, &in) && !errors.As(err, &probe) {
+		// The tool asks for input; the key was released (input.go). (A probe that
+		// asks is a probe that cannot tell.)
+		if res := relayInput(req, in); res != nil {
+			return res, nil
+		}
 	}
 	meta := []string{MetaIdempotencyKey, c.key, MetaTenant, c.tenant}
 	if out != nil {

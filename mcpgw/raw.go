@@ -464,7 +464,8 @@ func (r *rawListResult) MarshalJSON() ([]byte, error) {
 
 // withProtocol adds to the bytes of an answer to a 2026-07-28 request what that era
 // puts on every result and the go-sdk set after the gateway built it: resultType
-// "complete" (the gateway never relays input_required) and the _meta keys under
+// "complete" (an input_required answer, relayed or the gateway's own, is never
+// sent from upstream bytes) and the _meta keys under
 // io.modelcontextprotocol/ (the gateway's serverInfo). An answer in the earlier era
 // goes as it is.
 func withProtocol(raw json.RawMessage, meta mcp.Meta, modern bool) ([]byte, error) {

@@ -56,7 +56,11 @@ func NewUpstream(transport func() mcp.Transport, impl *mcp.Implementation, logge
 	}
 	u := &Upstream{transport: transport, log: logger, changed: make(chan struct{}, 1), tap: newTap()}
 	u.client = mcp.NewClient(impl, &mcp.ClientOptions{
-		Logger:                 slog.New(atLeast{logger.Handler(), slog.LevelWarn}),
+		Logger: slog.New(atLeast{logger.Handler(), slog.LevelWarn}),
+		// An upstream's input_required goes to the agent (relayInput), whose user
+		// answers it: the gateway has no user of its own. The go-sdk's default
+		// would answer it here, and fail for want of an elicitation handler.
+		MultiRoundTrip:         &mcp.MultiRoundTripOptions{Disabled: true},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { u.toolsChanged() },
 		LoggingMessageHandler: func(ctx context.Context, req *mcp.LoggingMessageRequest) {
 			u.logMu.Lock()
@@ -152,8 +156,17 @@ func (u *Upstream) Close() error {
 	return err
 }
 
-// errInputRequired: the upstream answered resultType "input_required".
-var errInputRequired = errors.New("the upstream asks for input (resultType input_required: elicitation or sampling), which the gateway does not relay")
+// inputNeeded: a 2026-07-28 upstream answered resultType "input_required": it asks
+// for input (elicitation, sampling, roots) before it completes the call, and the
+// re-issued call must carry the answers and its request state.
+type inputNeeded struct {
+	requests mcp.InputRequestMap
+	state    string
+}
+
+func (e *inputNeeded) Error() string {
+	return "the upstream asks for input (resultType input_required: elicitation, sampling or roots), which this agent's client cannot be asked for"
+}
 
 // callError says what a failed tools/call means for the effect.
 type callError struct {
@@ -228,10 +241,10 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: true}
 	}
 	if res.NeedsInput() {
-		// A 2026-07-28 upstream asks for input before it completes the call
-		// (elicitation, sampling): the request did not complete, and the gateway
-		// relays no such requests.
-		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, errInputRequired)}
+		// A 2026-07-28 upstream asks for input before it completes the call: the
+		// request did not complete (sent false: nothing took effect).
+		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name,
+			&inputNeeded{requests: res.InputRequests, state: res.RequestState})}
 	}
 	return res, raw, nil
 }

@@ -1,0 +1,66 @@
+package mcpgw
+
+import (
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// An upstream of 2026-07-28 may answer a tools/call with resultType input_required:
+// it needs its user's input (elicitation, sampling, roots) before it completes the
+// call (SEP-2322). The gateway has no user of its own, so it relays the request to
+// the agent's: a 2026-07-28 agent gets the same input_required result, and its
+// client re-issues the call with the answers and the upstream's request state, which
+// the gateway passes upstream; for an agent of 2025-11-25 the go-sdk under the
+// gateway asks the client on its session (elicitation/create, sampling/createMessage,
+// roots/list) and calls the gateway's handler again with the answers. Nothing
+// completed, so a mutating call's key was released: the re-issue reserves afresh.
+
+// sealedPrefix starts the request state of the gateway's own approval questions
+// (approval.go), which is never the upstream's to see.
+const sealedPrefix = "idemkv1."
+
+// relayInput is the answer that relays an upstream's input request to the agent, or
+// nil when its client cannot take it: it did not declare the capability a request
+// needs, or, in 2025-11-25, it was asked once in this call already (the go-sdk asks a
+// client of that era one round) or the upstream is shedding load (no requests).
+func relayInput(req *mcp.CallToolRequest, in *inputNeeded) *mcp.CallToolResult {
+	modern := modernRequest(req)
+	if !modern && (len(in.requests) == 0 || len(req.Params.InputResponses) > 0) {
+		return nil
+	}
+	caps := req.ClientCapabilities()
+	for _, ir := range in.requests {
+		ok := false
+		switch ir.(type) {
+		case *mcp.ElicitParams:
+			ok = caps != nil && caps.Elicitation != nil
+		case *mcp.CreateMessageParams, *mcp.CreateMessageWithToolsParams:
+			ok = caps != nil && caps.Sampling != nil
+		case *mcp.ListRootsParams:
+			ok = caps != nil && caps.RootsV2 != nil
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return &mcp.CallToolResult{InputRequests: in.requests, RequestState: in.state}
+}
+
+// withInput puts on p the answers and the request state a re-issued call carries for
+// the upstream: all but the gateway's own (its approval question's).
+func withInput(p *mcp.CallToolParams, req *mcp.CallToolRequest) *mcp.CallToolParams {
+	for id, resp := range req.Params.InputResponses {
+		if id == approvalInput {
+			continue
+		}
+		if p.InputResponses == nil {
+			p.InputResponses = mcp.InputResponseMap{}
+		}
+		p.InputResponses[id] = resp
+	}
+	if s := req.Params.RequestState; s != "" && !strings.HasPrefix(s, sealedPrefix) {
+		p.RequestState = s
+	}
+	return p
+}
