@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 MCP 2026-07-28 deprecates sampling and roots (SEP-2577) but keeps them working for at least a year; an upstream may still ask for them, and the gateway relays what the agent declared it takes.
+
 package mcpgw
 
 import (
