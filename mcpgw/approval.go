@@ -143,6 +143,17 @@ func summarize(r *rule, c *call) string {
 func renderSummary(r *rule, c *call, limit int) string {
 	if r.policy.summary == nil {
 		effect := c.args
+		if args, ok := c.args.(map[string]any); ok && len(r.policy.Volatile) > 0 {
+			// What does not count is no part of what is approved.
+			kept := make(map[string]any, len(args))
+			for k, v := range args {
+				kept[k] = v
+			}
+			for _, p := range r.policy.Volatile {
+				delete(kept, p)
+			}
+			effect = kept
+		}
 		if len(r.policy.Effect) > 0 {
 			obj := map[string]any{}
 			for _, p := range r.policy.Effect {

@@ -214,8 +214,11 @@ func (h m3Elicit) Elicit(_ context.Context, req m3.ElicitationRequest) (*m3.Elic
 // elicitation; an approval runs the tool once, a decline (or approve: false) denies
 // it for good, a dismissal leaves it to be decided out of band. Agents of both SDKs
 // in both eras; the upstream counts its runs.
+//
+// On three nodes: the gateway's reserves and decisions reach the leader wherever
+// they land.
 func TestApprovalInBand(t *testing.T) {
-	cluster := testcluster.Start(t, 1)
+	cluster := testcluster.Start(t, 3)
 	up := newGoUpstream(false)
 	const tenant = "ap-inband"
 	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t, false)), gwOptions{policy: approvalPolicy(tenant, true)})
