@@ -24,7 +24,7 @@ const sealedPrefix = "idemkv1."
 
 // relayInput is the answer that relays an upstream's input request to the agent, or
 // nil when its client cannot take it: it did not declare the capability a request
-// needs, or, in 2025-11-25, it was asked once in this call already (the go-sdk asks a
+// needs, the upstream named a request in the gateway's namespace, or, in 2025-11-25, it was asked once in this call already (the go-sdk asks a
 // client of that era one round) or the upstream is shedding load (no requests).
 func relayInput(req *mcp.CallToolRequest, in *inputNeeded) *mcp.CallToolResult {
 	modern := modernRequest(req)
@@ -32,7 +32,12 @@ func relayInput(req *mcp.CallToolRequest, in *inputNeeded) *mcp.CallToolResult {
 		return nil
 	}
 	caps := req.ClientCapabilities()
-	for _, ir := range in.requests {
+	for id, ir := range in.requests {
+		if strings.HasPrefix(id, MetaPrefix) {
+			// The gateway's own (its approval question's): an upstream's request
+			// under that name would be taken for the gateway's, and never reach it.
+			return nil
+		}
 		ok := false
 		switch ir.(type) {
 		case *mcp.ElicitParams:
