@@ -497,8 +497,11 @@ func TestApprovalInBandWithoutApproverRole(t *testing.T) {
 			t.Errorf("the first answer does not say the decision was refused: %v", d["in_band"])
 		}
 	}
-	if asks := e.count("o-yes"); asks != 1 || dec.calls != 1 || up.runs("o-yes-1") != 0 {
-		t.Fatalf("%d questions, %d decisions tried, %d runs; want 1, 1, 0", asks, dec.calls, up.runs("o-yes-1"))
+	dec.mu.Lock()
+	tried := dec.calls
+	dec.mu.Unlock()
+	if asks := e.count("o-yes"); asks != 1 || tried != 1 || up.runs("o-yes-1") != 0 {
+		t.Fatalf("%d questions, %d decisions tried, %d runs; want 1, 1, 0", asks, tried, up.runs("o-yes-1"))
 	}
 }
 
