@@ -502,10 +502,10 @@ func (g *Gateway) inputRequired(r *rule, p *client.ApprovalPendingError) *mcp.Ca
 	if p.Approval != nil {
 		st.Expires = p.Approval.ExpiresAt.Time().UnixMilli()
 	}
-	return &mcp.CallToolResult{
+	return annotate(&mcp.CallToolResult{
 		InputRequests: mcp.InputRequestMap{approvalInput: question(r, p)},
 		RequestState:  g.sealState(st),
-	}
+	}, MetaIdempotencyKey, p.Key, MetaTenant, p.Tenant, MetaFingerprint, st.Fingerprint, MetaDecision, string(idemkv.DecisionNeedsApproval))
 }
 
 // elicit asks a 2025-11-25 client's user on its session (elicitation/create), and

@@ -361,6 +361,9 @@ func TestApprovalInputRequiredWire(t *testing.T) {
 	first := rpc(t, g.url, params())
 	reqs, _ := first["inputRequests"].(map[string]any)
 	state, _ := first["requestState"].(string)
+	if m, _ := first["_meta"].(map[string]any); m[mcpgw.MetaDecision] != "needs_approval" || m[mcpgw.MetaIdempotencyKey] != tenant+":w-1" {
+		t.Errorf("the input_required answer's _meta: %v", first["_meta"])
+	}
 	if first["resultType"] != "input_required" || len(reqs) != 1 || state == "" || first["content"] != nil {
 		t.Fatalf("want input_required with one input request and a request state, got %v", first)
 	}
