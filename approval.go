@@ -262,3 +262,7 @@ func DeniedError(approver, reason string) *ErrorInfo {
 	details, _ := json.Marshal(map[string]string{"approver": approver, "reason": reason})
 	return &ErrorInfo{Code: CodeApprovalDenied, Message: ClipText(msg, MaxErrorMsgLen), Details: details}
 }
+
+// ValidSummary checks s as an approval's summary: at most MaxSummaryLen bytes of
+// printable text, line breaks and tabs allowed.
+func ValidSummary(s string) error { return validSummary("approval.summary", s, MaxSummaryLen) }

@@ -93,8 +93,8 @@ func compileApproval(c *compiled) error {
 	n := 0
 	for _, p := range t.parts {
 		n += len(p.lit)
-		if !printable(strings.NewReplacer("\n", " ", "\t", " ").Replace(p.lit)) {
-			return errors.New("approval_summary: its text must be printable (line breaks and tabs allowed)")
+		if err := idemkv.ValidSummary(p.lit); err != nil {
+			return fmt.Errorf("approval_summary: its text: %w", err)
 		}
 	}
 	if n > idemkv.MaxSummaryLen/2 {
@@ -102,18 +102,6 @@ func compileApproval(c *compiled) error {
 	}
 	c.summary = t
 	return nil
-}
-
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
 }
 
 // approvalAsk is what the call's reserve asks of approvals: always the effect and a
@@ -135,7 +123,12 @@ func summarize(r *rule, c *call) string {
 	for limit := maxSummaryArg; ; limit /= 2 {
 		s := renderSummary(r, c, limit)
 		if len(s) <= idemkv.MaxSummaryLen || limit <= minSummaryArg {
-			return clipBytes(s, idemkv.MaxSummaryLen)
+			if s = clipBytes(s, idemkv.MaxSummaryLen); idemkv.ValidSummary(s) != nil {
+				// Not reached: every argument is escaped and the template's
+				// text was checked. A summary must never fail the call.
+				s = idemkv.ClipText(s, idemkv.MaxSummaryLen)
+			}
+			return s
 		}
 	}
 }
@@ -255,9 +248,6 @@ func escapeRune(r rune) string {
 // escapeUnprintable writes every character of s that is not printable as \uXXXX.
 func escapeUnprintable(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
-	if printable(s) {
-		return s
-	}
 	var b strings.Builder
 	for _, r := range s {
 		if unicode.IsPrint(r) {
