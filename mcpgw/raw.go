@@ -466,8 +466,8 @@ func (r *rawListResult) MarshalJSON() ([]byte, error) {
 // puts on every result and the go-sdk set after the gateway built it: resultType
 // "complete" (an input_required answer, relayed or the gateway's own, is never
 // sent from upstream bytes) and the _meta keys under
-// io.modelcontextprotocol/ (the gateway's serverInfo). An answer in the earlier era
-// goes as it is.
+// io.modelcontextprotocol/ (the gateway's serverInfo, in place of an upstream's).
+// An answer in the earlier era goes as it is.
 func withProtocol(raw json.RawMessage, meta mcp.Meta, modern bool) ([]byte, error) {
 	if !modern {
 		return raw, nil
@@ -494,9 +494,9 @@ func withProtocol(raw json.RawMessage, meta mcp.Meta, modern bool) ([]byte, erro
 			if err != nil {
 				return nil, err
 			}
-			for _, im := range inner {
-				delete(own, im.name) // the upstream's own bytes win, as they do everywhere
-			}
+			// The gateway is the server of this conversation: its keys under
+			// io.modelcontextprotocol/ (serverInfo) replace the upstream's.
+			inner = slices.DeleteFunc(inner, func(im member) bool { _, ok := own[im.name]; return ok })
 			for _, k := range sortedKeys(own) {
 				v, err := json.Marshal(own[k])
 				if err != nil {
