@@ -154,7 +154,20 @@ type ApprovalRule struct {
 	// TTLMs is the wait for a decision when the request names none (DefaultApprovalTTL
 	// when zero).
 	TTLMs int64 `json:"ttl_ms,omitempty"`
+	// RequireApproval false makes a rule that only keeps effects (StoreEffect) or masks
+	// them; absent, the rule requires approval, as every rule set before it existed.
+	RequireApproval *bool `json:"require_approval,omitempty"`
+	// StoreEffect keeps the effect of every reserve of the tool in its record, as
+	// store_effect on the reserve does, so that conflicts carry a diff.
+	StoreEffect bool `json:"store_effect,omitempty"`
+	// Mask names the values a stored effect of the tool never keeps: JSON Pointers
+	// (RFC 6901) whose segment "*" stands for any member or element. The record keeps
+	// "***" in their place, and a diff shows them as "***" on both sides.
+	Mask []string `json:"mask,omitempty"`
 }
+
+// RequiresApproval reports whether the rule requires an approval.
+func (r ApprovalRule) RequiresApproval() bool { return r.RequireApproval == nil || *r.RequireApproval }
 
 // SetApprovalRuleRequest sets a rule, or with Remove deletes it (POST
 // /v1/approval-rules). The answer is the tenant's rules.
@@ -247,10 +260,42 @@ func (r *SetApprovalRuleRequest) Validate() error {
 	if err := validText("tool", r.Tool, MaxToolLen, true); err != nil {
 		return err
 	}
-	if r.Remove && r.TTLMs != 0 {
-		return Invalid("ttl_ms", "a rule being removed takes no ttl_ms")
+	if r.Remove && (r.TTLMs != 0 || r.RequireApproval != nil || r.StoreEffect || len(r.Mask) > 0) {
+		return Invalid("ttl_ms", "a rule being removed takes only its tenant and tool")
+	}
+	if !r.Remove && !r.RequiresApproval() && !r.StoreEffect && len(r.Mask) == 0 {
+		return Invalid("require_approval", "a rule that requires no approval must store effects or mask them")
+	}
+	if !r.RequiresApproval() && r.TTLMs != 0 {
+		return Invalid("ttl_ms", "ttl_ms is the wait for an approval; this rule requires none")
+	}
+	if err := ValidMasks("mask", r.Mask); err != nil {
+		return err
 	}
 	return validApprovalTTL("ttl_ms", r.TTLMs)
+}
+
+// ValidMasks checks masked paths: JSON Pointers (RFC 6901, "" is the whole effect and
+// is refused: mask its members instead), at most MaxEffectMasks of at most MaxMaskLen
+// bytes, each "~" followed by 0 or 1.
+func ValidMasks(field string, masks []string) error {
+	if len(masks) > MaxEffectMasks {
+		return Invalid(field, "%s holds at most %d paths", field, MaxEffectMasks)
+	}
+	for _, m := range masks {
+		if err := validText(field, m, MaxMaskLen, true); err != nil {
+			return err
+		}
+		if m[0] != '/' {
+			return Invalid(field, "%s: %q is not a JSON Pointer (it must start with \"/\")", field, m)
+		}
+		for i := 0; i < len(m); i++ {
+			if m[i] == '~' && (i+1 == len(m) || (m[i+1] != '0' && m[i+1] != '1')) {
+				return Invalid(field, "%s: %q has a \"~\" that is not ~0 or ~1", field, m)
+			}
+		}
+	}
+	return nil
 }
 
 // DeniedError is the stored failure of a denied approval.

@@ -9,6 +9,7 @@ package idemkv
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -103,8 +104,16 @@ type Record struct {
 	// once it is decided and consumed: who decided, when and why.
 	Approval *Approval `json:"approval,omitempty"`
 	// Effect is the effect's canonical JSON (RFC 8785), kept on a record that asked
-	// for an approval so that the approver sees what they approve.
-	Effect json.RawMessage `json:"effect,omitempty"`
+	// for an approval so that the approver sees what they approve, or whose reserve
+	// asked to store it (store_effect, or a rule) so that a conflict can say what
+	// differs. Values under EffectMask were replaced by "***" before it was stored.
+	Effect     json.RawMessage `json:"effect,omitempty"`
+	EffectMask []string        `json:"effect_mask,omitempty"`
+	// History is the record's latest events, oldest first (at most MaxHistory);
+	// HistoryDropped counts the older ones. Answers carry them only when asked
+	// (GET /v1/records/{tenant}/{key}?history=true).
+	History        []HistoryEvent `json:"history,omitempty"`
+	HistoryDropped uint32         `json:"history_dropped,omitempty"`
 }
 
 // StoredReceipt is what the downstream system said when the effect committed.
@@ -175,6 +184,9 @@ func (r *Record) Clone() *Record {
 		ac := *r.Approval
 		c.Approval = &ac
 	}
+	// Events are values: a clone may share the backing array as long as appends
+	// never write into it (WithEvent clips it first).
+	c.History = slices.Clip(r.History)
 	return &c
 }
 
@@ -187,6 +199,11 @@ type Conflict struct {
 	ExistingRemoteID    string `json:"existing_remote_id,omitempty"`
 	ExistingTool        string `json:"existing_tool,omitempty"`
 	ReceivedTool        string `json:"received_tool,omitempty"`
+	// Diff is set when the record keeps its effect (store_effect) and the reserve
+	// carried one: the differences, at most MaxDiffEntries in path order, with
+	// DiffOmitted counting the rest.
+	Diff        []DiffEntry `json:"diff,omitempty"`
+	DiffOmitted int         `json:"diff_omitted,omitempty"`
 }
 
 // ReserveRequest asks for the right to run an effect (POST /v1/reserve).
@@ -211,6 +228,14 @@ type ReserveRequest struct {
 	// Approval asks for a person's approval before the effect runs (docs/protocol.md
 	// "Approvals"); such a reserve must carry Effect.
 	Approval *ApprovalAsk `json:"approval,omitempty"`
+	// StoreEffect keeps the effect's canonical JSON in the record, so that a later
+	// conflict against it carries a diff; such a reserve must carry Effect. A rule of
+	// the tenant and tool can ask for it too (ApprovalRule.StoreEffect).
+	StoreEffect bool `json:"store_effect,omitempty"`
+	// EffectMask is set by the state machine from the rule of the tenant and tool:
+	// the paths whose values the stored effect replaces by "***". It never travels
+	// on the wire.
+	EffectMask []string `json:"-"`
 }
 
 // The tool classes of the protocol (docs/protocol.md section 4): what a retry of a
@@ -296,6 +321,9 @@ type ResolveRequest struct {
 	RemoteID     string          `json:"remote_id,omitempty"`
 	RemoteURL    string          `json:"remote_url,omitempty"`
 	Result       json.RawMessage `json:"result,omitempty"`
+	// By names who resolves, for the record's history: the API sets it from the
+	// authenticated token (its name and role); it never travels in a request body.
+	By string `json:"-"`
 }
 
 // ResolveResult is the answer to a resolve: the receipt when committed, Released when
@@ -360,6 +388,8 @@ type GetRequest struct {
 	// or Wait has passed; the record is returned as it is then.
 	Wait        time.Duration
 	Consistency Consistency
+	// History includes the record's history in the answer (?history=true).
+	History bool
 }
 
 // ListRequest pages through a tenant's records in key order (GET /v1/records/{tenant}).

@@ -251,6 +251,9 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	if err := r.Approval.validate(len(effect) > 0); err != nil {
 		return err
 	}
+	if r.StoreEffect && len(effect) == 0 {
+		return Invalid("effect", "a reserve with store_effect must carry the effect itself, not only its fingerprint: a conflict can only show what was stored")
+	}
 	if err := validLease(r.LeaseTTLMs, l); err != nil {
 		return err
 	}
