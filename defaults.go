@@ -27,9 +27,9 @@ func (r *ReserveRequest) EnsureDefaults(l Limits) {
 	}
 }
 
-// EnsureDefaults fills the wait of a rule (DefaultApprovalTTL).
+// EnsureDefaults fills the wait of a rule that requires approval (DefaultApprovalTTL).
 func (r *ApprovalRule) EnsureDefaults() {
-	if r.TTLMs == 0 {
+	if r.TTLMs == 0 && r.RequiresApproval() {
 		r.TTLMs = DefaultApprovalTTL.Milliseconds()
 	}
 }

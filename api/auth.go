@@ -51,6 +51,23 @@ type Caller interface {
 	Allow(op Operation, tenant string) error
 }
 
+// Identified is implemented by Callers that can name themselves for a record's
+// history (the token's name and role): who resolved an in-doubt record.
+type Identified interface {
+	Identity() string
+}
+
+// callerIdentity names the caller of ctx for a record's history: its Identity, or ""
+// on a server without authentication.
+func callerIdentity(ctx context.Context) string {
+	if c, ok := CallerFrom(ctx); ok {
+		if id, ok := c.(Identified); ok {
+			return idemkv.ClipText(id.Identity(), idemkv.MaxActorLen)
+		}
+	}
+	return ""
+}
+
 type callerKey struct{}
 
 // WithCaller returns ctx carrying c.

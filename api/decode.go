@@ -501,14 +501,18 @@ func limitParam(q url.Values) (int, error) {
 }
 
 // inDoubtParam reads in_doubt (true: list only the records marked in doubt).
-func inDoubtParam(q url.Values) (bool, error) {
-	switch q.Get("in_doubt") {
+func inDoubtParam(q url.Values) (bool, error) { return boolParam(q, "in_doubt") }
+
+// boolParam reads a flag of the query: absent or "false", or "true"; anything else
+// is a 400 naming it.
+func boolParam(q url.Values, name string) (bool, error) {
+	switch q.Get(name) {
 	case "", "false":
 		return false, nil
 	case "true":
 		return true, nil
 	}
-	return false, idemkv.Invalid("in_doubt", "in_doubt must be true or false")
+	return false, idemkv.Invalid(name, "%s must be true or false", name)
 }
 
 // staleParam reads the consistency of a list, with the values and the default of a get.

@@ -53,9 +53,7 @@ func (s *Server) routes() {
 		return nil
 	}, s.store.Heartbeat, nil))
 	s.handle("POST /v1/doubt", leaderWrite(s, (*idemkv.DoubtRequest).Validate, s.store.Doubt, nil))
-	s.handle("POST /v1/resolve", leaderWrite(s, func(q *idemkv.ResolveRequest) error {
-		return q.Validate(s.store.Limits())
-	}, s.store.Resolve, nil))
+	s.handle("POST /v1/resolve", http.HandlerFunc(s.resolve))
 	s.handle(recordPattern, http.HandlerFunc(s.get))
 	s.handle("GET /v1/records/{tenant}", http.HandlerFunc(s.list))
 	s.handle("GET /v1/in-doubt", http.HandlerFunc(s.listInDoubt))
@@ -247,8 +245,18 @@ func localFirstWrite[Q, A any](s *Server, validate func(*Q) error, local func(*Q
 		if s.sabotageAnswer(w, r) {
 			return
 		}
-		s.writeJSON(w, r, http.StatusOK, res)
+		s.writeJSON(w, r, http.StatusOK, withoutHistory(res))
 	})
+}
+
+// resolve is a leader write whose history event names the caller: By is the token
+// that resolves, never what the body claims (the body cannot set it).
+func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
+	by := callerIdentity(r.Context())
+	leaderWrite(s, func(q *idemkv.ResolveRequest) error {
+		q.By = by
+		return q.Validate(s.store.Limits())
+	}, s.store.Resolve, nil).ServeHTTP(w, r)
 }
 
 // countDecision counts a reserve decision and puts it on the request's span.
@@ -278,6 +286,9 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		req.Wait, err = waitParam(q)
 	}
 	if err == nil {
+		req.History, err = boolParam(q, "history")
+	}
+	if err == nil {
 		err = req.Validate()
 	}
 	if err != nil {
@@ -300,6 +311,10 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	rec, err := s.store.Get(r.Context(), &req)
 	if errors.Is(err, idemkv.ErrNotLeader) {
 		s.forwardToLeader(w, r, nil, req.Wait)
+		return
+	}
+	if err == nil && rec != nil && req.History {
+		s.writeJSON(w, r, http.StatusOK, rec)
 		return
 	}
 	answer(s, w, r, rec, err)

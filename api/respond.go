@@ -35,7 +35,40 @@ func answer[T any](s *Server, w http.ResponseWriter, r *http.Request, v *T, err 
 		s.writeError(w, r, err)
 		return
 	}
-	s.writeJSON(w, r, http.StatusOK, v)
+	s.writeJSON(w, r, http.StatusOK, withoutHistory(v))
+}
+
+// withoutHistory returns v, an answer, with the history of every record in it left
+// out: answers carry a record's history only when GET asks for it (?history=true),
+// which writes its answer itself. This is the one place answers drop it.
+func withoutHistory(v any) any {
+	switch a := v.(type) {
+	case *idemkv.Record:
+		return a.WithoutHistory()
+	case *idemkv.ReserveResult:
+		if a != nil && a.Record != nil {
+			c := *a
+			c.Record = a.Record.WithoutHistory()
+			return &c
+		}
+	case *idemkv.ListResult:
+		if a != nil {
+			return &idemkv.ListResult{Records: recordsWithoutHistory(a.Records), Next: a.Next}
+		}
+	case *idemkv.ApprovalsResult:
+		if a != nil {
+			return &idemkv.ApprovalsResult{Approvals: recordsWithoutHistory(a.Approvals), Next: a.Next}
+		}
+	}
+	return v
+}
+
+func recordsWithoutHistory(recs []*idemkv.Record) []*idemkv.Record {
+	out := make([]*idemkv.Record, len(recs))
+	for i, r := range recs {
+		out[i] = r.WithoutHistory()
+	}
+	return out
 }
 
 func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {

@@ -197,10 +197,15 @@ type Principal struct {
 var (
 	_ api.Caller     = (*Principal)(nil)
 	_ api.LimitKeyer = (*Principal)(nil)
+	_ api.Identified = (*Principal)(nil)
 )
 
 // LimitKey implements api.LimitKeyer: per-token caps count by token name.
 func (p *Principal) LimitKey() string { return p.Name }
+
+// Identity implements api.Identified: a record's history names the token that
+// resolved it by its name and role ("oncall-alice (admin)").
+func (p *Principal) Identity() string { return p.Name + " (" + string(p.Role) + ")" }
 
 // Allow implements api.Caller: the role decides the operations, the tenants decide the
 // records. A refusal names only what the caller asked for, never what exists.

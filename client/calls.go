@@ -131,6 +131,9 @@ func (c *Client) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Recor
 	if req.Consistency != "" {
 		q.Set("consistency", string(req.Consistency))
 	}
+	if req.History {
+		q.Set("history", "true")
+	}
 	var out idemkv.Record
 	cl := call{
 		method: http.MethodGet,

@@ -4,32 +4,48 @@ import (
 	"fmt"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fingerprint"
 	"github.com/idemkv/idemkv/storage"
 )
 
-// withRule returns cmd with the approval rule of its tenant and tool folded into the
-// reserve: a rule requires an approval whatever the request says, so a client cannot
-// switch it off, and it is read here, in the entry's own batch, so that no reserve
-// decided after the rule's entry escapes it. The wait is the request's when it names
-// one, else the rule's. cmd itself is not changed (the proposer still holds it).
+// withRule returns cmd with the rule of its tenant and tool folded into the reserve:
+// a rule that requires an approval does so whatever the request says, so a client
+// cannot switch it off, and it is read here, in the entry's own batch, so that no
+// reserve decided after the rule's entry escapes it. The wait is the request's when it
+// names one, else the rule's. A rule's masks apply to whatever effect the reserve
+// keeps (the proposer keeps it for an approval, store_effect or a rule that stores
+// effects): the values under them are replaced here, before anything is stored, so no
+// record ever holds them. cmd itself is not changed (the proposer still holds it).
 func withRule(b *storage.Batch, cmd *Command) (*Command, error) {
 	r := cmd.Reserve
 	rule, ok, err := b.ApprovalRule(r.Tenant, r.Tool)
 	if err != nil || !ok {
 		return cmd, err
 	}
-	ask := idemkv.ApprovalAsk{Required: true, TTLMs: rule.TTLMs, ByRule: true}
-	if r.Approval != nil {
-		ask.Summary = r.Approval.Summary
-		if r.Approval.Required && r.Approval.TTLMs > 0 {
-			ask.TTLMs = r.Approval.TTLMs
+	rr := *r
+	if rule.RequiresApproval() {
+		ask := idemkv.ApprovalAsk{Required: true, TTLMs: rule.TTLMs, ByRule: true}
+		if r.Approval != nil {
+			ask.Summary = r.Approval.Summary
+			if r.Approval.Required && r.Approval.TTLMs > 0 {
+				ask.TTLMs = r.Approval.TTLMs
+			}
+		}
+		if ask.TTLMs <= 0 {
+			ask.TTLMs = idemkv.DefaultApprovalTTL.Milliseconds()
+		}
+		rr.Approval = &ask
+	}
+	if len(rule.Mask) > 0 && len(rr.Effect) > 0 {
+		rr.Effect, rr.EffectMask = nil, nil
+		// The proposer canonicalised the effect and the rule's masks were validated
+		// when it was set, so this cannot fail on a log of this binary's; if it did,
+		// the effect is not kept at all (an approval then refuses the reserve), never
+		// kept unmasked.
+		if masked, err := fingerprint.Mask(r.Effect, rule.Mask); err == nil {
+			rr.Effect, rr.EffectMask = masked, rule.Mask
 		}
 	}
-	if ask.TTLMs <= 0 {
-		ask.TTLMs = idemkv.DefaultApprovalTTL.Milliseconds()
-	}
-	rr := *r
-	rr.Approval = &ask
 	c := *cmd
 	c.Reserve = &rr
 	return &c, nil

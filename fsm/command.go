@@ -5,6 +5,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/wire"
+	"github.com/idemkv/idemkv/storage"
 )
 
 // Op names the state change a Command asks for.
@@ -100,10 +101,26 @@ const DefaultSweepLimit = 1000
 // reserve that asks for approval is written as version 2, so every other entry stays
 // readable by a node that knows version 1 alone (a rolling upgrade). The approval ops
 // are new ops, which such a node refuses either way.
+//
+// Version 3 is version 1 followed by what issue 26 added, for the ops that carry it: a
+// reserve's approval ask behind a presence byte, a resolve's By (who resolved), a
+// rule's flags and masks. It too is written only when that is set.
 const (
 	commandVersion         = 1
 	commandVersionApproval = 2
+	commandVersionExtended = 3
 )
+
+// extended reports whether c needs version 3.
+func (c *Command) extended() bool {
+	switch c.Op {
+	case OpResolve:
+		return c.Resolve != nil && c.Resolve.By != ""
+	case OpSetApprovalRule, OpRemoveApprovalRule:
+		return c.Rule != nil && storage.RuleHasOptions(*c.Rule)
+	}
+	return false
+}
 
 // ErrMalformedCommand is wrapped by every DecodeCommand error; it also wraps
 // idemkv.ErrInternal because a log entry that does not decode is a bug, never a
@@ -117,6 +134,9 @@ func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 	version := byte(commandVersion)
 	if c.Op == OpReserve && c.Reserve != nil && c.Reserve.Approval != nil {
 		version = commandVersionApproval
+	}
+	if c.extended() {
+		version = commandVersionExtended
 	}
 	dst = append(dst, version, byte(c.Op))
 	dst = wire.AppendVarint(dst, int64(c.Now))
@@ -210,6 +230,9 @@ func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 		dst = wire.AppendString(dst, r.RemoteID)
 		dst = wire.AppendString(dst, r.RemoteURL)
 		dst = wire.AppendBytes(dst, r.Result)
+		if version == commandVersionExtended {
+			dst = wire.AppendString(dst, r.By)
+		}
 	case OpDecideApproval:
 		r := c.Approval
 		if r == nil {
@@ -230,6 +253,9 @@ func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 		dst = wire.AppendString(dst, r.Tenant)
 		dst = wire.AppendString(dst, r.Tool)
 		dst = wire.AppendVarint(dst, r.TTLMs)
+		if version == commandVersionExtended {
+			dst = storage.AppendRuleOptions(dst, *r)
+		}
 	case OpSweep:
 		if c.Sweep == nil {
 			return nil, errMissing(c.Op)
@@ -259,11 +285,14 @@ func errMissing(op Op) error {
 func DecodeCommand(b []byte) (*Command, error) {
 	d := wire.NewDecoder(b, ErrMalformedCommand)
 	v := d.Byte()
-	if d.Err() == nil && v != commandVersion && v != commandVersionApproval {
+	if d.Err() == nil && v != commandVersion && v != commandVersionApproval && v != commandVersionExtended {
 		return nil, fmt.Errorf("%w: unknown version %d", ErrMalformedCommand, v)
 	}
 	c := &Command{Op: Op(d.Byte())}
 	if d.Err() == nil && v == commandVersionApproval && c.Op != OpReserve {
+		return nil, fmt.Errorf("%w: version %d of %s", ErrMalformedCommand, v, c.Op)
+	}
+	if d.Err() == nil && v == commandVersionExtended && c.Op != OpResolve && c.Op != OpSetApprovalRule && c.Op != OpRemoveApprovalRule {
 		return nil, fmt.Errorf("%w: version %d of %s", ErrMalformedCommand, v, c.Op)
 	}
 	c.Now = idemkv.Timestamp(d.Varint())
@@ -349,6 +378,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 		r.RemoteID = d.Text()
 		r.RemoteURL = d.Text()
 		r.Result = d.Bytes()
+		if v == commandVersionExtended {
+			r.By = d.Text()
+		}
 		c.Resolve = r
 	case OpDecideApproval:
 		r := &idemkv.DecideApprovalRequest{}
@@ -365,6 +397,9 @@ func DecodeCommand(b []byte) (*Command, error) {
 		r.Tenant = d.Text()
 		r.Tool = d.Text()
 		r.TTLMs = d.Varint()
+		if v == commandVersionExtended {
+			storage.DecodeRuleOptions(&d, r)
+		}
 		c.Rule = r
 	case OpSweep:
 		limit := d.Varint()
@@ -393,3 +428,4 @@ func DecodeCommand(b []byte) (*Command, error) {
 func IsLogCheckpoint(data []byte) bool {
 	return len(data) >= 2 && data[0] == commandVersion && Op(data[1]) == OpLogCheckpoint
 }
+

@@ -40,8 +40,14 @@ func Expired(rec *idemkv.Record, now idemkv.Timestamp) bool {
 // anything; a waiting approval that lapsed counts as absent.
 func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) (next *idemkv.Record, res *idemkv.ReserveResult) {
 	if Expired(cur, now) || (cur.Status == idemkv.StatusAwaitingApproval && cur.Approval.Lapsed(now)) {
+		// A request that lapsed unanswered is absent, but its history is the key's
+		// story: the new record continues it. An expired record's is gone with it.
+		var before *idemkv.Record
+		if !Expired(cur, now) {
+			before = cur
+		}
 		if req.Approval != nil && req.Approval.Required {
-			next = askApproval(req, now, index)
+			next = askApproval(req, before, now, index)
 			return next, needsApproval(next)
 		}
 		lease := now + idemkv.Timestamp(req.LeaseTTLMs)
@@ -59,8 +65,12 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 			UpdatedAt:      now,
 			LeaseExpiresAt: lease,
 			ExpiresAt:      max(requestedExpiry(req, now), lease),
+			Effect:         req.Effect,
+			EffectMask:     req.EffectMask,
 		}
 		capExpiry(next, now)
+		next.History, next.HistoryDropped = lapsedHistory(before)
+		next.AddEvent(grantEvent(idemkv.EventExecute, next, now, ""))
 		return next, granted(idemkv.DecisionExecute, next)
 	}
 	if cur.Tool != req.Tool || cur.Fingerprint != req.Fingerprint {
@@ -90,6 +100,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		next.LeaseExpiresAt = now + idemkv.Timestamp(req.LeaseTTLMs)
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
 		capExpiry(next, now)
+		next.AddEvent(grantEvent(idemkv.EventExecute, next, now, "approval "+cur.Approval.ID+" consumed"))
 		return next, granted(idemkv.DecisionExecute, next)
 	}
 	if cur.InDoubt {
@@ -130,6 +141,8 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		next.LeaseExpiresAt = now + idemkv.Timestamp(req.LeaseTTLMs)
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
 		capExpiry(next, now)
+		next.AddEvent(grantEvent(idemkv.EventRecover, next, now,
+			fmt.Sprintf("replaced fence %d (attempt %s, lease expired %s)", cur.Fence, cur.AttemptID, cur.LeaseExpiresAt)))
 		return next, granted(idemkv.DecisionRecover, next)
 	}
 }
@@ -138,7 +151,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 // effect's canonical JSON kept for the approver. Its id names the entry that asked,
 // so a request after this one lapsed or was swept gets another id. The record lives at
 // least as long as the request may wait.
-func askApproval(req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) *idemkv.Record {
+func askApproval(req *idemkv.ReserveRequest, before *idemkv.Record, now idemkv.Timestamp, index uint64) *idemkv.Record {
 	ask := req.Approval
 	a := &idemkv.Approval{
 		ID:          ApprovalID(index),
@@ -160,10 +173,48 @@ func askApproval(req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64)
 		ExpiresAt:   max(requestedExpiry(req, now), a.ExpiresAt),
 		Approval:    a,
 		Effect:      req.Effect,
+		EffectMask:  req.EffectMask,
 	}
 	capExpiry(next, now)
 	a.ExpiresAt = min(a.ExpiresAt, next.ExpiresAt)
+	next.History, next.HistoryDropped = lapsedHistory(before)
+	detail := "approval " + a.ID
+	if a.ByRule {
+		detail += " (required by a rule)"
+	}
+	if a.Summary != "" {
+		detail += ": " + a.Summary
+	}
+	next.AddEvent(idemkv.HistoryEvent{At: now, Event: idemkv.EventApprovalRequested, AttemptID: req.AttemptID, Actor: req.Actor, Detail: detail})
 	return next
+}
+
+// lapsedHistory is the history a new record takes over from before, a record whose
+// approval lapsed unanswered (nil: none).
+func lapsedHistory(before *idemkv.Record) ([]idemkv.HistoryEvent, uint32) {
+	if before == nil {
+		return nil, 0
+	}
+	return before.History, before.HistoryDropped
+}
+
+// grantEvent is the event of a grant (execute, recover) that made rec as it is now.
+func grantEvent(kind idemkv.EventKind, rec *idemkv.Record, now idemkv.Timestamp, detail string) idemkv.HistoryEvent {
+	return idemkv.HistoryEvent{At: now, Event: kind, Fence: rec.Fence, AttemptID: rec.AttemptID, Actor: rec.Actor, Detail: detail}
+}
+
+// endEvent is the event of an end of ownership (commit, fail, doubt) by the attempt
+// that holds cur, with actor as who ended it.
+func endEvent(kind idemkv.EventKind, cur *idemkv.Record, now idemkv.Timestamp, actor, detail string) idemkv.HistoryEvent {
+	return idemkv.HistoryEvent{At: now, Event: kind, Fence: cur.Fence, AttemptID: cur.AttemptID, Actor: actor, Detail: detail}
+}
+
+// receiptDetail names a receipt in an event: where the effect landed.
+func receiptDetail(system, id string) string {
+	if id == "" {
+		return system
+	}
+	return system + " " + id
 }
 
 // ApprovalID is the id of the approval asked for by the log entry at index.
@@ -257,6 +308,7 @@ func DecideCommit(cur *idemkv.Record, req *idemkv.CommitRequest, now idemkv.Time
 		Result:       req.Result,
 		CommittedAt:  now,
 	}
+	next.AddEvent(endEvent(idemkv.EventCommit, cur, now, cur.Actor, receiptDetail(req.RemoteSystem, req.RemoteID)))
 	return next, next.Outcome(), nil
 }
 
@@ -277,6 +329,7 @@ func DecideFail(cur *idemkv.Record, req *idemkv.FailRequest, now idemkv.Timestam
 	next.InDoubt, next.InDoubtSince = false, 0
 	errInfo := req.Error
 	next.Error = &errInfo
+	next.AddEvent(endEvent(idemkv.EventFail, cur, now, cur.Actor, errInfo.Code+": "+errInfo.Message))
 	return next, next, nil
 }
 
@@ -347,6 +400,7 @@ func DecideDoubt(cur *idemkv.Record, req *idemkv.DoubtRequest, now idemkv.Timest
 	next.InDoubtSince = now
 	next.UpdatedAt = now
 	next.LeaseExpiresAt = 0
+	next.AddEvent(endEvent(idemkv.EventDoubt, cur, now, cur.Actor, "the attempt cannot learn whether the effect happened"))
 	return next, next, nil
 }
 
@@ -385,6 +439,7 @@ func DecideResolve(cur *idemkv.Record, req *idemkv.ResolveRequest, now idemkv.Ti
 			Result:       req.Result,
 			CommittedAt:  now,
 		}
+		next.AddEvent(endEvent(idemkv.EventResolve, cur, now, req.By, "committed: "+receiptDetail(req.RemoteSystem, req.RemoteID)))
 		return next, next.Outcome(), false, nil
 	default:
 		return nil, nil, false, idemkv.Invalid("outcome", "outcome must be %q or %q", idemkv.ResolveCommitted, idemkv.ResolveNotExecuted)
@@ -432,5 +487,10 @@ func DecideApproval(cur *idemkv.Record, req *idemkv.DecideApprovalRequest, now i
 	default:
 		return nil, idemkv.Invalid("decision", "decision must be %q or %q", idemkv.VerdictApprove, idemkv.VerdictDeny)
 	}
+	detail := string(next.Approval.State) + " " + a.ID
+	if req.Reason != "" {
+		detail += ": " + req.Reason
+	}
+	next.AddEvent(idemkv.HistoryEvent{At: now, Event: idemkv.EventApprovalDecided, Actor: req.Approver, Detail: detail})
 	return next, nil
 }

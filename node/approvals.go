@@ -10,18 +10,33 @@ import (
 )
 
 // effectToKeep returns the canonical JSON of r's effect when its record must keep it:
-// the reserve asks for approval, or a rule of its tenant and tool requires one (read
-// from this node's state; a rule set since is caught by the state machine, which
-// refuses the reserve without its effect, and the retry carries it). Otherwise the
-// log carries the fingerprint alone, as it always has.
+// the reserve asks for approval or store_effect, or a rule of its tenant and tool
+// requires an approval or stores effects (read from this node's state; an approval
+// rule set since is caught by the state machine, which refuses the reserve without
+// its effect, and the retry carries it; a storing rule set since only misses this
+// reserve's effect). Otherwise the log carries the fingerprint alone, as it always
+// has. The state machine masks what the rule masks before storing it.
 func (n *Node) effectToKeep(r *idemkv.ReserveRequest) ([]byte, error) {
-	if r.Approval == nil || !r.Approval.Required {
-		_, ruled, err := n.fsm.ApprovalRule(r.Tenant, r.Tool)
-		if err != nil || !ruled {
+	why := "is kept for its approver"
+	switch {
+	case r.Approval != nil && r.Approval.Required:
+	case r.StoreEffect:
+		why = "is stored (store_effect)"
+	default:
+		rule, ruled, err := n.fsm.ApprovalRule(r.Tenant, r.Tool)
+		if err != nil || !ruled || (!rule.RequiresApproval() && !rule.StoreEffect) {
 			return nil, err
 		}
 		if len(r.Effect) == 0 {
+			if !rule.RequiresApproval() {
+				// A rule that stores effects cannot refuse a reserve that names its
+				// effect by fingerprint: it has nothing to store, and no diff later.
+				return nil, nil
+			}
 			return nil, idemkv.Invalid("effect", "tool %q of tenant %q requires approval: the reserve must carry the effect itself, not only its fingerprint", r.Tool, r.Tenant)
+		}
+		if !rule.RequiresApproval() {
+			why = "is stored (a rule of its tool)"
 		}
 	}
 	canonical, err := fingerprint.Canonicalize(r.Effect)
@@ -30,9 +45,38 @@ func (n *Node) effectToKeep(r *idemkv.ReserveRequest) ([]byte, error) {
 	}
 	if max := n.cfg.Limits.WithDefaults().MaxPayloadBytes; len(canonical) > max {
 		return nil, &idemkv.Error{Code: idemkv.CodePayloadTooLarge, Field: "effect",
-			Message: fmt.Sprintf("an effect kept for its approver is %d bytes; the limit is %d", len(canonical), max)}
+			Message: fmt.Sprintf("an effect that %s is %d bytes; the limit is %d", why, len(canonical), max)}
 	}
 	return canonical, nil
+}
+
+// explain adds to a conflict the difference between the effect its record keeps and
+// the one req carried (docs/protocol.md "History and explained conflicts"). It runs
+// on the answer, outside the state machine, on whichever node answers; a record that
+// keeps no effect, a reserve that sent only a fingerprint, or one for another tool
+// leave the conflict as it was. res is the caller's to change: every path builds it
+// fresh.
+func explain(res *idemkv.ReserveResult, req *idemkv.ReserveRequest) *idemkv.ReserveResult {
+	if res == nil || res.Conflict == nil || res.Record == nil || len(res.Record.Effect) == 0 ||
+		len(req.Effect) == 0 || string(req.Effect) == "null" || res.Conflict.Reason != idemkv.ReasonDifferentEffect {
+		return res
+	}
+	diffs, omitted, err := fingerprint.Diff(res.Record.Effect, req.Effect, res.Record.EffectMask,
+		fingerprint.DiffLimits{MaxEntries: idemkv.MaxDiffEntries, MaxValue: idemkv.MaxDiffValue})
+	if err != nil {
+		// The reserve's effect was fingerprinted, the record's is canonical: neither
+		// fails to parse. A conflict without a diff is still the right answer.
+		return res
+	}
+	c := *res.Conflict
+	c.Diff = make([]idemkv.DiffEntry, len(diffs))
+	for i, d := range diffs {
+		c.Diff[i] = idemkv.DiffEntry{Path: d.Path, Stored: d.Stored, Received: d.Received}
+	}
+	c.DiffOmitted = omitted
+	out := *res
+	out.Conflict = &c
+	return &out
 }
 
 // DecideApproval approves or denies the approval a record waits for; the answer is

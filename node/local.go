@@ -81,7 +81,7 @@ func (n *Node) ReserveLocal(req *idemkv.ReserveRequest) (res *idemkv.ReserveResu
 		return nil, false
 	}
 	res = n.answerLocally(r)
-	return res, res != nil
+	return explain(res, req), res != nil
 }
 
 // answerLocally is ReserveLocal for a request already checked by reserveRequest; nil

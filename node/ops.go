@@ -27,7 +27,7 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 		return nil, err
 	}
 	if res := n.answerLocally(r); res != nil {
-		return res, nil
+		return explain(res, req), nil
 	}
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
@@ -48,7 +48,7 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 			return nil, err
 		}
 		if res, err := n.decideUnchanged(r); err != nil || res != nil {
-			return res, err
+			return explain(res, req), err
 		}
 	}
 	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpReserve, Reserve: r})
@@ -58,7 +58,7 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	if res.Asked {
 		n.metrics.ApprovalRequests.WithLabelValues(n.metrics.Tools.Value(r.Tenant, r.Tool)).Inc()
 	}
-	return res.Reserve, nil
+	return explain(res.Reserve, req), nil
 }
 
 // reserveRequest returns a copy of req, validated against this node's limits, its

@@ -157,8 +157,20 @@ const (
 	// and goes after the last one, so every record written before it still decodes.
 	flagApproval
 	flagEffect
-	knownFlags = flagReceipt | flagError | flagInDoubt | flagApproval | flagEffect
+	// flagHistory: the history follows the effect (history_dropped, then the events,
+	// oldest first); flagEffectMask: the masked paths of the stored effect follow it.
+	flagHistory
+	flagEffectMask
+	knownFlags = flagReceipt | flagError | flagInDoubt | flagApproval | flagEffect | flagHistory | flagEffectMask
 )
+
+// eventCodes number the history's event kinds on disk; a code is never reused.
+var eventCodes = map[idemkv.EventKind]byte{idemkv.EventExecute: 1, idemkv.EventRecover: 2, idemkv.EventCommit: 3,
+	idemkv.EventFail: 4, idemkv.EventRelease: 5, idemkv.EventDoubt: 6, idemkv.EventResolve: 7,
+	idemkv.EventApprovalRequested: 8, idemkv.EventApprovalDecided: 9}
+var eventByCode = [...]idemkv.EventKind{1: idemkv.EventExecute, 2: idemkv.EventRecover, 3: idemkv.EventCommit,
+	4: idemkv.EventFail, 5: idemkv.EventRelease, 6: idemkv.EventDoubt, 7: idemkv.EventResolve,
+	8: idemkv.EventApprovalRequested, 9: idemkv.EventApprovalDecided}
 
 var approvalStateCodes = map[idemkv.ApprovalState]byte{idemkv.ApprovalWaiting: 1, idemkv.ApprovalApproved: 2, idemkv.ApprovalDenied: 3}
 var approvalStateByCode = [...]idemkv.ApprovalState{1: idemkv.ApprovalWaiting, 2: idemkv.ApprovalApproved, 3: idemkv.ApprovalDenied}
@@ -205,6 +217,12 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	if len(r.Effect) > 0 {
 		flags |= flagEffect
 	}
+	if len(r.History) > 0 || r.HistoryDropped > 0 {
+		flags |= flagHistory
+	}
+	if len(r.EffectMask) > 0 {
+		flags |= flagEffectMask
+	}
 	dst = append(dst, flags)
 	if rc := r.Receipt; rc != nil {
 		dst = wire.AppendString(dst, rc.RemoteSystem)
@@ -238,6 +256,28 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	}
 	if len(r.Effect) > 0 {
 		dst = wire.AppendBytes(dst, r.Effect)
+	}
+	if flags&flagHistory != 0 {
+		dst = wire.AppendUvarint(dst, uint64(r.HistoryDropped))
+		dst = wire.AppendUvarint(dst, uint64(len(r.History)))
+		for _, ev := range r.History {
+			code, ok := eventCodes[ev.Event]
+			if !ok {
+				return nil, fmt.Errorf("storage: cannot store history event %q", ev.Event)
+			}
+			dst = append(dst, code)
+			dst = wire.AppendVarint(dst, int64(ev.At))
+			dst = wire.AppendUvarint(dst, ev.Fence)
+			dst = wire.AppendString(dst, ev.AttemptID)
+			dst = wire.AppendString(dst, ev.Actor)
+			dst = wire.AppendString(dst, ev.Detail)
+		}
+	}
+	if flags&flagEffectMask != 0 {
+		dst = wire.AppendUvarint(dst, uint64(len(r.EffectMask)))
+		for _, m := range r.EffectMask {
+			dst = wire.AppendString(dst, m)
+		}
 	}
 	return dst, nil
 }
@@ -311,10 +351,53 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 	if flags&flagEffect != 0 {
 		r.Effect = d.Bytes()
 	}
+	if flags&flagHistory != 0 {
+		decodeHistory(&d, r)
+	}
+	if flags&flagEffectMask != 0 {
+		n := d.Uvarint()
+		if d.Err() == nil && (n == 0 || n > idemkv.MaxEffectMasks) {
+			d.Fail("%d masked paths", n)
+		}
+		for i := uint64(0); i < n && d.Err() == nil; i++ {
+			r.EffectMask = append(r.EffectMask, d.Text())
+		}
+	}
 	if err := d.Finish(); err != nil {
 		return nil, fmt.Errorf("%w: record %q/%q", err, tenant, key)
 	}
 	return r, nil
+}
+
+func decodeHistory(d *wire.Decoder, r *idemkv.Record) {
+	dropped := d.Uvarint()
+	if dropped > 1<<32-1 {
+		d.Fail("history_dropped %d out of range", dropped)
+	}
+	r.HistoryDropped = uint32(dropped)
+	n := d.Uvarint()
+	if d.Err() == nil && n > idemkv.MaxHistory {
+		d.Fail("%d history events", n)
+	}
+	if d.Err() != nil {
+		return
+	}
+	r.History = make([]idemkv.HistoryEvent, 0, n)
+	for i := uint64(0); i < n && d.Err() == nil; i++ {
+		code := d.Byte()
+		if d.Err() == nil && (int(code) >= len(eventByCode) || eventByCode[code] == "") {
+			d.Fail("unknown history event %d", code)
+			return
+		}
+		r.History = append(r.History, idemkv.HistoryEvent{
+			Event:     eventByCode[code],
+			At:        idemkv.Timestamp(d.Varint()),
+			Fence:     d.Uvarint(),
+			AttemptID: d.Text(),
+			Actor:     d.Text(),
+			Detail:    d.Text(),
+		})
+	}
 }
 
 func decodeApproval(d *wire.Decoder) *idemkv.Approval {
@@ -342,19 +425,81 @@ func decodeApproval(d *wire.Decoder) *idemkv.Approval {
 	return a
 }
 
-// ruleVersion is the first byte of a stored approval rule.
-const ruleVersion = 1
+// ruleVersion is the first byte of a stored approval rule: version 1 holds the wait
+// alone (every rule required an approval); version 2 adds the rule's options
+// (AppendRuleOptions) and is written only for a rule that has any, so a rule set
+// before they existed is stored as it always was.
+const (
+	ruleVersion        = 1
+	ruleVersionOptions = 2
+)
+
+// Option bits of a rule, stored and in the log.
+const (
+	ruleNoApproval  = 1 << 0
+	ruleStoreEffect = 1 << 1
+	knownRuleFlags  = ruleNoApproval | ruleStoreEffect
+)
+
+// RuleHasOptions reports whether r needs more than the wait to be written.
+func RuleHasOptions(r idemkv.ApprovalRule) bool {
+	return !r.RequiresApproval() || r.StoreEffect || len(r.Mask) > 0
+}
+
+// AppendRuleOptions appends r's options (the log's and the store's one layout): a
+// flags byte, then the masked paths.
+func AppendRuleOptions(dst []byte, r idemkv.ApprovalRule) []byte {
+	var f byte
+	if !r.RequiresApproval() {
+		f |= ruleNoApproval
+	}
+	if r.StoreEffect {
+		f |= ruleStoreEffect
+	}
+	dst = append(dst, f)
+	dst = wire.AppendUvarint(dst, uint64(len(r.Mask)))
+	for _, m := range r.Mask {
+		dst = wire.AppendString(dst, m)
+	}
+	return dst
+}
+
+// DecodeRuleOptions reads what AppendRuleOptions wrote into r.
+func DecodeRuleOptions(d *wire.Decoder, r *idemkv.ApprovalRule) {
+	f := d.Byte()
+	if d.Err() == nil && f&^knownRuleFlags != 0 {
+		d.Fail("unknown rule flags %#x", f)
+	}
+	if f&ruleNoApproval != 0 {
+		no := false
+		r.RequireApproval = &no
+	}
+	r.StoreEffect = f&ruleStoreEffect != 0
+	n := d.Uvarint()
+	if d.Err() == nil && n > idemkv.MaxEffectMasks {
+		d.Fail("%d masked paths", n)
+	}
+	for i := uint64(0); i < n && d.Err() == nil; i++ {
+		r.Mask = append(r.Mask, d.Text())
+	}
+}
 
 func encodeRule(r idemkv.ApprovalRule) []byte {
-	return wire.AppendVarint([]byte{ruleVersion}, r.TTLMs)
+	if !RuleHasOptions(r) {
+		return wire.AppendVarint([]byte{ruleVersion}, r.TTLMs)
+	}
+	return AppendRuleOptions(wire.AppendVarint([]byte{ruleVersionOptions}, r.TTLMs), r)
 }
 
 func decodeRule(tenant, tool string, v []byte) (idemkv.ApprovalRule, error) {
-	if len(v) == 0 || v[0] != ruleVersion {
+	if len(v) == 0 || (v[0] != ruleVersion && v[0] != ruleVersionOptions) {
 		return idemkv.ApprovalRule{}, fmt.Errorf("%w: bad approval rule header", ErrCorrupt)
 	}
 	d := wire.NewDecoder(v[1:], ErrCorrupt)
 	r := idemkv.ApprovalRule{Tenant: tenant, Tool: tool, TTLMs: d.Varint()}
+	if v[0] == ruleVersionOptions {
+		DecodeRuleOptions(&d, &r)
+	}
 	if err := d.Finish(); err != nil {
 		return idemkv.ApprovalRule{}, fmt.Errorf("%w: approval rule %q/%q", err, tenant, tool)
 	}

@@ -285,13 +285,13 @@ func newHeartbeatCommand(cf *clientFlags) *cobra.Command {
 func newGetCommand(cf *clientFlags) *cobra.Command {
 	var id identity
 	var wait time.Duration
-	var stale bool
+	var stale, history bool
 	cmd := &cobra.Command{
 		Use:   "get",
-		Short: "Read one record (linearizable unless --stale; --wait long-polls while it is pending)",
+		Short: "Read one record (linearizable unless --stale; --wait long-polls while it is pending; --history with its last events)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := idemkv.GetRequest{Tenant: id.tenant, Key: id.key, Wait: wait, Consistency: idemkv.Linearizable}
+			req := idemkv.GetRequest{Tenant: id.tenant, Key: id.key, Wait: wait, Consistency: idemkv.Linearizable, History: history}
 			if stale {
 				req.Consistency = idemkv.Stale
 			}
@@ -301,6 +301,7 @@ func newGetCommand(cf *clientFlags) *cobra.Command {
 	id.register(cmd, false)
 	cmd.Flags().DurationVar(&wait, "wait", 0, "long-poll up to this long while the record is pending")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read the node's local replica")
+	cmd.Flags().BoolVar(&history, "history", false, "include the record's history (its last 16 events, oldest first)")
 	return cmd
 }
 
