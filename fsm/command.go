@@ -428,4 +428,3 @@ func DecodeCommand(b []byte) (*Command, error) {
 func IsLogCheckpoint(data []byte) bool {
 	return len(data) >= 2 && data[0] == commandVersion && Op(data[1]) == OpLogCheckpoint
 }
-

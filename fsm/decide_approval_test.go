@@ -143,6 +143,14 @@ func TestDecideApprovalRows(t *testing.T) {
 			if res.Decision != tc.decision {
 				t.Fatalf("decision = %s, want %s", res.Decision, tc.decision)
 			}
+			if next != nil && tc.next != nil {
+				// Every change in these rows is one event: the request, or the grant.
+				want := idemkv.HistoryEvent{At: tc.now, Event: idemkv.EventExecute, Fence: tc.next.Fence, AttemptID: tc.next.AttemptID, Actor: tc.next.Actor}
+				if tc.decision == idemkv.DecisionNeedsApproval {
+					want = idemkv.HistoryEvent{At: tc.now, Event: idemkv.EventApprovalRequested, AttemptID: tc.req.AttemptID, Actor: tc.next.Actor, Detail: tc.next.Approval.ID}
+				}
+				next = withoutEvent(t, "next", next, priorHistory(tc.cur, tc.now), want)
+			}
 			if !reflect.DeepEqual(next, tc.next) {
 				t.Errorf("next record:\n got %+v %+v\nwant %+v %+v", next, approvalOf(next), tc.next, approvalOf(tc.next))
 			}
@@ -220,6 +228,10 @@ func TestDecideApproval(t *testing.T) {
 			next, err := DecideApproval(tc.cur, tc.req, tc.now)
 			if !errors.Is(err, tc.err) || (tc.err == nil) != (err == nil) {
 				t.Fatalf("err = %v, want %v", err, tc.err)
+			}
+			if tc.next != nil {
+				next = withoutEvent(t, "next", next, tc.cur.History, idemkv.HistoryEvent{At: tc.now, Event: idemkv.EventApprovalDecided,
+					Actor: tc.req.Approver, Detail: string(tc.next.Approval.State) + " " + tc.req.ApprovalID + ": " + tc.req.Reason})
 			}
 			if !reflect.DeepEqual(next, tc.next) {
 				t.Errorf("next:\n got %+v %+v\nwant %+v %+v", next, approvalOf(next), tc.next, approvalOf(tc.next))

@@ -74,10 +74,13 @@ func TestDecide(t *testing.T) {
 		fence    uint64
 		conflict *idemkv.Conflict
 		receipt  *idemkv.Receipt
+		// event is the history event the change appends (none when empty); it tells of
+		// next: its fence, attempt and actor, at now.
+		event idemkv.EventKind
 	}{
 		{
 			name: "absent: execute with a new record", cur: nil, req: reserveReq(), now: t0 + 100,
-			decision: idemkv.DecisionExecute, fence: index,
+			event: idemkv.EventExecute, decision: idemkv.DecisionExecute, fence: index,
 			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpA, Tool: "create_ticket", Actor: "worker-2",
 				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0 + 100,
 				UpdatedAt: t0 + 100, LeaseExpiresAt: t0 + 100 + lease, ExpiresAt: t0 + 100 + ttl},
@@ -85,7 +88,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "absent, expires_at beyond the ceiling: capped", cur: nil,
 			req: reserveReq(func(r *idemkv.ReserveRequest) { r.TTLMs = 0; r.ExpiresAt = 1 << 52 }), now: t0,
-			decision: idemkv.DecisionExecute, fence: index,
+			event: idemkv.EventExecute, decision: idemkv.DecisionExecute, fence: index,
 			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpA, Tool: "create_ticket", Actor: "worker-2",
 				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0,
 				UpdatedAt: t0, LeaseExpiresAt: t0 + lease, ExpiresAt: t0 + idemkv.Timestamp(idemkv.CeilingTTL.Milliseconds())},
@@ -93,7 +96,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "absent with expires_at instead of ttl", cur: nil,
 			req: reserveReq(func(r *idemkv.ReserveRequest) { r.TTLMs = 0; r.ExpiresAt = t0 + 3_600_000 }), now: t0,
-			decision: idemkv.DecisionExecute, fence: index,
+			event: idemkv.EventExecute, decision: idemkv.DecisionExecute, fence: index,
 			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpA, Tool: "create_ticket", Actor: "worker-2",
 				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0,
 				UpdatedAt: t0, LeaseExpiresAt: t0 + lease, ExpiresAt: t0 + 3_600_000},
@@ -101,7 +104,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "expires_at before the lease end is raised to it", cur: nil,
 			req: reserveReq(func(r *idemkv.ReserveRequest) { r.TTLMs = 0; r.ExpiresAt = t0 + 10 }), now: t0,
-			decision: idemkv.DecisionExecute, fence: index,
+			event: idemkv.EventExecute, decision: idemkv.DecisionExecute, fence: index,
 			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpA, Tool: "create_ticket", Actor: "worker-2",
 				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0,
 				UpdatedAt: t0, LeaseExpiresAt: t0 + lease, ExpiresAt: t0 + lease},
@@ -109,7 +112,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "past expires_at (committed, other tool): treated as absent", cur: committedRec(),
 			req: reserveReq(func(r *idemkv.ReserveRequest) { r.Tool = "send_email"; r.Fingerprint = fpB }), now: t0 + ttl,
-			decision: idemkv.DecisionExecute, fence: index,
+			event: idemkv.EventExecute, decision: idemkv.DecisionExecute, fence: index,
 			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpB, Tool: "send_email", Actor: "worker-2",
 				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0 + ttl,
 				UpdatedAt: t0 + ttl, LeaseExpiresAt: t0 + ttl + lease, ExpiresAt: t0 + 2*ttl},
@@ -161,7 +164,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "pending, same effect, lease expired: recover with a new fence and attempt",
 			cur:  pendingRec(), req: reserveReq(), now: t0 + lease,
-			decision: idemkv.DecisionRecover, fence: index,
+			event: idemkv.EventRecover, decision: idemkv.DecisionRecover, fence: index,
 			next: pendingRec(func(r *idemkv.Record) {
 				r.Fence = index
 				r.AttemptID = "att-2"
@@ -175,7 +178,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "recover increments attempts from where they are",
 			cur:  pendingRec(func(r *idemkv.Record) { r.Attempts = 4 }), req: reserveReq(), now: t0 + lease + 5,
-			decision: idemkv.DecisionRecover, fence: index,
+			event: idemkv.EventRecover, decision: idemkv.DecisionRecover, fence: index,
 			next: pendingRec(func(r *idemkv.Record) {
 				r.Fence = index
 				r.AttemptID = "att-2"
@@ -245,7 +248,7 @@ func TestDecide(t *testing.T) {
 		},
 		{
 			name: "in doubt, past expires_at: absent, execute afresh", cur: inDoubtRec(), req: reserveReq(), now: t0 + ttl,
-			decision: idemkv.DecisionExecute, fence: index,
+			event: idemkv.EventExecute, decision: idemkv.DecisionExecute, fence: index,
 			next: &idemkv.Record{Tenant: tenant, Key: key, Fingerprint: fpA, Tool: "create_ticket", Actor: "worker-2",
 				Status: idemkv.StatusPending, Fence: index, AttemptID: "att-2", Attempts: 1, CreatedAt: t0 + ttl,
 				UpdatedAt: t0 + ttl, LeaseExpiresAt: t0 + ttl + lease, ExpiresAt: t0 + 2*ttl},
@@ -260,6 +263,20 @@ func TestDecide(t *testing.T) {
 			next, res := Decide(tc.cur, tc.req, tc.now, index)
 			if res.Decision != tc.decision {
 				t.Fatalf("decision = %s, want %s", res.Decision, tc.decision)
+			}
+			if next != nil {
+				want := idemkv.HistoryEvent{}
+				if tc.event != "" {
+					want = idemkv.HistoryEvent{At: tc.now, Event: tc.event, Fence: tc.next.Fence, AttemptID: tc.next.AttemptID, Actor: tc.next.Actor}
+				}
+				next = withoutEvent(t, "next", next, priorHistory(tc.cur, tc.now), want)
+				if res.Record.Fence == next.Fence {
+					r := *res
+					r.Record = res.Record.WithoutHistory()
+					res = &r
+				}
+			} else if tc.event != "" {
+				t.Errorf("no change, but the row expects event %s", tc.event)
 			}
 			if !reflect.DeepEqual(next, tc.next) {
 				t.Errorf("next record:\n got %+v\nwant %+v", next, tc.next)
@@ -372,6 +389,10 @@ func TestDecideCommit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			next, receipt, err := DecideCommit(tc.cur, tc.req, tc.now)
 			checkErr(t, err, tc.err)
+			if tc.next != nil {
+				next = withoutEvent(t, "next", next, tc.cur.History, idemkv.HistoryEvent{At: tc.now, Event: idemkv.EventCommit,
+					Fence: tc.cur.Fence, AttemptID: tc.cur.AttemptID, Actor: tc.cur.Actor, Detail: tc.req.RemoteSystem + " " + tc.req.RemoteID})
+			}
 			if !reflect.DeepEqual(next, tc.next) {
 				t.Errorf("next:\n got %+v\nwant %+v", next, tc.next)
 			}
@@ -442,6 +463,11 @@ func TestDecideFail(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			next, rec, err := DecideFail(tc.cur, tc.req, tc.now)
 			checkErr(t, err, tc.err)
+			if tc.next != nil {
+				next = withoutEvent(t, "next", next, tc.cur.History, idemkv.HistoryEvent{At: tc.now, Event: idemkv.EventFail,
+					Fence: tc.cur.Fence, AttemptID: tc.cur.AttemptID, Actor: tc.cur.Actor, Detail: tc.req.Error.Code})
+				rec = rec.WithoutHistory()
+			}
 			if !reflect.DeepEqual(next, tc.next) {
 				t.Errorf("next:\n got %+v\nwant %+v", next, tc.next)
 			}
