@@ -141,8 +141,9 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 		next.LeaseExpiresAt = now + idemkv.Timestamp(req.LeaseTTLMs)
 		next.ExpiresAt = max(cur.ExpiresAt, requestedExpiry(req, now), next.LeaseExpiresAt)
 		capExpiry(next, now)
-		next.AddEvent(grantEvent(idemkv.EventRecover, next, now,
-			fmt.Sprintf("replaced fence %d (attempt %s, lease expired %s)", cur.Fence, cur.AttemptID, cur.LeaseExpiresAt)))
+		// The replaced attempt and its actor are in the event before, as long as it
+		// is kept; the fence names it either way.
+		next.AddEvent(grantEvent(idemkv.EventRecover, next, now, fmt.Sprintf("replaced fence %d", cur.Fence)))
 		return next, granted(idemkv.DecisionRecover, next)
 	}
 }
