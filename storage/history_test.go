@@ -30,7 +30,7 @@ func TestDecodeRecordWrittenBeforeHistory(t *testing.T) {
 		{goldenBeforeHistory, &idemkv.Record{Tenant: "acme", Key: "k1", Fingerprint: "sha256:aaaa", Tool: "refund", Actor: "worker-1",
 			Status: idemkv.StatusCommitted, Fence: 42, AttemptID: "att-1", Attempts: 2, CreatedAt: 1800000000000, UpdatedAt: 1800000000500,
 			ExpiresAt: 1800086400000,
-			Receipt: &idemkv.StoredReceipt{RemoteSystem: "stripe", RemoteID: "re_1", Result: json.RawMessage(`{"ok":true}`), CommittedAt: 1800000000500},
+			Receipt:   &idemkv.StoredReceipt{RemoteSystem: "stripe", RemoteID: "re_1", Result: json.RawMessage(`{"ok":true}`), CommittedAt: 1800000000500},
 			Approval: &idemkv.Approval{ID: "apr_40", State: idemkv.ApprovalApproved, Summary: "Refund 40 EUR", RequestedAt: 1800000000000,
 				ExpiresAt: 1800003600000, Approver: "ana", Reason: "ok", DecidedAt: 1800000000100},
 			Effect: json.RawMessage(`{"amount":40,"order":17}`)}},
