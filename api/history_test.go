@@ -1,0 +1,108 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/api"
+)
+
+// withHistory is committedRecord with the history the state machine would have
+// written: its execute and its commit.
+func withHistory() *idemkv.Record {
+	r := committedRecord()
+	r.AddEvent(idemkv.HistoryEvent{At: t0, Event: idemkv.EventExecute, Fence: 7, AttemptID: "att-1", Actor: "agent-7"})
+	r.AddEvent(idemkv.HistoryEvent{At: t13, Event: idemkv.EventCommit, Fence: 7, AttemptID: "att-1", Actor: "agent-7", Detail: "linear LIN-1842"})
+	r.HistoryDropped = 3
+	return r
+}
+
+// TestGetHistoryOptIn: GET of a record carries its history only with ?history=true;
+// every other answer that holds the record (a get without it, a reserve, a list)
+// leaves it out. A history value that is not true or false is a 400 naming it.
+func TestGetHistoryOptIn(t *testing.T) {
+	fake := &FakeStore{
+		GetFunc: func(_ context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) { return withHistory(), nil },
+		ReserveFunc: func(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+			return &idemkv.ReserveResult{Decision: idemkv.DecisionReplay, Receipt: withHistory().Outcome(), Record: withHistory()}, nil
+		},
+		ListFunc: func(context.Context, *idemkv.ListRequest) (*idemkv.ListResult, error) {
+			return &idemkv.ListResult{Records: []*idemkv.Record{withHistory(), withHistory()}}, nil
+		},
+	}
+	n := startNode(t, fake, nil)
+	path := n.url + "/v1/records/" + testTenant + "/" + url.PathEscape(testKey)
+
+	plain := do(t, http.MethodGet, path, nil, nil).object(t, http.StatusOK)
+	if _, ok := plain["history"]; ok {
+		t.Errorf("a get without ?history=true carries the history: %v", plain["history"])
+	}
+	if _, ok := plain["history_dropped"]; ok {
+		t.Errorf("a get without ?history=true carries history_dropped")
+	}
+
+	full := do(t, http.MethodGet, path+"?history=true", nil, nil).object(t, http.StatusOK)
+	events, ok := full["history"].([]any)
+	if !ok || len(events) != 2 || full["history_dropped"] != float64(3) {
+		t.Fatalf("history %v dropped %v", full["history"], full["history_dropped"])
+	}
+	first := object(t, "event", events[0])
+	wantKeys(t, "execute event", first, "at", "event", "fence", "attempt_id", "actor")
+	if first["event"] != "execute" || first["at"] != t0.String() || first["fence"] != float64(7) {
+		t.Errorf("first event %v", first)
+	}
+	second := object(t, "event", events[1])
+	wantKeys(t, "commit event", second, "at", "event", "fence", "attempt_id", "actor", "detail")
+	if second["event"] != "commit" || second["detail"] != "linear LIN-1842" {
+		t.Errorf("second event %v", second)
+	}
+
+	do(t, http.MethodGet, path+"?history=yes", nil, nil).wantError(t, http.StatusBadRequest, "invalid_argument", "history")
+
+	res := do(t, http.MethodPost, n.url+"/v1/reserve", validReserve(), nil).object(t, http.StatusOK)
+	if rec := object(t, "record", res["record"]); rec["history"] != nil || rec["history_dropped"] != nil {
+		t.Errorf("a reserve's record carries the history: %v", rec)
+	}
+	list := do(t, http.MethodGet, n.url+"/v1/records/"+testTenant, nil, nil).object(t, http.StatusOK)
+	for _, r := range list["records"].([]any) {
+		if rec := object(t, "listed", r); rec["history"] != nil {
+			t.Errorf("a listed record carries the history: %v", rec)
+		}
+	}
+}
+
+// identifiedCaller may do anything and names itself.
+type identifiedCaller struct{ id string }
+
+func (c identifiedCaller) Allow(_ api.Operation, _ string) error { return nil }
+func (c identifiedCaller) Identity() string                      { return c.id }
+
+// TestResolveNamesTheToken: a resolve's By (the history's who) is the authenticated
+// caller's identity; the body cannot set it, and without authentication it is empty.
+func TestResolveNamesTheToken(t *testing.T) {
+	var got []string
+	fake := &FakeStore{ResolveFunc: func(_ context.Context, req *idemkv.ResolveRequest) (*idemkv.ResolveResult, error) {
+		got = append(got, req.By)
+		return &idemkv.ResolveResult{Released: true}, nil
+	}}
+	body := map[string]any{"tenant": testTenant, "idempotency_key": testKey, "effect_fingerprint": testFP, "outcome": "not_executed"}
+	authed := startNode(t, fake, withCaller(identifiedCaller{id: "oncall-ana (admin)"}))
+	do(t, http.MethodPost, authed.url+"/v1/resolve", body, nil).object(t, http.StatusOK)
+	open := startNode(t, fake, nil)
+	do(t, http.MethodPost, open.url+"/v1/resolve", body, nil).object(t, http.StatusOK)
+	// A body naming someone else is refused as an unknown field, never believed.
+	if r := do(t, http.MethodPost, open.url+"/v1/resolve", with(body, "by", "mallory"), nil); r.status == http.StatusOK {
+		t.Errorf("a body with \"by\" was accepted: %s", r.body)
+	}
+	if len(got) < 2 || got[0] != "oncall-ana (admin)" || got[1] != "" {
+		t.Fatalf("By = %q, want the caller's identity, then none", got)
+	}
+	for _, by := range got[2:] {
+		if by == "mallory" {
+			t.Fatalf("the body set By: %q", got)
+		}
+	}
+}
