@@ -144,7 +144,10 @@ func TestConflictExplainsItself(t *testing.T) {
 	}
 	// Pending: the leader answers the conflict from a read.
 	var conflict *idemkv.ReserveResult
-	if err := c.OnLeader(func(n *node.Node) (err error) { conflict, err = n.Reserve(ctx, reserve("r1", received, false)); return err }); err != nil {
+	if err := c.OnLeader(func(n *node.Node) (err error) {
+		conflict, err = n.Reserve(ctx, reserve("r1", received, false))
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if conflict.Decision != idemkv.DecisionConflict || !reflect.DeepEqual(conflict.Conflict.Diff, wantDiff) {
@@ -172,7 +175,10 @@ func TestConflictExplainsItself(t *testing.T) {
 	if err := c.OnLeader(func(n *node.Node) (err error) { _, err = n.Reserve(ctx, reserve("r2", stored, false)); return err }); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.OnLeader(func(n *node.Node) (err error) { conflict, err = n.Reserve(ctx, reserve("r2", received, false)); return err }); err != nil {
+	if err := c.OnLeader(func(n *node.Node) (err error) {
+		conflict, err = n.Reserve(ctx, reserve("r2", received, false))
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if conflict.Decision != idemkv.DecisionConflict || conflict.Conflict.Diff != nil || len(conflict.Record.Effect) != 0 {
