@@ -428,6 +428,7 @@ export class Client {
     const q = new URLSearchParams();
     if (options.waitMs !== undefined && options.waitMs > 0) q.set("wait_ms", String(Math.round(options.waitMs)));
     if (options.consistency !== undefined) q.set("consistency", options.consistency);
+    if (options.history === true) q.set("history", "true");
     const c: Call = {
       method: "GET", route: "/v1/records/{tenant}/{key}", path: `/v1/records/${segment(tenant)}/${segment(key)}`, query: q,
       attrs: () => keyAttrs(tenant, key),
@@ -529,7 +530,7 @@ export class Client {
   }
 
   /** Makes every reserve of a tenant's tool require approval (admin token); ttl in ms. The answer is the tenant's rules. */
-  async setApprovalRule(req: { tenant: string; tool: string; ttl_ms?: number; remove?: boolean }, opts?: CallOptions): Promise<{ rules: ApprovalRule[] }> {
+  async setApprovalRule(req: ApprovalRule & { remove?: boolean }, opts?: CallOptions): Promise<{ rules: ApprovalRule[] }> {
     return this.call<{ rules: ApprovalRule[] }>({ method: "POST", route: "/v1/approval-rules", path: "/v1/approval-rules", body: req }, opts);
   }
 

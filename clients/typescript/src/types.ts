@@ -43,8 +43,34 @@ export interface Record {
   in_doubt_since?: string;
   /** On a record that asked for an approval (section 7); kept after it is consumed. */
   approval?: Approval;
-  /** The effect's canonical JSON, kept on a record that asked for an approval. */
+  /** The effect's canonical JSON, when the reserve stored it (store_effect, a rule, an approval). */
   effect?: unknown;
+  /** JSON Pointers whose values the stored effect holds as "***". */
+  effect_mask?: string[];
+  /** Only when asked for (get with history: true): the last 16 events, oldest first. */
+  history?: HistoryEvent[];
+  history_dropped?: number;
+}
+
+export type EventKind =
+  | "execute" | "recover" | "commit" | "fail" | "release" | "doubt" | "resolve"
+  | "approval_requested" | "approval_decided";
+
+/** One event of a record's history (docs/protocol.md "History and explained conflicts"). */
+export interface HistoryEvent {
+  at: string;
+  event: EventKind;
+  fence?: number;
+  attempt_id?: string;
+  actor?: string;
+  detail?: string;
+}
+
+/** Where a conflicting effect differs from the stored one; absent means the member is absent. */
+export interface DiffEntry {
+  path: string;
+  stored?: unknown;
+  received?: unknown;
 }
 
 export type ApprovalState = "waiting" | "approved" | "denied";
@@ -99,7 +125,13 @@ export interface ApprovalsResult {
 export interface ApprovalRule {
   tenant: string;
   tool: string;
-  ttl_ms: number;
+  /** Absent on a rule that requires no approval. */
+  ttl_ms?: number;
+  /** false: the rule only stores or masks effects (docs/protocol.md section 8). */
+  require_approval?: boolean;
+  store_effect?: boolean;
+  /** JSON Pointers whose values stored effects keep as "***"; "*" matches any member or element. */
+  mask?: string[];
 }
 
 /** What a replay returns: the stored outcome of the key. */
@@ -123,6 +155,9 @@ export interface Conflict {
   existing_remote_id?: string;
   existing_tool?: string;
   received_tool?: string;
+  /** Set when the record stored its effect and the reserve sent one. */
+  diff?: DiffEntry[];
+  diff_omitted?: number;
 }
 
 export interface ReserveRequest {
@@ -140,6 +175,8 @@ export interface ReserveRequest {
   expires_at?: string;
   /** Asks for a person's approval before the effect runs; needs effect. */
   approval?: ApprovalAsk;
+  /** Keep the effect in the record, so that a later conflict carries a diff (needs effect). */
+  store_effect?: boolean;
 }
 
 export interface ReserveResult {
@@ -210,6 +247,8 @@ export interface GetOptions {
   /** Long-poll: wait up to this many ms for the record to stop being pending. */
   waitMs?: number;
   consistency?: Consistency;
+  /** Include the record's history. */
+  history?: boolean;
 }
 
 export interface ListOptions {

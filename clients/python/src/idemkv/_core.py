@@ -393,8 +393,11 @@ def resolve_call(
     return Call("POST", "/v1/resolve", "/v1/resolve", body=body)
 
 
-def get_call(tenant: str, key: str, wait: Optional[float] = None, consistency: Optional[str] = None) -> Call:
+def get_call(tenant: str, key: str, wait: Optional[float] = None, consistency: Optional[str] = None,
+             history: bool = False) -> Call:
     q: dict[str, str] = {}
+    if history:
+        q["history"] = "true"
     w = 0.0
     if wait:
         w = min(wait, MAX_WAIT)

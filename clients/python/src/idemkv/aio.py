@@ -286,9 +286,9 @@ class AsyncClient:
         return await self._call(_core.resolve_call(tenant, key, fingerprint, outcome, **kw))  # type: ignore[no-any-return]
 
     async def get(self, tenant: str, key: str, wait: Optional[float] = None,
-                  consistency: Optional[str] = None) -> Optional[dict[str, Any]]:
+                  consistency: Optional[str] = None, history: bool = False) -> Optional[dict[str, Any]]:
         try:
-            return await self._call(_core.get_call(tenant, key, wait, consistency))  # type: ignore[no-any-return]
+            return await self._call(_core.get_call(tenant, key, wait, consistency, history))  # type: ignore[no-any-return]
         except APIError as e:
             if e.code == "not_found":
                 return None

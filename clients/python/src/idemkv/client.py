@@ -248,11 +248,11 @@ class Client:
         return self._call(_core.resolve_call(tenant, key, fingerprint, outcome, **kw))  # type: ignore[no-any-return]
 
     def get(self, tenant: str, key: str, wait: Optional[float] = None,
-            consistency: Optional[str] = None) -> Optional[dict[str, Any]]:
+            consistency: Optional[str] = None, history: bool = False) -> Optional[dict[str, Any]]:
         """The record, or None when absent. With wait (seconds) it long-polls until the
-        record is not pending."""
+        record is not pending; with history it includes the record's last events."""
         try:
-            return self._call(_core.get_call(tenant, key, wait, consistency))  # type: ignore[no-any-return]
+            return self._call(_core.get_call(tenant, key, wait, consistency, history))  # type: ignore[no-any-return]
         except APIError as e:
             if e.code == "not_found":
                 return None
