@@ -26,7 +26,8 @@
 # binary has no --raft-log), BENCH_DIR (data dirs; default a fresh dir under /var/tmp,
 # removed at exit unless KEEP=1), BENCH_OUT (results; default bench/results),
 # SEED_CACHE (scale's seeded backups, kept across runs; default
-# /var/tmp/idemkv-bench-seeds).
+# /var/tmp/idemkv-bench-seeds), SEED_HISTORY (non-empty: seeded records carry the execute
+# and commit events of their history, as records written through this binary's API do).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -422,7 +423,7 @@ wait_idle() {
 }
 
 scale_point() {
-	local n=$1 file="$SEED_CACHE/records-$n.backup" t index phases=()
+	local n=$1 file="$SEED_CACHE/records-$n${SEED_HISTORY:+-history}.backup" t index phases=()
 	nd="$dir/scale-$n"
 	rm -rf "$nd"
 	mkdir -p "$nd"
@@ -435,7 +436,7 @@ scale_point() {
 		rm -f "$file"
 		log "$n records: seeding $file"
 		t=$(now)
-		"$dir/bench" seed --records "$n" --out "$file"
+		"$dir/bench" seed --records "$n" --out "$file" ${SEED_HISTORY:+--history}
 		phases+=(--phase "seed=$(since "$t")")
 	fi
 

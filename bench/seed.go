@@ -46,6 +46,10 @@ type seedOptions struct {
 	batch   int
 	ttl     time.Duration
 	tmpDir  string
+	// history gives each record the two events a record of this binary's carries
+	// after reserve and commit (execute, commit), as a store filled through the API
+	// now holds them.
+	history bool
 }
 
 func parseSeedFlags(args []string) (seedOptions, error) {
@@ -56,6 +60,7 @@ func parseSeedFlags(args []string) (seedOptions, error) {
 	fs.StringVar(&o.tenant, "tenant", "bench", "tenant of every record (idemkv bench's default)")
 	fs.IntVar(&o.batch, "batch", 10_000, "records per storage batch")
 	fs.DurationVar(&o.ttl, "ttl", 30*24*time.Hour, "retention of every record, counted from its creation (30 days is the longest idemkv accepts)")
+	fs.BoolVar(&o.history, "history", false, "give every record the execute and commit events of its history, as this binary writes them")
 	fs.StringVar(&o.tmpDir, "tmp-dir", "", "where to build the store (default: beside --out); needs room for about twice the backup")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -136,6 +141,14 @@ func seedRecord(tenant, key string, i, n int, now idemkv.Timestamp, ttl time.Dur
 			CommittedAt:  committed,
 		},
 	}
+}
+
+// addSeedHistory gives rec the history the state machine writes for a reserve and a
+// commit of it: execute at its fence, then commit naming the receipt.
+func addSeedHistory(rec *idemkv.Record) {
+	rec.AddEvent(idemkv.HistoryEvent{At: rec.CreatedAt, Event: idemkv.EventExecute, Fence: rec.Fence, AttemptID: rec.AttemptID, Actor: rec.Actor})
+	rec.AddEvent(idemkv.HistoryEvent{At: rec.UpdatedAt, Event: idemkv.EventCommit, Fence: rec.Fence, AttemptID: rec.AttemptID, Actor: rec.Actor,
+		Detail: rec.Receipt.RemoteSystem + " " + rec.Receipt.RemoteID})
 }
 
 // benchFingerprint is loadgen's stand-in fingerprint of a key's effect.
@@ -235,6 +248,9 @@ func fillStore(ctx context.Context, st *storage.Store, o seedOptions, done *atom
 		var last *idemkv.Record
 		for i := lo; i < hi; i++ {
 			last = seedRecord(o.tenant, seedKey(runIDs, i), i, o.records, now, o.ttl)
+			if o.history {
+				addSeedHistory(last)
+			}
 			if err := b.PutRecord(last); err != nil {
 				b.Close()
 				return 0, 0, fmt.Errorf("seed: record %d: %w", i, err)

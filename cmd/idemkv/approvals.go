@@ -133,12 +133,19 @@ func newRuleCommand(cf *clientFlags) *cobra.Command {
 	}
 	var tenant, tool string
 	var ttl time.Duration
+	var noApproval, storeEffect bool
+	var masks []string
 	set := &cobra.Command{
 		Use:   "set",
-		Short: "Require approval of every reserve of --tool in --tenant",
+		Short: "Require approval of every reserve of --tool in --tenant (or, with --no-approval, only store or mask its effects)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := idemkv.SetApprovalRuleRequest{ApprovalRule: idemkv.ApprovalRule{Tenant: tenant, Tool: tool, TTLMs: ttl.Milliseconds()}}
+			rule := idemkv.ApprovalRule{Tenant: tenant, Tool: tool, TTLMs: ttl.Milliseconds(), StoreEffect: storeEffect, Mask: masks}
+			if noApproval {
+				no := false
+				rule.RequireApproval = &no
+			}
+			req := idemkv.SetApprovalRuleRequest{ApprovalRule: rule}
 			return cf.run(cmd, func(ctx context.Context, c *client.Client) (any, error) { return c.SetApprovalRule(ctx, &req) })
 		},
 	}
@@ -168,6 +175,9 @@ func newRuleCommand(cf *clientFlags) *cobra.Command {
 		}
 	}
 	set.Flags().DurationVar(&ttl, "ttl", 0, "how long a request waits for a decision before it lapses (default 24h; 1m-720h)")
+	set.Flags().BoolVar(&storeEffect, "store-effect", false, "keep the effect of every reserve of the tool, so that conflicts carry a diff")
+	set.Flags().StringSliceVar(&masks, "mask", nil, `JSON Pointer whose value a stored effect keeps as "***" (repeatable; "*" matches any member or element)`)
+	set.Flags().BoolVar(&noApproval, "no-approval", false, "the rule requires no approval (with --store-effect or --mask)")
 	cmd.AddCommand(set, rm, ls)
 	return cmd
 }
