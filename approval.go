@@ -260,8 +260,15 @@ func (r *SetApprovalRuleRequest) Validate() error {
 	if err := validText("tool", r.Tool, MaxToolLen, true); err != nil {
 		return err
 	}
-	if r.Remove && (r.TTLMs != 0 || r.RequireApproval != nil || r.StoreEffect || len(r.Mask) > 0) {
-		return Invalid("ttl_ms", "a rule being removed takes only its tenant and tool")
+	if r.Remove {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"ttl_ms", r.TTLMs != 0}, {"require_approval", r.RequireApproval != nil}, {"store_effect", r.StoreEffect}, {"mask", len(r.Mask) > 0}} {
+			if f.set {
+				return Invalid(f.name, "a rule being removed takes only its tenant and tool, not %s", f.name)
+			}
+		}
 	}
 	if !r.Remove && !r.RequiresApproval() && !r.StoreEffect && len(r.Mask) == 0 {
 		return Invalid("require_approval", "a rule that requires no approval must store effects or mask them")

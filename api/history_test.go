@@ -106,3 +106,30 @@ func TestResolveNamesTheToken(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreEffectAndRuleOptionsChecked: store_effect with only a fingerprint, and rule
+// options that cannot work, are 400s naming the field, before the store sees them.
+func TestStoreEffectAndRuleOptionsChecked(t *testing.T) {
+	fake := &FakeStore{}
+	n := startNode(t, fake, nil)
+	do(t, http.MethodPost, n.url+"/v1/reserve", with(validReserve(), "store_effect", true), nil).
+		wantError(t, http.StatusBadRequest, "invalid_argument", "effect")
+	rule := map[string]any{"tenant": testTenant, "tool": "pay"}
+	for _, tc := range []struct {
+		body  map[string]any
+		field string
+	}{
+		{with(rule, "mask", []string{"card/number"}), "mask"},
+		{with(rule, "mask", []string{"/card/~2"}), "mask"},
+		{with(rule, "mask", []string{""}), "mask"},
+		{with(rule, "require_approval", false), "require_approval"},
+		{with(rule, "require_approval", false, "store_effect", true, "ttl_ms", 60000), "ttl_ms"},
+		{with(rule, "remove", true, "store_effect", true), "store_effect"},
+		{with(rule, "remove", true, "ttl_ms", 60000), "ttl_ms"},
+	} {
+		do(t, http.MethodPost, n.url+"/v1/approval-rules", tc.body, nil).wantError(t, http.StatusBadRequest, "invalid_argument", tc.field)
+	}
+	if fake.Calls() != 0 {
+		t.Fatalf("the store was called %d times", fake.Calls())
+	}
+}
