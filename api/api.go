@@ -93,6 +93,11 @@ type Config struct {
 	// Pprof serves Go's profiles at /debug/pprof/ for the admin role alone: the
 	// command line, heap and goroutine stacks are no tenant's business.
 	Pprof bool
+	// OnReserve, when set, sees every reserve decision this node answered (a reserve
+	// forwarded to the leader is answered, and seen, there), after it is counted. It
+	// runs on the request's goroutine and must not block: the console keeps its ring
+	// of recent conflicts with it.
+	OnReserve func(context.Context, *idemkv.ReserveRequest, *idemkv.ReserveResult)
 }
 
 // Server serves the API of one node.
@@ -106,6 +111,7 @@ type Server struct {
 	mux            *http.ServeMux
 	handler        http.Handler
 	polls          *longPolls
+	onReserve      func(context.Context, *idemkv.ReserveRequest, *idemkv.ReserveResult)
 	// recordRoute is the registered handler of recordPattern, which serveUnclean
 	// calls for record paths the mux would redirect.
 	recordRoute http.Handler
@@ -124,6 +130,7 @@ func New(cfg Config) *Server {
 		forwardTimeout: cfg.ForwardTimeout,
 		mux:            http.NewServeMux(),
 		polls:          newLongPolls(cfg.MaxLongPolls, cfg.MaxLongPollsPerCaller),
+		onReserve:      cfg.OnReserve,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -263,6 +263,9 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 func (s *Server) countDecision(ctx context.Context, req *idemkv.ReserveRequest, res *idemkv.ReserveResult) {
 	s.metrics.Decisions.WithLabelValues(s.metrics.Tools.Value(req.Tenant, req.Tool), string(res.Decision)).Inc()
 	telemetry.AnnotateReserve(ctx, req, res)
+	if s.onReserve != nil {
+		s.onReserve(ctx, req, res)
+	}
 }
 
 // annotateCommit puts the stored receipt on the request's span.

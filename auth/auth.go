@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,6 +242,18 @@ func (p *Principal) Allow(op api.Operation, tenant string) error {
 		return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q may not list every tenant's records; that takes a token for every tenant (an admin)", p.Name)
 	}
 	return idemkv.Errorf(idemkv.ErrPermissionDenied, "token %q: unknown operation %q", p.Name, op)
+}
+
+// Tenants returns the tenants p names, sorted, and whether it holds every tenant
+// ("*", or an admin): the console offers them to pick from.
+func (p *Principal) Tenants() (tenants []string, every bool) {
+	for t := range p.tenants {
+		if t != AllTenants {
+			tenants = append(tenants, t)
+		}
+	}
+	slices.Sort(tenants)
+	return tenants, p.allTenants || p.Role == RoleAdmin
 }
 
 // hasTenant reports whether tenant is among p's tenants ("*" grants every one).

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
 	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/console"
 	"github.com/idemkv/idemkv/expiry"
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/metrics"
@@ -41,6 +42,7 @@ type serveOptions struct {
 	maxPollsToken  int
 	cacheMB        int64
 	shutdownGrace  time.Duration
+	noConsole      bool
 	limits         idemkv.Limits
 	extra          serveExtras
 }
@@ -84,6 +86,7 @@ asks the cluster to add it and retries until it is in.
 	f.IntVar(&o.maxToolsTenant, "metrics-max-tools-per-tenant", o.maxToolsTenant, "of those, how many one tenant's requests may claim (a name counts for the tenant that used it first)")
 	f.IntVar(&o.maxLongPolls, "max-long-polls", o.maxLongPolls, "long-polls (get with wait_ms) this node holds at once; beyond, 429 resource_exhausted")
 	f.IntVar(&o.maxPollsToken, "max-long-polls-per-token", o.maxPollsToken, "long-polls one token holds on this node at once; beyond, 429 resource_exhausted")
+	f.BoolVar(&o.noConsole, "no-console", false, "do not serve the operator console at /ui (docs/console.md)")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
 
 	f.DurationVar(&o.node.HeartbeatTimeout, "heartbeat-timeout", o.node.HeartbeatTimeout, "Raft heartbeat timeout")
@@ -218,6 +221,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	if ex.middleware != nil {
 		middleware = func(h http.Handler) http.Handler { return telemetry.HTTPMiddleware(ex.middleware(h)) }
 	}
+	conflicts := console.NewConflicts(0)
 	handler := api.New(api.Config{
 		Store:         n,
 		Logger:        logger,
@@ -229,7 +233,17 @@ func runServe(ctx context.Context, o serveOptions) error {
 
 		MaxLongPolls:          o.maxLongPolls,
 		MaxLongPollsPerCaller: o.maxPollsToken,
+		OnReserve:             conflicts.Observe,
 	}).Handler()
+	if !o.noConsole {
+		cc := console.Config{API: handler, Peers: ex.forwardClient, PeerScheme: ex.forwardScheme, Conflicts: conflicts, Logger: logger}
+		if ex.authn != nil {
+			cc.Auth = ex.authn
+		}
+		// Each API request a console page makes goes through handler, spans and
+		// authentication included.
+		handler = console.New(cc).Mount(handler)
+	}
 	srv := api.NewHTTPServer(o.httpAddr, handler)
 	srv.ErrorLog = httpErrorLog(logger)
 	srv.TLSConfig = ex.apiTLS

@@ -46,6 +46,7 @@ type serveExtras struct {
 // extras are the pieces serveExtras.setup builds for runServe.
 type extras struct {
 	middleware    func(http.Handler) http.Handler
+	authn         *auth.Authenticator // nil: authentication off
 	forwardScheme string
 	forwardClient *http.Client
 	joinClient    *http.Client
@@ -89,6 +90,7 @@ func (e *serveExtras) setup(ctx context.Context, cfg *node.Config, logger *slog.
 			return nil, fmt.Errorf("--auth-file: %w", err)
 		}
 		x.middleware = a.Middleware
+		x.authn = a
 		reloads = append(reloads, a.Reload)
 		logger.Info("API authentication on", "auth_file", e.authFile)
 	}

@@ -35,6 +35,7 @@ type Cluster struct {
 	// peerOverrides: see WithPeerAddresses.
 	peerOverrides bool
 	middleware    func(http.Handler) http.Handler
+	serve         func(i int, cfg api.Config) http.Handler
 }
 
 type member struct {
@@ -60,6 +61,12 @@ func WithPeerAddresses() Option {
 // tracing and authentication.
 func WithAPIMiddleware(mw func(http.Handler) http.Handler) Option {
 	return func(c *Cluster) { c.middleware = mw }
+}
+
+// WithServe builds node i's whole HTTP handler from the API configuration the
+// cluster made for it, as `idemkv serve` mounts the console over the API.
+func WithServe(f func(i int, cfg api.Config) http.Handler) Option {
+	return func(c *Cluster) { c.serve = f }
 }
 
 // WithConfig lets a test change node i's configuration before every (re)start.
@@ -158,7 +165,13 @@ func (c *Cluster) startMember(i int, bootstrap bool) {
 		ln, err = net.Listen("tcp", m.apiAddr)
 		return err
 	})
-	h := api.New(api.Config{Store: n, Logger: cfg.Logger, Metrics: m.metrics, Middleware: c.middleware}).Handler()
+	acfg := api.Config{Store: n, Logger: cfg.Logger, Metrics: m.metrics, Middleware: c.middleware}
+	var h http.Handler
+	if c.serve != nil {
+		h = c.serve(i, acfg)
+	} else {
+		h = api.New(acfg).Handler()
+	}
 	srv := api.NewHTTPServer(m.apiAddr, h)
 	go func() { _ = srv.Serve(ln) }()
 	c.mu.Lock()

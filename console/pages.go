@@ -1,0 +1,263 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/api"
+)
+
+// pageData is what every page's template gets.
+type pageData struct {
+	Title      string
+	Nav        string
+	AuthOff    bool
+	Who        string
+	Role       string
+	CSRF       string
+	Flash      string
+	FlashError bool
+	Err        *uiError
+	// Refresh, when set, reloads the page every that many seconds (a meta refresh: no
+	// script needed).
+	Refresh int
+	Body    any
+	page    string
+}
+
+// uiError is an error as a page shows it: the API's code and message, and what it
+// means for the operator.
+type uiError struct {
+	Code    string
+	Message string
+	Hint    string
+}
+
+var hints = map[string]string{
+	idemkv.CodeOutcomeUnknown:      "The outcome is unknown: the change may or may not have been applied (leadership moved while it replicated, or a forwarded request timed out). Open the record to see whether it is settled before you try again; trying again is safe.",
+	idemkv.CodeUnavailable:         "Nothing was changed: the cluster cannot take it now (no leader, or a node shutting down). Try again in a moment.",
+	idemkv.CodePermissionDenied:    "Your token may not do this.",
+	idemkv.CodeUnauthenticated:     "Your token is not valid any more: log in again.",
+	idemkv.CodeNotFound:            "There is no such record (released, expired, or never reserved).",
+	idemkv.CodeNotPending:          "It is no longer waiting: it was settled or decided before this action reached it.",
+	idemkv.CodeFingerprintMismatch: "The record holds another effect or approval than the one shown: reload the page.",
+	idemkv.CodeInvalidArgument:     "The store refused the input; nothing was changed.",
+}
+
+// describe turns err into what a page shows.
+func describe(err error) *uiError {
+	if err == nil {
+		return nil
+	}
+	code := idemkv.CodeOf(err)
+	msg := err.Error()
+	var e *idemkv.Error
+	if errors.As(err, &e) {
+		msg = e.Message
+		if e.Field != "" {
+			msg += " (field " + e.Field + ")"
+		}
+	}
+	return &uiError{Code: code, Message: msg, Hint: hints[code]}
+}
+
+func (u *uiError) String() string {
+	s := u.Code + ": " + u.Message
+	if u.Hint != "" {
+		s += ". " + u.Hint
+	}
+	return s
+}
+
+// pages holds a template set per page, each the layout and the page's content.
+type pages struct {
+	sets map[string]*template.Template
+}
+
+var pageNames = []string{"login", "overview", "in-doubt", "approvals", "conflicts", "records", "record", "error"}
+
+func loadPages() *pages {
+	p := &pages{sets: map[string]*template.Template{}}
+	for _, name := range pageNames {
+		t := template.New("layout.html").Funcs(funcs)
+		p.sets[name] = template.Must(t.ParseFS(templateFiles, "templates/layout.html", "templates/parts.html", "templates/"+name+".html"))
+	}
+	return p
+}
+
+var funcs = template.FuncMap{
+	"prefix": func() string { return Prefix },
+	"ts": func(t idemkv.Timestamp) string {
+		if t == 0 {
+			return "—"
+		}
+		return t.String()
+	},
+	"since": func(t idemkv.Timestamp) string {
+		if t == 0 {
+			return "—"
+		}
+		return roundDuration(time.Since(t.Time()))
+	},
+	"dur":  roundDuration,
+	"json": prettyJSON,
+	"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 2, 64) },
+	"num":  func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) },
+	"ms": func(p *int64) string {
+		if p == nil {
+			return "not measured"
+		}
+		return strconv.FormatInt(*p, 10) + " ms"
+	},
+	"formArgs": func(d *pageData, rec *idemkv.Record, ret string, approver bool) formArgs {
+		return formArgs{CSRF: d.CSRF, Rec: rec, Return: ret, Approver: approver}
+	},
+	"deref": func(p *uint64) string {
+		if p == nil {
+			return "—"
+		}
+		return strconv.FormatUint(*p, 10)
+	},
+}
+
+// formArgs is what the resolve and decide forms need.
+type formArgs struct {
+	CSRF     string
+	Rec      *idemkv.Record
+	Return   string
+	Approver bool
+}
+
+func roundDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0s"
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Hour))
+}
+
+func prettyJSON(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var b bytes.Buffer
+	if json.Indent(&b, raw, "", "  ") != nil {
+		return string(raw)
+	}
+	return b.String()
+}
+
+// render writes d with its page's template.
+func (s *Server) render(w http.ResponseWriter, status int, d *pageData) {
+	var b bytes.Buffer
+	if err := s.pages.sets[d.page].Execute(&b, d); err != nil {
+		s.log.Error("console: rendering a page", "page", d.page, "err", err)
+		http.Error(w, "the console could not render this page", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(b.Bytes())
+}
+
+func (s *Server) renderError(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	d := &pageData{Title: "Error", page: "error", AuthOff: s.auth == nil, Err: &uiError{Code: http.StatusText(status), Message: msg}}
+	s.render(w, status, d)
+}
+
+func (s *Server) baseData(v viewer, page, title string) *pageData {
+	d := &pageData{Title: title, Nav: page, page: page, AuthOff: s.auth == nil, CSRF: v.sess.csrf}
+	if v.principal != nil {
+		d.Who, d.Role = v.principal.Name, string(v.principal.Role)
+	}
+	d.Flash, d.FlashError = s.sessions.takeFlash(v.sess.id)
+	return d
+}
+
+// page wraps a page's handler: the viewer, or the login page when there is none.
+func (s *Server) page(h func(r *http.Request, v viewer, d *pageData)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, ok := s.viewerOf(w, r)
+		if !ok {
+			http.Redirect(w, r, Prefix+"login?next="+urlQueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		d := s.baseData(v, "", "")
+		h(r, v, d)
+		s.render(w, http.StatusOK, d)
+	}
+}
+
+// action wraps a form's handler: the viewer, the CSRF checks, then the handler, which
+// returns where to go and the one-time message that page shows.
+func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer) (to, flash string, isErr bool)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+		v, ok := s.viewerOf(w, r)
+		if !ok {
+			http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+			return
+		}
+		if !s.checkCSRF(r, v) {
+			s.log.Info("console: form refused: cross-origin or without the CSRF token", "path", r.URL.Path, "remote", r.RemoteAddr)
+			s.renderError(w, r, http.StatusForbidden, "This form was refused: it came from another site or without this session's CSRF token. Nothing was changed; reload the page and try again.")
+			return
+		}
+		to, flash, isErr := h(w, r, v)
+		if flash != "" {
+			s.sessions.setFlash(v.sess.id, flash, isErr)
+		}
+		http.Redirect(w, r, to, http.StatusSeeOther)
+	}
+}
+
+// maxFormBytes bounds a form: the largest field is a reason or a remote URL.
+const maxFormBytes = 64 << 10
+
+// localPath returns next when it is a console page, else fallback: a redirect never
+// leaves the console.
+func localPath(next, fallback string) string {
+	if strings.HasPrefix(next, Prefix) && !strings.ContainsAny(next, "\\\r\n") {
+		return next
+	}
+	return fallback
+}
+
+func urlQueryEscape(s string) string { return template.URLQueryEscaper(s) }
+
+// may reports whether v may perform op on tenant, as the API will decide it: the
+// console shows only the forms the viewer can use (the API still checks each action).
+func (v viewer) may(op api.Operation, tenant string) bool {
+	return v.principal == nil || v.principal.Allow(op, tenant) == nil
+}
+
+// tenants returns the viewer's own tenants and whether it holds every one.
+func (v viewer) tenants() ([]string, bool) {
+	if v.principal == nil {
+		return nil, true
+	}
+	return v.principal.Tenants()
+}
+
+// tenantChoice is the tenant a page is about: the one asked for, or the viewer's only
+// tenant.
+func tenantChoice(r *http.Request, v viewer) (tenant string, choices []string) {
+	tenant = r.URL.Query().Get("tenant")
+	choices, _ = v.tenants()
+	if tenant == "" && len(choices) == 1 {
+		tenant = choices[0]
+	}
+	return tenant, choices
+}

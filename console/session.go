@@ -1,0 +1,186 @@
+package console
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/base64"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/idemkv/idemkv/auth"
+)
+
+// cookieName carries the session id, never the token: the token stays in this
+// process's memory, where the session's requests to the API need it.
+const cookieName = "idemkv_console"
+
+// session is one browser's login. token is "" when authentication is off.
+type session struct {
+	id      string
+	token   string
+	csrf    string
+	created time.Time
+	seen    time.Time
+	// flash is shown once, on the page an action redirects to.
+	flash      string
+	flashError bool
+}
+
+// sessions holds the logins of this node, bounded in number, idle time and age. They
+// live in memory: a restart logs everyone out, and a session on one node is no
+// session on another.
+type sessions struct {
+	mu       sync.Mutex
+	byID     map[string]*session
+	max      int
+	idle     time.Duration
+	lifetime time.Duration
+}
+
+func newSessions(max int, idle, lifetime time.Duration) *sessions {
+	return &sessions{byID: map[string]*session{}, max: max, idle: idle, lifetime: lifetime}
+}
+
+func randomID() string {
+	var b [32]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// start makes a new session, ending the least recently used one when full.
+func (ss *sessions) start(token string, now time.Time) *session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.expireLocked(now)
+	if len(ss.byID) >= ss.max {
+		var lru *session
+		for _, s := range ss.byID {
+			if lru == nil || s.seen.Before(lru.seen) {
+				lru = s
+			}
+		}
+		delete(ss.byID, lru.id)
+	}
+	s := &session{id: randomID(), token: token, csrf: randomID(), created: now, seen: now}
+	ss.byID[s.id] = s
+	return s
+}
+
+func (ss *sessions) expireLocked(now time.Time) {
+	for id, s := range ss.byID {
+		if ss.expired(s, now) {
+			delete(ss.byID, id)
+		}
+	}
+}
+
+func (ss *sessions) expired(s *session, now time.Time) bool {
+	return now.Sub(s.seen) > ss.idle || now.Sub(s.created) > ss.lifetime
+}
+
+// get returns the live session of id and marks it used; a copy, so a handler never
+// races another request of the same browser.
+func (ss *sessions) get(id string, now time.Time) (session, bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s, ok := ss.byID[id]
+	if !ok {
+		return session{}, false
+	}
+	if ss.expired(s, now) {
+		delete(ss.byID, id)
+		return session{}, false
+	}
+	s.seen = now
+	return *s, true
+}
+
+// takeFlash returns and clears the session's flash.
+func (ss *sessions) takeFlash(id string) (msg string, isErr bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s, ok := ss.byID[id]; ok {
+		msg, isErr = s.flash, s.flashError
+		s.flash, s.flashError = "", false
+	}
+	return msg, isErr
+}
+
+func (ss *sessions) setFlash(id, msg string, isErr bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s, ok := ss.byID[id]; ok {
+		s.flash, s.flashError = msg, isErr
+	}
+}
+
+func (ss *sessions) end(id string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.byID, id)
+}
+
+func (ss *sessions) len() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.byID)
+}
+
+// viewer is who a request is from: the session and, with authentication on, the
+// principal its token is now (looked up again on every request, so a token removed
+// from the token file ends its sessions at once).
+type viewer struct {
+	sess      session
+	principal *auth.Principal // nil: authentication is off
+}
+
+func (s *Server) setCookie(w http.ResponseWriter, r *http.Request, sess *session) {
+	http.SetCookie(w, &http.Cookie{
+		Name: cookieName, Value: sess.id, Path: Prefix,
+		MaxAge:   int(s.sessions.lifetime / time.Second),
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
+	})
+}
+
+func clearCookie(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+}
+
+// viewerOf returns the request's viewer. With authentication off every browser gets a
+// session of its own on its first visit, for the CSRF token of its forms.
+func (s *Server) viewerOf(w http.ResponseWriter, r *http.Request) (viewer, bool) {
+	now := time.Now()
+	var sess session
+	var ok bool
+	if c, err := r.Cookie(cookieName); err == nil {
+		sess, ok = s.sessions.get(c.Value, now)
+	}
+	if s.auth == nil {
+		if !ok {
+			sess = *s.sessions.start("", now)
+			s.setCookie(w, r, &sess)
+		}
+		return viewer{sess: sess}, true
+	}
+	if !ok {
+		return viewer{}, false
+	}
+	p, err := s.auth.Authenticate(sess.token)
+	if err != nil {
+		s.sessions.end(sess.id)
+		return viewer{}, false
+	}
+	return viewer{sess: sess, principal: p}, true
+}
+
+// checkCSRF refuses a form that is cross-origin (Sec-Fetch-Site, Origin) or lacks
+// the session's CSRF token.
+func (s *Server) checkCSRF(r *http.Request, v viewer) bool {
+	if s.origin.Check(r) != nil {
+		return false
+	}
+	got := r.PostFormValue("csrf")
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(v.sess.csrf)) == 1
+}
