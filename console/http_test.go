@@ -1,0 +1,232 @@
+package console_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/console"
+)
+
+// browserLike is an HTTP client with a cookie jar that does not follow redirects.
+func browserLike(t *testing.T) *http.Client {
+	t.Helper()
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func post(t *testing.T, c *http.Client, u string, form url.Values, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+func getPage(t *testing.T, c *http.Client, u string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// TestCSRFAndHeaders: every page carries the strict CSP and its companions; the
+// session cookie is HttpOnly and SameSite=Strict and holds no token; a resolve without
+// the CSRF token, or from another origin, is refused and changes nothing, and the same
+// form with both is applied.
+func TestCSRFAndHeaders(t *testing.T) {
+	f := start(t, 1, false)
+	rec := f.inDoubt(t, "order-1", "refund")
+	base := f.url(0, "")
+	c := browserLike(t)
+
+	resp, _ := getPage(t, c, base+"/ui/in-doubt")
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/ui/login") {
+		t.Fatalf("unauthenticated page: %d %q, want a redirect to the login page", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	if resp := post(t, c, base+"/ui/login", url.Values{"token": {"not-a-token"}}, nil); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("login with a bad token: %d, want 401", resp.StatusCode)
+	}
+	if resp := post(t, c, base+"/ui/login", url.Values{"token": {adminToken}}, map[string]string{"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"}); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("cross-site login: %d, want 403", resp.StatusCode)
+	}
+	resp = post(t, c, base+"/ui/login", url.Values{"token": {adminToken}, "next": {"/ui/in-doubt"}}, nil)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/ui/in-doubt" {
+		t.Fatalf("login: %d %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	cookies := resp.Cookies()
+	if len(cookies) != 1 {
+		t.Fatalf("login set %d cookies", len(cookies))
+	}
+	ck := cookies[0]
+	if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/ui/" || ck.Secure || ck.MaxAge <= 0 {
+		t.Fatalf("session cookie %+v: want HttpOnly, SameSite=Strict, Path=/ui/, a max age, Secure only over TLS", ck)
+	}
+	if strings.Contains(ck.Value, adminToken) {
+		t.Fatal("the cookie holds the token")
+	}
+
+	for _, p := range []string{"/ui/", "/ui/in-doubt", "/ui/approvals", "/ui/conflicts", "/ui/records", "/ui/login", "/ui/static/console.css", "/ui/nope"} {
+		resp, body := getPage(t, c, base+p)
+		h := resp.Header
+		if csp := h.Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") || strings.Contains(csp, "unsafe-inline") {
+			t.Errorf("%s: Content-Security-Policy %q", p, csp)
+		}
+		if h.Get("X-Content-Type-Options") != "nosniff" || h.Get("Referrer-Policy") != "no-referrer" {
+			t.Errorf("%s: X-Content-Type-Options %q, Referrer-Policy %q", p, h.Get("X-Content-Type-Options"), h.Get("Referrer-Policy"))
+		}
+		if strings.Contains(body, adminToken) {
+			t.Errorf("%s: the page holds the token", p)
+		}
+		if strings.HasSuffix(p, ".css") {
+			continue
+		}
+		if strings.Contains(body, "<script>") || strings.Contains(body, " on") && regexp.MustCompile(`\son[a-z]+=`).MatchString(body) {
+			t.Errorf("%s: inline script or event handler in the page", p)
+		}
+	}
+	resp, body := getPage(t, c, base+"/ui/in-doubt")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("in-doubt page: %d", resp.StatusCode)
+	}
+	m := csrfField.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token in the page's forms")
+	}
+	form := url.Values{"tenant": {tenant}, "key": {"order-1"}, "fingerprint": {rec.Fingerprint}, "outcome": {"not_executed"}, "confirm": {"yes"}}
+	u := base + "/ui/in-doubt/resolve"
+	if resp := post(t, c, u, form, nil); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("resolve without the CSRF token: %d, want 403", resp.StatusCode)
+	}
+	withToken := url.Values{"csrf": {m[1]}}
+	for k, v := range form {
+		withToken[k] = v
+	}
+	wrong := url.Values{"csrf": {m[1] + "x"}}
+	for k, v := range form {
+		wrong[k] = v
+	}
+	if resp := post(t, c, u, wrong, nil); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("resolve with a wrong CSRF token: %d, want 403", resp.StatusCode)
+	}
+	if resp := post(t, c, u, withToken, map[string]string{"Origin": "http://evil.example"}); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("resolve from another origin: %d, want 403", resp.StatusCode)
+	}
+	if resp := post(t, c, u, withToken, map[string]string{"Sec-Fetch-Site": "cross-site"}); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("resolve from another site: %d, want 403", resp.StatusCode)
+	}
+	if r, err := f.get(t, "order-1"); err != nil || !r.InDoubt {
+		t.Fatalf("after refused forms the record must be untouched: %v %+v", err, r)
+	}
+	if resp := post(t, c, u, withToken, map[string]string{"Origin": base, "Sec-Fetch-Site": "same-origin"}); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("resolve with the token from the console's origin: %d, want 303", resp.StatusCode)
+	}
+	if _, err := f.get(t, "order-1"); err == nil {
+		t.Fatal("the accepted resolve did not release the record")
+	}
+
+	// Logging out ends the session on the server: the old cookie opens nothing.
+	if resp := post(t, c, base+"/ui/logout", url.Values{"csrf": {m[1]}}, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("logout: %d", resp.StatusCode)
+	}
+	replay := browserLike(t)
+	replay.Jar.SetCookies(mustURL(t, base+"/ui/"), []*http.Cookie{{Name: ck.Name, Value: ck.Value}})
+	if resp, _ := getPage(t, replay, base+"/ui/in-doubt"); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("a logged-out session's cookie: %d, want a redirect to the login page", resp.StatusCode)
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// TestAuthOffSaysSo: without authentication every page says so, and forms still need
+// the CSRF token of the browser's session.
+func TestAuthOffSaysSo(t *testing.T) {
+	f := start(t, 1, true)
+	rec := f.inDoubt(t, "order-2", "refund")
+	c := browserLike(t)
+	var csrf string
+	for _, p := range []string{"/ui/", "/ui/in-doubt", "/ui/approvals?tenant=acme", "/ui/conflicts", "/ui/records?tenant=acme", "/ui/record?tenant=acme&key=order-2", "/ui/login"} {
+		resp, body := getPage(t, c, f.url(0, p))
+		if resp.StatusCode != http.StatusOK || !strings.Contains(body, `id="auth-off"`) {
+			t.Errorf("%s: %d, says authentication is off: %v", p, resp.StatusCode, strings.Contains(body, `id="auth-off"`))
+		}
+		if m := csrfField.FindStringSubmatch(body); m != nil {
+			csrf = m[1]
+		}
+	}
+	if csrf == "" {
+		t.Fatal("no CSRF token on any page")
+	}
+	u := f.url(0, "/ui/in-doubt/resolve")
+	form := url.Values{"tenant": {tenant}, "key": {"order-2"}, "fingerprint": {rec.Fingerprint}, "outcome": {"committed"}, "remote_system": {"s"}, "remote_id": {"r-1"}}
+	if resp := post(t, c, u, form, nil); resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("resolve without the CSRF token, authentication off: %d, want 403", resp.StatusCode)
+	}
+	form.Set("csrf", csrf)
+	if resp := post(t, c, u, form, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("resolve with it: %d", resp.StatusCode)
+	}
+	if r, err := f.get(t, "order-2"); err != nil || r.Status != idemkv.StatusCommitted {
+		t.Fatalf("order-2: %v %+v", err, r)
+	}
+}
+
+// TestConflictsRing: the ring keeps the newest, pages newest first, and says how many
+// it dropped.
+func TestConflictsRing(t *testing.T) {
+	ring := console.NewConflicts(3)
+	for i := range 5 {
+		ring.Observe(context.Background(), &idemkv.ReserveRequest{Tenant: tenant, Key: string(rune('a' + i))},
+			&idemkv.ReserveResult{Decision: idemkv.DecisionConflict, Conflict: &idemkv.Conflict{Status: "conflict"}})
+	}
+	ring.Observe(context.Background(), &idemkv.ReserveRequest{Tenant: tenant, Key: "x"}, &idemkv.ReserveResult{Decision: idemkv.DecisionExecute})
+	all := func(*console.ConflictEntry) bool { return true }
+	page, next, kept, dropped := ring.Page(0, 2, all)
+	if len(page) != 2 || page[0].Key != "e" || page[1].Key != "d" || next != page[1].Seq || kept != 3 || dropped != 2 {
+		t.Fatalf("first page %+v next %d kept %d dropped %d", page, next, kept, dropped)
+	}
+	page, next, _, _ = ring.Page(next, 2, all)
+	if len(page) != 1 || page[0].Key != "c" || next != 0 {
+		t.Fatalf("second page %+v next %d", page, next)
+	}
+	page, _, _, _ = ring.Page(0, 10, func(e *console.ConflictEntry) bool { return e.Key == "d" })
+	if len(page) != 1 || page[0].Key != "d" {
+		t.Fatalf("filtered page %+v", page)
+	}
+}
