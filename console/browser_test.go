@@ -310,9 +310,11 @@ func TestBrowserThreeNodes(t *testing.T) {
 	if _, err := f.admin.Reserve(bg, &idemkv.ReserveRequest{Tenant: tenant, Key: "refund-1", Tool: "refund", Effect: effect(map[string]any{"amount": "13.00"})}); err != nil {
 		t.Fatal(err)
 	}
-	do(t, ctx, chromedp.Navigate(f.url(leader, "/ui/")), chromedp.WaitVisible(chromedp.CSS("#token")))
+	// Another node's console asks for its own login, and the follower's session stays.
 	login(t, ctx, f, leader, adminToken, "ops-admin")
 	do(t, ctx, chromedp.Navigate(f.url(leader, "/ui/conflicts")), chromedp.WaitVisible(chromedp.CSS("article.conflict")))
 	mustContain(t, "leader's conflicts", text(t, ctx, "article.conflict"), "refund-1")
 	shot(t, ctx, "cluster-conflicts")
+	do(t, ctx, chromedp.Navigate(f.url(follower, "/ui/conflicts")), chromedp.WaitVisible(chromedp.CSS("#who")))
+	mustContain(t, "the follower's ring", text(t, ctx, "#empty"), "No conflicts answered by this node")
 }

@@ -91,6 +91,9 @@ func TestCSRFAndHeaders(t *testing.T) {
 	if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/ui/" || ck.Secure || ck.MaxAge <= 0 {
 		t.Fatalf("session cookie %+v: want HttpOnly, SameSite=Strict, Path=/ui/, a max age, Secure only over TLS", ck)
 	}
+	if !strings.HasPrefix(ck.Name, "idemkv_console_127_0_0_1_") {
+		t.Errorf("cookie name %q: want it to name the host and port", ck.Name)
+	}
 	if strings.Contains(ck.Value, adminToken) {
 		t.Fatal("the cookie holds the token")
 	}

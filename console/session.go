@@ -11,9 +11,25 @@ import (
 	"github.com/idemkv/idemkv/auth"
 )
 
-// cookieName carries the session id, never the token: the token stays in this
-// process's memory, where the session's requests to the API need it.
-const cookieName = "idemkv_console"
+// cookiePrefix starts the name of the cookie that carries the session id, never the
+// token: the token stays in this process's memory, where the session's requests to the
+// API need it.
+const cookiePrefix = "idemkv_console_"
+
+// cookieName is the session cookie's name for the host (and port) the browser asked:
+// browsers do not separate cookies by port, and two nodes on one host must not end
+// each other's sessions.
+func cookieName(r *http.Request) string {
+	b := []byte(cookiePrefix)
+	for _, c := range []byte(r.Host) {
+		if ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || ('0' <= c && c <= '9') {
+			b = append(b, c)
+		} else {
+			b = append(b, '_')
+		}
+	}
+	return string(b)
+}
 
 // session is one browser's login. token is "" when authentication is off.
 type session struct {
@@ -137,14 +153,14 @@ type viewer struct {
 
 func (s *Server) setCookie(w http.ResponseWriter, r *http.Request, sess *session) {
 	http.SetCookie(w, &http.Cookie{
-		Name: cookieName, Value: sess.id, Path: Prefix,
+		Name: cookieName(r), Value: sess.id, Path: Prefix,
 		MaxAge:   int(s.sessions.lifetime / time.Second),
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
 }
 
 func clearCookie(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: Prefix, MaxAge: -1,
+	http.SetCookie(w, &http.Cookie{Name: cookieName(r), Value: "", Path: Prefix, MaxAge: -1,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 }
 
@@ -154,7 +170,7 @@ func (s *Server) viewerOf(w http.ResponseWriter, r *http.Request) (viewer, bool)
 	now := time.Now()
 	var sess session
 	var ok bool
-	if c, err := r.Cookie(cookieName); err == nil {
+	if c, err := r.Cookie(cookieName(r)); err == nil {
 		sess, ok = s.sessions.get(c.Value, now)
 	}
 	if s.auth == nil {
