@@ -164,10 +164,18 @@ type fixture struct {
 
 func start(t *testing.T, nodes int, authOff bool) *fixture {
 	t.Helper()
-	var opts []testcluster.Option
 	var a *auth.Authenticator
 	if !authOff {
 		a = testAuth(t)
+	}
+	return startWith(t, nodes, a)
+}
+
+// startWith starts nodes with a as their authentication (nil: off).
+func startWith(t *testing.T, nodes int, a *auth.Authenticator) *fixture {
+	t.Helper()
+	var opts []testcluster.Option
+	if a != nil {
 		opts = append(opts, testcluster.WithAPIMiddleware(a.Middleware))
 	}
 	opts = append(opts, testcluster.WithServe(func(_ int, cfg api.Config) http.Handler {

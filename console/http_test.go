@@ -6,11 +6,14 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/auth"
 	"github.com/idemkv/idemkv/console"
 )
 
@@ -231,5 +234,41 @@ func TestConflictsRing(t *testing.T) {
 	page, _, _, _ = ring.Page(0, 10, func(e *console.ConflictEntry) bool { return e.Key == "d" })
 	if len(page) != 1 || page[0].Key != "d" {
 		t.Fatalf("filtered page %+v", page)
+	}
+}
+
+// TestRevokedTokenEndsSession: removing a token from the token file (and reloading it,
+// as SIGHUP does) ends the sessions opened with it at once.
+func TestRevokedTokenEndsSession(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens.yaml")
+	write := func(withApprover bool) {
+		doc := "tokens:\n  - {name: ops-admin, hash: \"" + auth.HashToken(adminToken) + "\", role: admin}\n"
+		if withApprover {
+			doc += "  - {name: alice-approver, hash: \"" + auth.HashToken(approverToken) + "\", role: approver, tenants: [acme]}\n"
+		}
+		if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(true)
+	a, err := auth.Load(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := startWith(t, 1, a)
+	c := browserLike(t)
+	if resp := post(t, c, f.url(0, "/ui/login"), url.Values{"token": {approverToken}}, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("login: %d", resp.StatusCode)
+	}
+	if resp, body := getPage(t, c, f.url(0, "/ui/approvals")); resp.StatusCode != http.StatusOK || !strings.Contains(body, "alice-approver") {
+		t.Fatalf("approvals page before the revocation: %d", resp.StatusCode)
+	}
+	write(false)
+	if err := a.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	resp, _ := getPage(t, c, f.url(0, "/ui/approvals"))
+	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/ui/login") {
+		t.Fatalf("after the token left the file: %d %q, want a redirect to the login page", resp.StatusCode, resp.Header.Get("Location"))
 	}
 }

@@ -1,0 +1,63 @@
+package console
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkv/idemkv"
+)
+
+// TestSessionsBounded: a session ends when idle too long, when too old however used,
+// and the least recently used one gives way when the table is full.
+func TestSessionsBounded(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	ss := newSessions(2, time.Minute, time.Hour)
+	a := ss.start("ta", t0)
+	b := ss.start("tb", t0.Add(time.Second))
+	if _, ok := ss.get(a.id, t0.Add(2*time.Second)); !ok {
+		t.Fatal("a fresh session is gone")
+	}
+	// b is now the least recently used: a third login ends it.
+	c := ss.start("tc", t0.Add(3*time.Second))
+	if _, ok := ss.get(b.id, t0.Add(4*time.Second)); ok {
+		t.Fatal("the least recently used session survived a login beyond the bound")
+	}
+	if ss.len() != 2 {
+		t.Fatalf("%d sessions, want 2", ss.len())
+	}
+	if _, ok := ss.get(c.id, t0.Add(3*time.Second+2*time.Minute)); ok {
+		t.Fatal("a session idle past the idle limit is still open")
+	}
+	// Used every 30 s, a session still ends at its lifetime.
+	d := ss.start("td", t0)
+	at := t0
+	for at.Sub(t0) < time.Hour-30*time.Second {
+		at = at.Add(30 * time.Second)
+		if _, ok := ss.get(d.id, at); !ok {
+			t.Fatalf("session ended early at %v", at.Sub(t0))
+		}
+	}
+	if _, ok := ss.get(d.id, at.Add(time.Minute)); ok {
+		t.Fatal("a session outlived its lifetime")
+	}
+	if a.csrf == b.csrf || a.id == a.csrf || len(a.id) < 40 {
+		t.Fatalf("session ids and CSRF tokens must be distinct random values: %q %q", a.id, a.csrf)
+	}
+}
+
+// TestDescribeOutcomeUnknown: an indeterminate outcome says so, and what to do.
+func TestDescribeOutcomeUnknown(t *testing.T) {
+	err := errors.Join(errors.New("client: POST /v1/resolve"), &idemkv.Error{Code: idemkv.CodeOutcomeUnknown, Message: "leadership lost while replicating"})
+	u := describe(err)
+	if u.Code != idemkv.CodeOutcomeUnknown || u.Message != "leadership lost while replicating" {
+		t.Fatalf("%+v", u)
+	}
+	for _, want := range []string{"may or may not have been applied", "Open the record"} {
+		if !strings.Contains(u.String(), want) {
+			t.Fatalf("%q lacks %q", u.String(), want)
+		}
+	}
+}
+
