@@ -60,4 +60,3 @@ func TestDescribeOutcomeUnknown(t *testing.T) {
 		}
 	}
 }
-
