@@ -60,3 +60,29 @@ func TestDescribeOutcomeUnknown(t *testing.T) {
 		}
 	}
 }
+
+// TestRates: a rate is the growth since the oldest sample of the last minute, and
+// appears once a sample at least rateMinSpan old exists.
+func TestRates(t *testing.T) {
+	var rt rates
+	t0 := time.Unix(1_800_000_000, 0)
+	counts := func(execute, conflict float64) map[string]map[string]float64 {
+		return map[string]map[string]float64{"refund": {"execute": execute, "conflict": conflict}, "quiet": {"replay": 3}}
+	}
+	got, span := rt.observe(t0, counts(10, 1))
+	if span != 0 || got[0].PerSecond != 0 {
+		t.Fatalf("first sample: span %v, %+v", span, got)
+	}
+	got, span = rt.observe(t0.Add(10*time.Second), counts(60, 6))
+	if span != 10*time.Second || got[0].Tool != "refund" || got[0].PerSecond != 5.5 || got[0].ConflictsPerSec != 0.5 || got[0].Total != 66 {
+		t.Fatalf("after 10 s: span %v, %+v", span, got)
+	}
+	if got[1].Tool != "quiet" || got[1].PerSecond != 0 || got[1].Total != 3 {
+		t.Fatalf("quiet tool: %+v", got[1])
+	}
+	// Two minutes on, the old samples are gone and the rate restarts from the newest.
+	got, span = rt.observe(t0.Add(130*time.Second), counts(60, 6))
+	if span != 0 || got[0].PerSecond != 0 {
+		t.Fatalf("after the window: span %v, %+v", span, got)
+	}
+}
