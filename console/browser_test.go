@@ -19,10 +19,10 @@ const (
 )
 
 // noMarkup checks that hostile text on the page stayed text: shown, and never run.
-func noMarkup(t *testing.T, ctx context.Context, page string) {
+func noMarkup(t *testing.T, ctx context.Context, page, hostile string) {
 	t.Helper()
 	body := text(t, ctx, "body")
-	mustContain(t, page+" shows the hostile key as text", body, hostileKey)
+	mustContain(t, page+" shows the hostile text as text", body, hostile)
 	if got := eval[string](t, ctx, "typeof window.pwned"); got != "undefined" {
 		t.Fatalf("%s: a hostile key or tool ran as markup (window.pwned is %s)", page, got)
 	}
@@ -48,7 +48,8 @@ func TestBrowserAdminSettlesInDoubt(t *testing.T) {
 	shot(t, ctx, "overview")
 
 	do(t, ctx, chromedp.Navigate(f.url(0, "/ui/in-doubt")), chromedp.WaitVisible(chromedp.CSS("#records")))
-	noMarkup(t, ctx, "in-doubt queue")
+	noMarkup(t, ctx, "in-doubt queue", hostileKey)
+	mustContain(t, "in-doubt queue shows the hostile tool as text", text(t, ctx, "#records"), hostileTool)
 	if n := eval[int](t, ctx, `document.querySelectorAll("tr.record").length`); n != 2 {
 		t.Fatalf("in-doubt queue: %d rows, want 2", n)
 	}
@@ -77,24 +78,32 @@ func TestBrowserAdminSettlesInDoubt(t *testing.T) {
 	)
 	submit(t, ctx, row+"form.resolve-not-executed button")
 	mustContain(t, "flash after not executed", text(t, ctx, "#flash"), "as not executed")
-	noMarkup(t, ctx, "flash naming the hostile key")
+	noMarkup(t, ctx, "flash naming the hostile key", hostileKey)
 	if _, err := f.get(t, hostileKey); !errors.Is(err, idemkv.ErrNotFound) {
 		t.Fatalf("hostile key after a not-executed resolve: %v, want not found (released)", err)
 	}
 	mustContain(t, "empty queue", text(t, ctx, "#empty"), "Nothing in doubt")
 	shot(t, ctx, "in-doubt-empty")
 
-	// A conflict answered by this node, with a hostile tool on the new reserve.
+	// A conflict answered by this node against a record that keeps its effect (a
+	// server-side rule, with a masked secret): the page shows the fields that differ.
 	bg := context.Background()
-	res, err := f.admin.Reserve(bg, &idemkv.ReserveRequest{Tenant: tenant, Key: "ticket-5", Tool: "create_ticket", Effect: effect(map[string]any{"title": "Disk full", "severity": 2})})
-	if err != nil {
+	no := false
+	if _, err := f.admin.SetApprovalRule(bg, &idemkv.SetApprovalRuleRequest{ApprovalRule: idemkv.ApprovalRule{
+		Tenant: tenant, Tool: "create_ticket", RequireApproval: &no, StoreEffect: true, Mask: []string{"/api_key"}}}); err != nil {
 		t.Fatal(err)
+	}
+	first := map[string]any{"title": "Disk full", "severity": 2, "api_key": "sk-live-1", "<script>window.pwned=3</script>": "x"}
+	res, err := f.admin.Reserve(bg, &idemkv.ReserveRequest{Tenant: tenant, Key: "ticket-5", Tool: "create_ticket", Effect: effect(first)})
+	if err != nil || res.Decision != idemkv.DecisionExecute {
+		t.Fatalf("reserve: %v %+v", err, res)
 	}
 	if _, err := f.admin.Commit(bg, &idemkv.CommitRequest{Tenant: tenant, Key: "ticket-5", Fingerprint: res.Record.Fingerprint, Fence: res.Fence, RemoteSystem: "linear", RemoteID: "LIN-1842"}); err != nil {
 		t.Fatal(err)
 	}
-	conflict, err := f.admin.Reserve(bg, &idemkv.ReserveRequest{Tenant: tenant, Key: "ticket-5", Tool: "create_ticket", Effect: effect(map[string]any{"title": "Disk full", "severity": 1})})
-	if err != nil || conflict.Decision != idemkv.DecisionConflict {
+	second := map[string]any{"title": "Disk full", "severity": 1, "api_key": "sk-live-2", "<script>window.pwned=3</script>": "y"}
+	conflict, err := f.admin.Reserve(bg, &idemkv.ReserveRequest{Tenant: tenant, Key: "ticket-5", Tool: "create_ticket", Effect: effect(second)})
+	if err != nil || conflict.Decision != idemkv.DecisionConflict || len(conflict.Conflict.Diff) == 0 {
 		t.Fatalf("second reserve: %v %+v", err, conflict)
 	}
 	do(t, ctx, chromedp.Navigate(f.url(0, "/ui/conflicts")), chromedp.WaitVisible(chromedp.CSS("article.conflict")))
@@ -104,6 +113,28 @@ func TestBrowserAdminSettlesInDoubt(t *testing.T) {
 	mustContain(t, "conflict received fingerprint", c, conflict.Conflict.ReceivedFingerprint)
 	mustContain(t, "conflict remote id", c, "LIN-1842")
 	mustContain(t, "conflict page says where it comes from", text(t, ctx, "#source"), "this node")
+	rows := eval[[][]string](t, ctx, `[...document.querySelectorAll("article.conflict tr.field")].map(r => [...r.cells].map(c => c.textContent.trim()))`)
+	want := map[string][2]string{"/severity": {"2", "1"}, "/~0script>window.pwned=3~0/script>": {`"x"`, `"y"`}}
+	got := map[string][2]string{}
+	for _, r := range rows {
+		got[r[0]] = [2]string{r[1], r[2]}
+	}
+	for path, w := range want {
+		if path == "/~0script>window.pwned=3~0/script>" {
+			// JSON Pointer escapes only "~" and "/": the key's "/" is "~1".
+			path = "/<script>window.pwned=3<~1script>"
+		}
+		if got[path] != w {
+			t.Errorf("diff row %s: %q, want %q (rows %q)", path, got[path], w, rows)
+		}
+	}
+	if s, ok := got["/api_key"]; ok && (s[0] != `"***"` || s[1] != `"***"`) {
+		t.Errorf("the masked secret shows as %q", s)
+	}
+	if strings.Contains(c, "sk-live") {
+		t.Error("the conflict page shows a masked secret")
+	}
+	noMarkup(t, ctx, "conflicts", "/<script>window.pwned=3<~1script>")
 	shot(t, ctx, "conflicts")
 
 	// Search and paging: 55 records under one prefix are two pages.
@@ -141,7 +172,12 @@ func TestBrowserAdminSettlesInDoubt(t *testing.T) {
 	// The committed record's page shows the receipt.
 	do(t, ctx, chromedp.Navigate(f.url(0, "/ui/record?tenant=acme&key=order-17")), chromedp.WaitVisible(chromedp.CSS("#receipt")))
 	mustContain(t, "receipt", text(t, ctx, "#receipt"), "stripe re_3PzX17")
-	shot(t, ctx, "record-committed")
+	events := eval[[]string](t, ctx, `[...document.querySelectorAll("#history tr.event td:nth-child(2)")].map(c => c.textContent.trim())`)
+	if strings.Join(events, ",") != "execute,doubt,resolve" {
+		t.Fatalf("history of order-17: %q, want execute, doubt, resolve", events)
+	}
+	mustContain(t, "the resolve names who", text(t, ctx, "#history tr.event:last-child"), "ops-admin")
+	shot(t, ctx, "record-committed-history")
 
 	do(t, ctx, chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#token")))
 	do(t, ctx, chromedp.Navigate(f.url(0, "/ui/in-doubt")), chromedp.WaitVisible(chromedp.CSS("#token")))
@@ -226,6 +262,11 @@ func TestBrowserApproverAndMonitor(t *testing.T) {
 	do(t, ctx, chromedp.Navigate(f.url(0, "/ui/record?tenant=acme&key=refund-18")), chromedp.WaitVisible(chromedp.CSS("#approval")))
 	mustContain(t, "record of the denied refund", text(t, ctx, "#approval"), "denied")
 	mustContain(t, "record of the denied refund", text(t, ctx, "#approval"), "by alice-approver")
+	events := eval[[]string](t, ctx, `[...document.querySelectorAll("#history tr.event td:nth-child(2)")].map(c => c.textContent.trim())`)
+	if strings.Join(events, ",") != "approval_requested,approval_decided" {
+		t.Fatalf("history of refund-18: %q", events)
+	}
+	mustContain(t, "the decision's event names the approver", text(t, ctx, "#history tr.event:last-child"), "alice-approver")
 	shot(t, ctx, "record-denied")
 
 	// The approver may read the in-doubt record but not resolve it: the console offers
@@ -297,6 +338,11 @@ func TestBrowserThreeNodes(t *testing.T) {
 		t.Fatalf("charge-1: %v %+v", err, rec)
 	}
 	shot(t, ctx, "cluster-in-doubt-resolved")
+	do(t, ctx, chromedp.Navigate(f.url(follower, "/ui/record?tenant=acme&key=charge-1")), chromedp.WaitVisible(chromedp.CSS("#history")))
+	if events := eval[[]string](t, ctx, `[...document.querySelectorAll("#history tr.event td:nth-child(2)")].map(c => c.textContent.trim())`); strings.Join(events, ",") != "execute,doubt,resolve" {
+		t.Fatalf("history of charge-1 on a follower: %q", events)
+	}
+	shot(t, ctx, "cluster-record-history")
 
 	do(t, ctx, chromedp.Navigate(f.url(follower, "/ui/approvals?tenant=acme")), chromedp.WaitVisible(chromedp.CSS("article.approval")))
 	submit(t, ctx, "button.approve")

@@ -249,7 +249,7 @@ func (s *Server) record(r *http.Request, v viewer, d *pageData) {
 	d.Title, d.Nav, d.page = "Record", "records", "record"
 	q := r.URL.Query()
 	b := recordBody{Tenant: q.Get("tenant"), Key: q.Get("key"), Return: r.URL.RequestURI(), Approver: v.principal == nil}
-	rec, err := s.apiClient(r, v).Get(r.Context(), &idemkv.GetRequest{Tenant: b.Tenant, Key: b.Key})
+	rec, err := s.apiClient(r, v).Get(r.Context(), &idemkv.GetRequest{Tenant: b.Tenant, Key: b.Key, History: true})
 	d.Err = describe(err)
 	b.Record = rec
 	b.CanWrite, b.CanVote = v.may(api.OpWrite, b.Tenant), v.may(api.OpApprove, b.Tenant)
