@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/idemkv/idemkv"
@@ -62,5 +63,32 @@ func TestApproverRole(t *testing.T) {
 	}
 	if _, err := auth.Parse([]byte(`{"tokens":[{"name":"ana","hash":"` + auth.HashToken("a") + `","role":"approver"}]}`)); !errors.Is(err, auth.ErrInvalidFile) {
 		t.Errorf("an approver without tenants: %v, want an invalid file", err)
+	}
+}
+
+// TestPrincipalTenants: the console offers a token's own tenants; "*" and an admin
+// hold every one.
+func TestPrincipalTenants(t *testing.T) {
+	a, err := auth.New(&auth.File{Tokens: []auth.Token{
+		{Name: "ap", Hash: auth.HashToken("t1"), Role: auth.RoleApprover, Tenants: []string{"zeta", "acme"}},
+		{Name: "all", Hash: auth.HashToken("t2"), Role: auth.RoleClient, Tenants: []string{"*"}},
+		{Name: "adm", Hash: auth.HashToken("t3"), Role: auth.RoleAdmin},
+		{Name: "mon", Hash: auth.HashToken("t4"), Role: auth.RoleMonitor},
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for token, want := range map[string]struct {
+		tenants string
+		every   bool
+	}{"t1": {"acme,zeta", false}, "t2": {"", true}, "t3": {"", true}, "t4": {"", false}} {
+		p, err := a.Authenticate(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, every := p.Tenants()
+		if strings.Join(got, ",") != want.tenants || every != want.every {
+			t.Errorf("%s: %q %v, want %q %v", p.Name, got, every, want.tenants, want.every)
+		}
 	}
 }
