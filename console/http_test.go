@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -270,5 +271,38 @@ func TestRevokedTokenEndsSession(t *testing.T) {
 	resp, _ := getPage(t, c, f.url(0, "/ui/approvals"))
 	if resp.StatusCode != http.StatusSeeOther || !strings.HasPrefix(resp.Header.Get("Location"), "/ui/login") {
 		t.Fatalf("after the token left the file: %d %q, want a redirect to the login page", resp.StatusCode, resp.Header.Get("Location"))
+	}
+}
+
+// TestQueuesPage: the in-doubt and approvals queues show 50 a page, oldest first, and
+// the next page goes on where the first stopped.
+func TestQueuesPage(t *testing.T) {
+	f := start(t, 1, false)
+	for i := range 52 {
+		f.inDoubt(t, fmt.Sprintf("doubt-%03d", i), "wire")
+		f.awaiting(t, fmt.Sprintf("approve-%03d", i), "refund", map[string]any{"n": i})
+	}
+	c := browserLike(t)
+	if resp := post(t, c, f.url(0, "/ui/login"), url.Values{"token": {adminToken}}, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("login: %d", resp.StatusCode)
+	}
+	next := regexp.MustCompile(`id="next" href="([^"]+)"`)
+	for _, q := range []struct{ page, item, first2 string }{
+		{"/ui/in-doubt", `<tr class="record">`, "doubt-050"},
+		{"/ui/approvals?tenant=acme", `<article class="approval">`, "approve-050"},
+	} {
+		_, body := getPage(t, c, f.url(0, q.page))
+		if n := strings.Count(body, q.item); n != 50 {
+			t.Fatalf("%s: %d items on the first page, want 50", q.page, n)
+		}
+		m := next.FindStringSubmatch(body)
+		if m == nil {
+			t.Fatalf("%s: no next page link", q.page)
+		}
+		base := strings.SplitN(q.page, "?", 2)[0]
+		_, body = getPage(t, c, f.url(0, base+strings.ReplaceAll(m[1], "&amp;", "&")))
+		if n := strings.Count(body, q.item); n != 2 || !strings.Contains(body, q.first2) || next.MatchString(body) {
+			t.Fatalf("%s: second page has %d items (want 2, from %s, no next link)", q.page, n, q.first2)
+		}
 	}
 }
