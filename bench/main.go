@@ -48,6 +48,10 @@ type options struct {
 	part             string
 	tenant           string
 	profile          bool
+	// cpuPids are the processes of the one system measured (with their descendants),
+	// whose CPU time each point reports per thousand operations.
+	cpuPids []int
+	procDir string
 }
 
 // subcommands run instead of the comparison when named first (`bench seed …`); they
@@ -112,6 +116,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.out, "out", "results", "directory for results.json, results.md and throughput.png")
 	fs.StringVar(&o.part, "part", "", "write the points to this file as JSON instead of writing the results, for `bench report` to gather with other parts")
 	fs.StringVar(&o.tenant, "tenant", "bench", "tenant of every key")
+	fs.Var(pidsFlag{&o.cpuPids}, "cpu-pids", "`PIDS` of the processes of the one system measured, comma separated: each point reports the CPU time they and all their descendants spent per thousand operations, from /proc (run.sh passes them)")
 	fs.BoolVar(&o.profile, "profile", false, "after the points, profile the first three-node cluster's leader for 10 s under new operations at --replay-at clients, in a run left out of the tables (needs serve --pprof)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -126,9 +131,19 @@ func parseFlags(args []string) (options, error) {
 	if o.scale, err = ints(*scale); err != nil {
 		return o, fmt.Errorf("--scale: %w", err)
 	}
-	if len(o.idemkv3)+len(o.idemkv1) == 0 && o.etcd == "" && o.pg == "" && o.pgSync == "" {
+	named := len(o.idemkv3) + len(o.idemkv1)
+	for _, s := range []string{o.etcd, o.pg, o.pgSync} {
+		if s != "" {
+			named++
+		}
+	}
+	if named == 0 {
 		return o, errors.New("give at least one of --idemkv3, --idemkv1, --pg-sync, --pg, --etcd")
 	}
+	if len(o.cpuPids) > 0 && named > 1 {
+		return o, errors.New("--cpu-pids names the processes of one system: give one of --idemkv3, --idemkv1, --pg-sync, --pg, --etcd with it")
+	}
+	o.procDir = "/proc"
 	return o, nil
 }
 
@@ -302,10 +317,24 @@ func measure(ctx context.Context, o options, logger *slog.Logger, j job, profile
 	if j.workload == "replay" {
 		mix = loadgen.Mix{Replay: 1}
 	}
-	rep, err := loadgen.Run(ctx, loadgen.Config{Target: tgt, Name: j.sys.Name, Concurrency: j.clients, Duration: o.duration,
-		Warmup: o.warmup, Keys: o.keys, Mix: mix, Progress: os.Stderr, ProgressTTY: false, Logger: logger})
+	var cpu cpuWindow
+	var stages stageWindow
+	cfg := loadgen.Config{Target: tgt, Name: j.sys.Name, Concurrency: j.clients, Duration: o.duration,
+		Warmup: o.warmup, Keys: o.keys, Mix: mix, Progress: os.Stderr, ProgressTTY: false, Logger: logger}
+	cfg.Measuring = func() {
+		cpu.start(o)
+		stages.start(ctx, j)
+	}
+	cfg.Measured = func() {
+		cpu.end(o)
+		stages.end(ctx, j)
+	}
+	rep, err := loadgen.Run(ctx, cfg)
 	if err != nil {
 		return Point{}, fmt.Errorf("%s: %w", j, err)
+	}
+	if cpu.err != nil {
+		return Point{}, fmt.Errorf("%s: CPU time of the system's processes: %w", j, cpu.err)
 	}
 	if profDone != nil {
 		if err := <-profDone; err != nil {
@@ -317,8 +346,16 @@ func measure(ctx context.Context, o options, logger *slog.Logger, j job, profile
 	p := point(j.sys.Name, j.workload, j.clients, rep)
 	p.Route = j.route
 	p.LoadAverage = loadAverage()
+	if cpu.ok {
+		p.CPU = cpu.figure(rep.Ops)
+	}
+	if stages.err != nil {
+		logger.Warn("no stage breakdown", "system", j.sys.Name, "err", stages.err)
+	} else if stages.ok {
+		p.Stages = stages.breakdown()
+	}
 	logger.Info("point", "system", j.sys.Name, "workload", j.workload, "route", j.route, "clients", j.clients,
-		"ops_per_sec", int(p.OpsPerSec), "p50_ms", p.P50, "p99_ms", p.P99, "errors", p.Errors)
+		"ops_per_sec", int(p.OpsPerSec), "p50_ms", p.P50, "p99_ms", p.P99, "errors", p.Errors, "cpu_s_per_1k_ops", p.CPU.perKOps())
 	return p, nil
 }
 

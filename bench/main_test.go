@@ -89,13 +89,13 @@ func results() *Results {
 			{Name: sysEtcd, Label: "etcd, 3 members", Legend: "etcd 3"},
 		},
 		New: []Point{
-			// 3 nodes vs PG + standbys: bolt 0.79x/1.0x/1.5x/1.49x, wal 0.8x/0.99x/2x/2x.
-			p("idemkv-3/bolt", 1, 790, 4), p("idemkv-3/wal", 1, 800, 3), p(sysPGSync, 1, 1000, 2),
+			// 3 nodes vs PG + standbys: bolt 0.79x/1.0x/1.5x/1.49x, wal 1.0x/0.99x/2x/2x.
+			p("idemkv-3/bolt", 1, 790, 4), p("idemkv-3/wal", 1, 1000, 3), p(sysPGSync, 1, 1000, 2),
 			p("idemkv-3/bolt", 16, 2000, 8), p("idemkv-3/wal", 16, 1980, 7), p(sysPGSync, 16, 2000, 6),
 			p("idemkv-3/bolt", 64, 3000, 20), p("idemkv-3/wal", 64, 4000, 15), p(sysPGSync, 64, 2000, 30),
 			p("idemkv-3/bolt", 256, 4470, 60), p("idemkv-3/wal", 256, 6000, 50), p(sysPGSync, 256, 3000, 90),
-			// 1 vs 1: bolt 0.8x at 1 client, under 1x at 256; wal 0.5x at 1 client.
-			p("idemkv-1/bolt", 1, 1600, 1), p("idemkv-1/wal", 1, 1000, 1), p(sysPG, 1, 2000, 1),
+			// 1 vs 1: bolt 1x at 1 client, under 1x at 256; wal 0.5x at 1 client.
+			p("idemkv-1/bolt", 1, 2000, 1), p("idemkv-1/wal", 1, 1000, 1), p(sysPG, 1, 2000, 1),
 			p("idemkv-1/bolt", 16, 5000, 4), p("idemkv-1/wal", 16, 6000, 4), p(sysPG, 16, 5000, 4),
 			p("idemkv-1/bolt", 64, 7000, 9), p("idemkv-1/wal", 64, 8000, 9), p(sysPG, 64, 7000, 9),
 			p("idemkv-1/bolt", 256, 6900, 40), p("idemkv-1/wal", 256, 8000, 40), p(sysPG, 256, 7000, 40),
@@ -109,6 +109,12 @@ func results() *Results {
 			r(sysPG, "", 30000), r(sysEtcd, "", 5000),
 		},
 	}
+	// CPU per new operation at 64 clients: 3 nodes bolt above the replicated
+	// PostgreSQL's, wal below; 1 node bolt equal to the single server's, wal above.
+	for sys, secs := range map[string]float64{"idemkv-3/bolt": 0.5, "idemkv-3/wal": 0.3, sysPGSync: 0.4,
+		"idemkv-1/bolt": 0.2, "idemkv-1/wal": 0.25, sysPG: 0.2} {
+		find(res.New, sys, 64).CPU = &CPU{Seconds: secs * 10, Processes: 3, PerKOps: secs}
+	}
 	return res
 }
 
@@ -121,14 +127,16 @@ func TestVerdictsJudgeEachPairingAndBackend(t *testing.T) {
 	add := func(met bool, format string, args ...any) { want[fmt.Sprintf(format, args...)] = met }
 	sync := "vs PostgreSQL + 2 quorum-sync standbys"
 	for be, met := range map[string][5]bool{"bolt": {false, true, true, false, false}, "wal": {true, false, true, true, true}} {
-		add(met[0], "3 nodes (%s) %s, new operations, 1 client: >= 0.8x", be, sync)
+		add(met[0], "3 nodes (%s) %s, new operations, 1 client: >= 1.0x", be, sync)
 		add(met[1], "3 nodes (%s) %s, new operations, 16 clients: >= 1.0x", be, sync)
 		add(met[2], "3 nodes (%s) %s, new operations, 64 clients: >= 1.5x", be, sync)
 		add(met[3], "3 nodes (%s) %s, new operations, 256 clients: >= 1.5x", be, sync)
 		add(met[4], "3 nodes (%s) %s, replays spread over the nodes, 64 clients: >= 2.0x", be, sync)
+		add(be == "wal", "3 nodes (%s) %s, CPU per new operation across all processes, 64 clients: <= the peer's", be, sync)
 	}
 	for be, met := range map[string][4]bool{"bolt": {true, true, true, false}, "wal": {false, true, true, true}} {
-		add(met[0], "1 node (%s) vs 1 PostgreSQL, new operations, 1 client: >= 0.8x", be)
+		add(met[0], "1 node (%s) vs 1 PostgreSQL, new operations, 1 client: >= 1.0x", be)
+		add(be == "bolt", "1 node (%s) vs 1 PostgreSQL, CPU per new operation across all processes, 64 clients: <= the peer's", be)
 		add(met[1], "1 node (%s) vs 1 PostgreSQL, new operations, 16 clients: >= 1.0x", be)
 		add(met[2], "1 node (%s) vs 1 PostgreSQL, new operations, 64 clients: >= 1.0x", be)
 		add(met[3], "1 node (%s) vs 1 PostgreSQL, new operations, 256 clients: >= 1.0x", be)
@@ -150,6 +158,9 @@ func TestVerdictsJudgeEachPairingAndBackend(t *testing.T) {
 	}
 	if m := got["3 nodes (bolt) "+sync+", replays spread over the nodes, 64 clients: >= 2.0x"].Measured; m != "1.95x (39000 vs 20000 replays/s)" {
 		t.Errorf("spread replay verdict measured %q", m)
+	}
+	if m := got["3 nodes (bolt) "+sync+", CPU per new operation across all processes, 64 clients: <= the peer's"].Measured; m != "1.25x (0.500 vs 0.400 CPU s per 1,000 operations)" {
+		t.Errorf("CPU verdict measured %q", m)
 	}
 }
 
@@ -189,12 +200,12 @@ func TestMarkdownLeadsWithLikeForLike(t *testing.T) {
 		t.Fatalf("sections out of order (%d, %d, %d, %d):\n%s", sync, single, etcd, backends, md)
 	}
 	for _, want := range []string{
-		"| 64 | idemkv, 3 nodes, bolt log | 3000 | 0.00 | 20.00 | 5.00 | 1.50× |",
-		"| 64 | PostgreSQL primary + 2 quorum-sync standbys | 2000 | 0.00 | 30.00 | 7.50 | — |",
-		"| idemkv, 3 nodes, wal log | all 3 nodes, each client pinned to one | 64 | 44000 | 0.00 | 5.00 | 2.20× |",
-		"| PostgreSQL primary + 2 quorum-sync standbys | the primary | 64 | 20000 | 0.00 | 5.00 | — |",
-		"| 1 | idemkv, 1 node, wal log | 1000 | 0.00 | 1.00 | 0.25 | 0.50× |",
-		"| 64 | idemkv, 3 nodes, wal log | 4000 | 0.00 | 15.00 | 3.75 | 2.00× |", // against etcd
+		"| 64 | idemkv, 3 nodes, bolt log | 3000 | 0.00 | 20.00 | 5.00 | 0.500 | 1.50× |",
+		"| 64 | PostgreSQL primary + 2 quorum-sync standbys | 2000 | 0.00 | 30.00 | 7.50 | 0.400 | — |",
+		"| idemkv, 3 nodes, wal log | all 3 nodes, each client pinned to one | 64 | 44000 | 0.00 | 5.00 | — | 2.20× |",
+		"| PostgreSQL primary + 2 quorum-sync standbys | the primary | 64 | 20000 | 0.00 | 5.00 | — | — |",
+		"| 1 | idemkv, 1 node, wal log | 1000 | 0.00 | 1.00 | 0.25 | — | 0.50× |",
+		"| 64 | idemkv, 3 nodes, wal log | 4000 | 0.00 | 15.00 | 3.75 | 0.300 | 2.00× |", // against etcd
 		"| 3 | new operations | 64 | 3000 | 4000 | 1.33× | 20.00 | 15.00 |",
 		"| 3 | replays, spread | 64 | 39000 | 44000 | 1.13× | 5.00 | 5.00 |",
 		"| 1 | replays | 64 | 25000 | 26000 | 1.04× | 5.00 | 5.00 |",

@@ -48,16 +48,16 @@ func markdown(r *Results) string {
 			continue
 		}
 		fmt.Fprintf(&b, "\n### %s\n\n%s\n\nNew operations (reserve → commit):\n\n", p.title, p.durability)
-		b.WriteString("| clients | system | ops/s | p50 ms | p99 ms | reserve p50 ms | idemkv ÷ peer |\n|---:|---|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| clients | system | ops/s | p50 ms | p99 ms | reserve p50 ms | CPU s / 1k ops | idemkv ÷ peer |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range clientCounts(r.New) {
 			peer := find(r.New, p.peer, c)
 			for _, s := range idem {
 				if pt := find(r.New, s.Name, c); pt != nil {
-					fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s |\n", c, s.Label, pt.OpsPerSec, pt.P50, pt.P99, pt.ReserveP50, ratio(pt, peer))
+					fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | %s |\n", c, s.Label, pt.OpsPerSec, pt.P50, pt.P99, pt.ReserveP50, cpuCell(pt), ratio(pt, peer))
 				}
 			}
 			if peer != nil {
-				fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | — |\n", c, label(p.peer), peer.OpsPerSec, peer.P50, peer.P99, peer.ReserveP50)
+				fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | — |\n", c, label(p.peer), peer.OpsPerSec, peer.P50, peer.P99, peer.ReserveP50, cpuCell(peer))
 			}
 		}
 		var peerReplay *Point
@@ -70,17 +70,18 @@ func markdown(r *Results) string {
 		for _, s := range idem {
 			for i := range r.Replay {
 				if pt := &r.Replay[i]; pt.System == s.Name {
-					rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", s.Label, routeText(p, pt.Route), pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99, ratio(pt, peerReplay)))
+					rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | %s |\n", s.Label, routeText(p, pt.Route), pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99, cpuCell(pt), ratio(pt, peerReplay)))
 				}
 			}
 		}
 		if peerReplay != nil {
-			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | — |\n", label(p.peer), routeText(p, ""), peerReplay.Concurrency, peerReplay.OpsPerSec, peerReplay.P50, peerReplay.P99))
+			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | — |\n", label(p.peer), routeText(p, ""), peerReplay.Concurrency, peerReplay.OpsPerSec, peerReplay.P50, peerReplay.P99, cpuCell(peerReplay)))
 		}
 		if len(rows) > 0 {
-			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|\n")
+			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
 			b.WriteString(strings.Join(rows, ""))
 		}
+		stageTable(&b, r, idem, find(r.New, p.peer, 1))
 		if vs := verdictsFor(p); len(vs) > 0 {
 			b.WriteString("\nTargets:\n\n")
 			writeVerdicts(&b, vs)
@@ -197,6 +198,70 @@ func backendTable(b *strings.Builder, r *Results) {
 			}
 			b.WriteString("\n")
 		}
+	}
+}
+
+// cpuCell is a point's CPU seconds per thousand operations, all the system's
+// processes together.
+func cpuCell(p *Point) string {
+	if p == nil || p.CPU == nil {
+		return "—"
+	}
+	return fmt.Sprintf("%.3f", p.CPU.PerKOps)
+}
+
+// stageTable writes, for each idemkv system with a one-client breakdown, where a
+// write's time went on its leader, beside the client's p50 and the peer's.
+func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point) {
+	type col struct {
+		s  SystemInfo
+		pt *Point
+	}
+	var cols []col
+	for _, s := range idem {
+		if pt := find(r.New, s.Name, 1); pt != nil && pt.Stages != nil {
+			cols = append(cols, col{s, pt})
+		}
+	}
+	if len(cols) == 0 {
+		return
+	}
+	b.WriteString("\nWhere a write's time goes on the leader, 1 client (ms per write, means from the nodes' histograms; a new operation is two writes, its reserve and its commit):\n\n| stage |")
+	for _, c := range cols {
+		fmt.Fprintf(b, " %s |", c.s.Label)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", len(cols)) + "\n")
+	rows := []struct {
+		name string
+		f    func(*Stages) float64
+	}{
+		{"HTTP read and decode", func(s *Stages) float64 { return s.Read }},
+		{"validation (API)", func(s *Stages) float64 { return s.Validate }},
+		{"validation and local look-ups (node)", func(s *Stages) float64 { return s.Prepare }},
+		{"hand-offs to Raft's goroutines and back", func(s *Stages) float64 { return s.Handoffs }},
+		{"leader's log append, until durable", func(s *Stages) float64 { return s.LeaderAppend }},
+		{"then until a quorum has it", func(s *Stages) float64 { return s.Quorum }},
+		{"then until applied", func(s *Stages) float64 { return s.Applied }},
+		{"answer encoded and written", func(s *Stages) float64 { return s.Respond }},
+		{"rest of the endpoint (routing, authentication, headers)", func(s *Stages) float64 { return s.Rest }},
+		{"**the endpoint, in all**", func(s *Stages) float64 { return s.Handler }},
+		{"inside the quorum wait: one AppendEntries round trip", func(s *Stages) float64 { return s.AppendRPC }},
+		{"inside that: a follower's log write", func(s *Stages) float64 { return s.FollowerAppend }},
+	}
+	for _, row := range rows {
+		fmt.Fprintf(b, "| %s |", row.name)
+		for _, c := range cols {
+			fmt.Fprintf(b, " %.3f |", row.f(c.pt.Stages))
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("| the client's p50 of a new operation (both writes) |")
+	for _, c := range cols {
+		fmt.Fprintf(b, " %.3f |", c.pt.P50)
+	}
+	b.WriteString("\n")
+	if peer != nil {
+		fmt.Fprintf(b, "\nThe peer's p50 of a new operation at 1 client: %.3f ms.\n", peer.P50)
 	}
 }
 

@@ -69,6 +69,12 @@ type Point struct {
 	Errors     uint64  `json:"errors"`
 	// LoadAverage is the machine's load average (1, 5, 15 minutes) as the point ended.
 	LoadAverage string `json:"load_average,omitempty"`
+	// CPU is what the system's processes spent while the point was measured (run
+	// with --cpu-pids).
+	CPU *CPU `json:"cpu,omitempty"`
+	// Stages is where a write's time went on idemkv's leader (one-client points of
+	// new operations).
+	Stages *Stages `json:"stages,omitempty"`
 	// Report is the whole loadgen report, with every kind and quantile.
 	Report *loadgen.Report `json:"report"`
 }
@@ -233,6 +239,17 @@ func pairingVerdicts(r *Results, p pairing) []Verdict {
 				ratio := idem.OpsPerSec / peer.OpsPerSec
 				v.Measured = fmt.Sprintf("%.2fx (%.0f vs %.0f ops/s)", ratio, idem.OpsPerSec, peer.OpsPerSec)
 				v.Met = ratio >= want
+			}
+			out = append(out, v)
+		}
+		if p.cpuTargetAt > 0 {
+			v := Verdict{Target: fmt.Sprintf("%s, CPU per new operation across all processes, %d clients: <= the peer's", who, p.cpuTargetAt)}
+			idem, peer := find(r.New, s.Name, p.cpuTargetAt), find(r.New, p.peer, p.cpuTargetAt)
+			if idem == nil || peer == nil || idem.CPU == nil || peer.CPU == nil || peer.CPU.PerKOps == 0 {
+				v.Measured = "not measured in this run"
+			} else {
+				v.Measured = fmt.Sprintf("%.2fx (%.3f vs %.3f CPU s per 1,000 operations)", idem.CPU.PerKOps/peer.CPU.PerKOps, idem.CPU.PerKOps, peer.CPU.PerKOps)
+				v.Met = idem.CPU.PerKOps <= peer.CPU.PerKOps
 			}
 			out = append(out, v)
 		}

@@ -294,7 +294,8 @@ stop_from() {
 }
 
 # alone START [ARGS…] starts one system with START, which leaves the driver's flags
-# for it in flags; measures it with those and the flags run.sh was given; and stops
+# for it in flags; measures it with those and the flags run.sh was given, the CPU time
+# of the processes START left in pids (and of their descendants) with them; and stops
 # it. Each system runs alone while measured: an idle Raft cluster's heartbeats take a
 # few percent of a core, which would fall on whichever system is being measured. The
 # points go to a part for `bench report`.
@@ -302,8 +303,12 @@ alone() {
 	local n=${#pids[@]} part
 	"$@"
 	part="$dir/part-$((${#parts[@]} + 1)).json"
-	log "system $((${#parts[@]} + 1)) of $systems_total: ${flags[*]}"
-	"$dir/bench" "${flags[@]}" --fsync-dir "$dir" --out "$out" --part "$part" "${bench_args[@]}"
+	# Every process the system's start left (nodes, postmasters, members): the driver
+	# counts their CPU time and their descendants' (backends, walsenders) per point.
+	local sys_pids
+	sys_pids=$(IFS=,; echo "${pids[*]:n}")
+	log "system $((${#parts[@]} + 1)) of $systems_total: ${flags[*]} (processes $sys_pids and their descendants)"
+	"$dir/bench" "${flags[@]}" --cpu-pids "$sys_pids" --fsync-dir "$dir" --out "$out" --part "$part" "${bench_args[@]}"
 	parts+=("$part")
 	stop_from "$n"
 }

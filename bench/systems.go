@@ -76,6 +76,9 @@ type system struct {
 	// open connects with conns connections; route is a replay point's route
 	// (idemkv only; empty for every other point).
 	open func(ctx context.Context, conns int, route string) (loadgen.Target, error)
+	// endpoints are an idemkv system's API addresses, whose /metrics the stage
+	// breakdown scrapes.
+	endpoints []string
 }
 
 func plural(n int, s string) string {
@@ -97,6 +100,7 @@ func idemkvSystem(o options, nodes int, c cluster) system {
 			return loadgen.NewHTTPTarget(ctx, loadgen.HTTPConfig{Endpoints: eps, Tenant: o.tenant, Conns: conns,
 				Pinned: route == routeSpread})
 		},
+		endpoints: c.endpoints,
 	}
 }
 
@@ -184,6 +188,9 @@ type pairing struct {
 	// spreadReplayTarget, when positive, is the least ratio of idemkv's replays spread
 	// over the nodes to the peer's replays.
 	spreadReplayTarget float64
+	// cpuTargetAt, when positive, is the client count at which idemkv's CPU per new
+	// operation, across all its processes, must be at or below the peer's.
+	cpuTargetAt int
 }
 
 var pairings = []pairing{
@@ -198,9 +205,7 @@ var pairings = []pairing{
 		nodes: 3, peer: sysPGSync,
 		newTarget: func(c int) (float64, bool) {
 			switch c {
-			case 1:
-				return 0.8, true
-			case 16:
+			case 1, 16:
 				return 1.0, true
 			case 64, 256:
 				return 1.5, true
@@ -208,6 +213,7 @@ var pairings = []pairing{
 			return 0, false
 		},
 		spreadReplayTarget: 2,
+		cpuTargetAt:        64,
 	},
 	{
 		title: "1 idemkv node vs 1 PostgreSQL",
@@ -215,15 +221,10 @@ var pairings = []pairing{
 		durability: "Each acknowledges a write once it has fsynced it on its one server " +
 			"(PostgreSQL with `fsync = on`, `synchronous_commit = on`, no standby).",
 		nodes: 1, peer: sysPG,
-		newTarget: func(c int) (float64, bool) {
-			switch {
-			case c == 1:
-				return 0.8, true
-			case c >= 16:
-				return 1.0, true
-			}
-			return 0, false
+		newTarget: func(int) (float64, bool) {
+			return 1.0, true
 		},
+		cpuTargetAt: 64,
 	},
 	{
 		title:      "3 idemkv nodes vs 3 etcd members",

@@ -51,6 +51,11 @@ type Config struct {
 	ProgressInterval time.Duration
 	ProgressTTY      bool
 	Logger           *slog.Logger
+	// Measuring, when set, is called as the measured phase begins (after the warm-up)
+	// and Measured as it ends, before the report is built: a caller that samples
+	// something over the measured window alone (the CPU time of the store's
+	// processes) samples there.
+	Measuring, Measured func()
 }
 
 // DefaultConfig returns the defaults: 16 workers for 10 s after 2 s of warm-up, the
@@ -225,7 +230,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("loadgen: %w", err)
 	}
 	cfg.Logger.Info("measuring", "target", cfg.Name, "concurrency", cfg.Concurrency, "duration", cfg.Duration, "mix", cfg.Mix.String())
+	if cfg.Measuring != nil {
+		cfg.Measuring()
+	}
 	elapsed := r.phase(ctx, workers, cfg.Duration, cfg.Ops, "")
+	if cfg.Measured != nil {
+		cfg.Measured()
+	}
 	return r.report(workers, elapsed), nil
 }
 

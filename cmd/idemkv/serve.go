@@ -187,6 +187,11 @@ func runServe(ctx context.Context, o serveOptions) error {
 	cfg.Logger = logger
 	cfg.Metrics = metrics.New()
 	cfg.Metrics.Tools.SetMax(o.maxToolLabels, o.maxToolsTenant)
+	// Raft's own timers of a write's stages, beside the API's and the node's: this
+	// process serves one node.
+	if err := node.InstallRaftStageSink(cfg.Metrics); err != nil {
+		return err
+	}
 
 	ex, err := o.extra.setup(ctx, &cfg, logger)
 	if err != nil {

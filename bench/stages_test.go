@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// metricsText is a node's /metrics with the series the breakdown reads: each stage's
+// sum in seconds over n samples, and the apply and request histograms.
+func metricsText(n float64, stages map[string]float64, apply, reserve, commit float64) string {
+	var b strings.Builder
+	b.WriteString("# HELP idemkv_write_stage_duration_seconds x\n# TYPE idemkv_write_stage_duration_seconds histogram\n")
+	for st, sum := range stages {
+		fmt.Fprintf(&b, "idemkv_write_stage_duration_seconds_bucket{stage=%q,le=\"+Inf\"} %g\n", st, n)
+		fmt.Fprintf(&b, "idemkv_write_stage_duration_seconds_sum{stage=%q} %g\n", st, sum)
+		fmt.Fprintf(&b, "idemkv_write_stage_duration_seconds_count{stage=%q} %g\n", st, n)
+	}
+	fmt.Fprintf(&b, "idemkv_raft_apply_duration_seconds_sum %g\nidemkv_raft_apply_duration_seconds_count %g\n", apply, n)
+	fmt.Fprintf(&b, "idemkv_http_request_duration_seconds_sum{code=\"200\",endpoint=\"POST /v1/reserve\"} %g\n", reserve)
+	fmt.Fprintf(&b, "idemkv_http_request_duration_seconds_count{code=\"200\",endpoint=\"POST /v1/reserve\"} %g\n", n/2)
+	fmt.Fprintf(&b, "idemkv_http_request_duration_seconds_sum{code=\"200\",endpoint=\"POST /v1/commit\"} %g\n", commit)
+	fmt.Fprintf(&b, "idemkv_http_request_duration_seconds_count{code=\"200\",endpoint=\"POST /v1/commit\"} %g\n", n/2)
+	b.WriteString("idemkv_http_request_duration_seconds_sum{code=\"200\",endpoint=\"GET /metrics\"} 99\n")
+	return b.String()
+}
+
+func mustScrape(t *testing.T, text string) scrape {
+	t.Helper()
+	s, err := parseScrape(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// The breakdown takes the leader (the node that read the writes) for every stage but
+// a follower's own log write, subtracts what came before the window, and derives the
+// quorum wait, the hand-offs and the rest of the endpoint from the totals.
+func TestStageBreakdownFromScrapes(t *testing.T) {
+	zero := map[string]float64{}
+	// 1000 writes in the window: per write (ms) read 0.05, validate 0.01, prepare 0.02,
+	// leader append 0.4, commit 1.0, enqueue 0.05, apply 0.1, respond 0.03,
+	// append RPC 0.5; propose 1.3; the endpoints 1.5.
+	leader := map[string]float64{"read": 0.05, "validate": 0.01, "prepare": 0.02, "leader_append": 0.4, "commit": 1.0,
+		"fsm_enqueue": 0.05, "fsm_apply": 0.1, "respond": 0.03, "append_rpc": 0.5}
+	follower := map[string]float64{"follower_append": 0.3, "fsm_apply": 0.2}
+	w := stageWindow{
+		before: []scrape{mustScrape(t, metricsText(0, zero, 0, 0, 0)), mustScrape(t, metricsText(0, zero, 0, 0, 0)), mustScrape(t, metricsText(0, zero, 0, 0, 0))},
+		after: []scrape{mustScrape(t, metricsText(1000, follower, 0, 0, 0)), mustScrape(t, metricsText(1000, leader, 1.3, 0.8, 0.7)),
+			mustScrape(t, metricsText(1000, follower, 0, 0, 0))},
+	}
+	s := w.breakdown()
+	if s == nil {
+		t.Fatal("no breakdown")
+	}
+	for name, c := range map[string][2]float64{
+		"read": {s.Read, 0.05}, "validate": {s.Validate, 0.01}, "prepare": {s.Prepare, 0.02},
+		"leader append": {s.LeaderAppend, 0.4}, "quorum": {s.Quorum, 0.6}, "applied": {s.Applied, 0.15},
+		"hand-offs": {s.Handoffs, 0.15}, "respond": {s.Respond, 0.03}, "handler": {s.Handler, 1.5},
+		"rest": {s.Rest, 1.5 - (0.05 + 0.01 + 0.02 + 1.3 + 0.03)}, "append rpc": {s.AppendRPC, 0.5},
+		"follower append": {s.FollowerAppend, 0.3},
+	} {
+		if math.Abs(c[0]-c[1]) > 1e-9 {
+			t.Errorf("%s: %.4f ms, want %.4f", name, c[0], c[1])
+		}
+	}
+	if s.Writes != 1000 {
+		t.Errorf("%d writes", s.Writes)
+	}
+}
