@@ -49,6 +49,9 @@ type Store interface {
 	// Leader returns the API address of the current leader ("" if unknown) and whether
 	// this node is it.
 	Leader() (apiAddr string, isLeader bool)
+	// IsLeader is Leader's second answer alone, without looking up any address: what
+	// a request on its way to the store asks.
+	IsLeader() bool
 	// Ready reports nil when a leader is known and this node has caught up.
 	Ready() error
 	ApprovalStore

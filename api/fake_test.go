@@ -54,7 +54,16 @@ func (f *FakeStore) LocalCalls() int64 { return f.localCalls.Load() }
 
 func notStubbed(method string) error { return fmt.Errorf("fake store: %s is not stubbed", method) }
 
+// Reserve answers from the local state first, as a node's does: what ReserveLocalFunc
+// settles is answered (counted in LocalCalls, and noted with idemkv.NoteLocalAnswer),
+// the rest reaches ReserveFunc.
 func (f *FakeStore) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+	if f.ReserveLocalFunc != nil {
+		if res, ok := f.ReserveLocal(req); ok {
+			idemkv.NoteLocalAnswer(ctx)
+			return res, nil
+		}
+	}
 	f.calls.Add(1)
 	if f.ReserveFunc == nil {
 		return nil, notStubbed("Reserve")
@@ -172,6 +181,11 @@ func (f *FakeStore) Leader() (string, bool) {
 		return "", true
 	}
 	return f.LeaderFunc()
+}
+
+func (f *FakeStore) IsLeader() bool {
+	_, l := f.Leader()
+	return l
 }
 
 func (f *FakeStore) Ready() error {

@@ -407,6 +407,14 @@ func TestReserveAnsweredLocallyOnAnyNode(t *testing.T) {
 			len(leader.seen()), leader.fake.Calls(), follower.fake.Calls())
 	}
 
+	// Sent to the leader and not settled locally: its store is asked once, and
+	// answers the local question itself on the way (ReserveLocal is not called first).
+	localBefore, callsBefore := leader.fake.LocalCalls(), leader.fake.Calls()
+	do(t, "POST", leader.url+"/v1/reserve", with(validReserve(), "idempotency_key", "other"), nil).object(t, http.StatusOK)
+	if l, c := leader.fake.LocalCalls()-localBefore, leader.fake.Calls()-callsBefore; l != 1 || c != 1 {
+		t.Errorf("a new reserve at the leader: %d local look-ups and %d store calls, want 1 and 1", l, c)
+	}
+
 	// Invalid: refused before anything is asked.
 	before := follower.fake.LocalCalls()
 	do(t, "POST", follower.url+"/v1/reserve", with(validReserve(), "tool", ""), nil).wantError(t, 400, idemkv.CodeInvalidArgument, "tool")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/httpx"
+	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/telemetry"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
@@ -193,15 +194,22 @@ func leaderWrite[Q, A any](s *Server, validate func(*Q) error,
 // node's own state settles the answer (a reserve's replay or conflict against a
 // committed or failed record, docs/protocol.md "Followers"). What local answers is
 // served here, from a follower too, and marked on the request's span; the rest goes
-// the leader's way.
+// the leader's way. The leader asks its store once: call answers from the local state
+// itself first, and says so through idemkv.NotingLocalAnswer.
+//
+// The stages of the request are timed (metrics.WriteStages): reading and decoding
+// the body, the checks until the store is called, writing the answer.
 func localFirstWrite[Q, A any](s *Server, validate func(*Q) error, local func(*Q) (*A, bool),
 	call func(context.Context, *Q) (*A, error), served func(context.Context, *Q, *A)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.sabotageRefuse(w, r) {
 			return
 		}
+		start := time.Now()
 		var req Q
 		body, err := s.decode(w, r, &req)
+		decoded := time.Now()
+		s.metrics.Stage(metrics.StageRead).Observe(decoded.Sub(start).Seconds())
 		if err == nil {
 			telemetry.AnnotateRequest(r.Context(), &req)
 		}
@@ -217,16 +225,23 @@ func localFirstWrite[Q, A any](s *Server, validate func(*Q) error, local func(*Q
 		}
 		var res *A
 		answered := false
-		if local != nil {
-			if res, answered = local(&req); answered {
-				telemetry.Annotate(r.Context(), semconv.AnsweredLocally.Bool(true))
-			}
+		isLeader := s.store.IsLeader()
+		if local != nil && !isLeader {
+			res, answered = local(&req)
 		}
 		if !answered {
-			if s.forwardIfFollower(w, r, body, 0) {
+			if !isLeader && s.forwardIfFollower(w, r, body, 0) {
 				return
 			}
-			res, err = call(r.Context(), &req)
+			ctx := r.Context()
+			if local != nil {
+				ctx = idemkv.NotingLocalAnswer(ctx, &answered)
+			}
+			s.metrics.Stage(metrics.StageValidate).Observe(time.Since(decoded).Seconds())
+			res, err = call(ctx, &req)
+		}
+		if answered && err == nil {
+			telemetry.Annotate(r.Context(), semconv.AnsweredLocally.Bool(true))
 		}
 		if errors.Is(err, idemkv.ErrNotLeader) {
 			s.forwardToLeader(w, r, body, 0)
@@ -245,7 +260,9 @@ func localFirstWrite[Q, A any](s *Server, validate func(*Q) error, local func(*Q
 		if s.sabotageAnswer(w, r) {
 			return
 		}
+		answering := time.Now()
 		s.writeJSON(w, r, http.StatusOK, withoutHistory(res))
+		s.metrics.Stage(metrics.StageRespond).Observe(time.Since(answering).Seconds())
 	})
 }
 

@@ -90,13 +90,23 @@ func (n *Node) answerLocally(r *idemkv.ReserveRequest) *idemkv.ReserveResult {
 	if n.localRefusal() != "" {
 		return nil
 	}
-	now := n.localNow()
-	cur, err := n.fsm.Get(r.Tenant, r.Key, now)
+	cur, err := n.fsm.Get(r.Tenant, r.Key, n.localNow())
 	if err != nil {
 		// Absent or expired (only the leader may grant it), or a halted state
 		// machine, whose store may be empty or behind: none is answered here.
 		return nil
 	}
+	return n.answerFrom(cur, r)
+}
+
+// answerFrom is answerLocally for cur, the record as this node's state holds it
+// (live at the state machine's time at least): nil unless the node may answer from it
+// by itself now.
+func (n *Node) answerFrom(cur *idemkv.Record, r *idemkv.ReserveRequest) *idemkv.ReserveResult {
+	if n.localRefusal() != "" {
+		return nil
+	}
+	now := n.localNow()
 	if !(cur.Status.Terminal() || localPending()) || cur.ExpiresAt <= now+idemkv.Timestamp(LocalAnswerMargin.Milliseconds()) {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fingerprint"
 	"github.com/idemkv/idemkv/fsm"
+	"github.com/idemkv/idemkv/metrics"
 )
 
 // Limits returns the limits this node enforces, defaults filled: the node owns them,
@@ -22,12 +23,27 @@ func (n *Node) Limits() idemkv.Limits { return n.cfg.Limits }
 // state, on any node (see ReserveLocal); anything else needs the leader, and a follower
 // refuses it with ErrNotLeader.
 func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+	begin := time.Now()
 	r, err := n.reserveRequest(req)
 	if err != nil {
 		return nil, err
 	}
-	if res := n.answerLocally(r); res != nil {
-		return explain(res, req), nil
+	// One look at the local state serves both questions asked before proposing: may
+	// this node answer by itself, and does the decision change nothing.
+	now := n.now()
+	cur, err := n.fsm.Get(r.Tenant, r.Key, now)
+	absent := errors.Is(err, idemkv.ErrNotFound)
+	if err != nil && !absent {
+		if n.raft.State() != raft.Leader {
+			return nil, idemkv.ErrNotLeader
+		}
+		return nil, err
+	}
+	if !absent {
+		if res := n.answerFrom(cur, r); res != nil {
+			idemkv.NoteLocalAnswer(ctx)
+			return explain(res, req), nil
+		}
 	}
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
@@ -40,18 +56,17 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	// from a linearizable read, without a log append. The local state only picks the
 	// path: proposing is always correct, so a stale local view costs nothing but the
 	// append, and the read answer is decided again after the read index.
-	if res, err := n.decideUnchanged(r); err != nil || res != nil {
-		if err != nil {
-			return nil, err
-		}
-		if err := n.readIndex(ctx); err != nil {
-			return nil, err
-		}
-		if res, err := n.decideUnchanged(r); err != nil || res != nil {
-			return explain(res, req), err
+	if !absent {
+		if next, _ := fsm.Decide(cur, r, now, 0); next == nil {
+			if err := n.readIndex(ctx); err != nil {
+				return nil, err
+			}
+			if res, err := n.decideUnchanged(r); err != nil || res != nil {
+				return explain(res, req), err
+			}
 		}
 	}
-	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpReserve, Reserve: r})
+	res, err := n.proposeFrom(ctx, begin, &fsm.Command{Op: fsm.OpReserve, Reserve: r})
 	if err != nil {
 		return nil, err
 	}
@@ -106,11 +121,12 @@ func (n *Node) decideUnchanged(r *idemkv.ReserveRequest) (*idemkv.ReserveResult,
 
 // Commit stores the receipt of an executed effect.
 func (n *Node) Commit(ctx context.Context, req *idemkv.CommitRequest) (*idemkv.Receipt, error) {
+	begin := time.Now()
 	if err := req.Validate(n.cfg.Limits); err != nil {
 		return nil, err
 	}
 	r := *req
-	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpCommit, Commit: &r})
+	res, err := n.proposeFrom(ctx, begin, &fsm.Command{Op: fsm.OpCommit, Commit: &r})
 	if err != nil {
 		return nil, err
 	}
@@ -295,6 +311,13 @@ func (n *Node) readAt(ctx context.Context, c idemkv.Consistency) error {
 // appended; ErrOutcomeUnknown means it may still apply (every idemkv write is safe to
 // retry with the same attempt_id).
 func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
+	return n.proposeFrom(ctx, time.Time{}, cmd)
+}
+
+// proposeFrom is propose for a write whose checks began at begin: the time until it
+// is handed to Raft is the write's prepare stage (metrics.StagePrepare). A zero begin
+// times nothing.
+func (n *Node) proposeFrom(ctx context.Context, begin time.Time, cmd *fsm.Command) (*fsm.Result, error) {
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
 	}
@@ -311,6 +334,9 @@ func (n *Node) propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 		}
 	}
 	start := time.Now()
+	if !begin.IsZero() {
+		n.metrics.Stage(metrics.StagePrepare).Observe(start.Sub(begin).Seconds())
+	}
 	f := n.raft.Apply(buf, timeout)
 	if res, handled, err := n.earlyAck(cmd); handled {
 		return res, err

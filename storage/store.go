@@ -515,6 +515,12 @@ type Batch struct {
 	// writes holds the value of every record this batch put (nil: deleted), for
 	// reads later in the batch and, once committed, for the store's recent records.
 	writes map[string][]byte
+	// absent holds the record keys this batch found missing in the store and has not
+	// written since: a new record is read by the decision, then by the in-doubt and
+	// approval-wait indexes as it is put, and each of those was a walk down Pebble's
+	// memtables that ends in a miss. Nothing but this batch writes the store while it
+	// is open, and its own writes are in writes, which is read first.
+	absent map[string]struct{}
 	// added is how many records this batch created less how many it deleted.
 	added int64
 }
@@ -567,12 +573,22 @@ func (b *Batch) value(k []byte) ([]byte, error) {
 	if v, ok := b.writes[string(k)]; ok {
 		return v, nil
 	}
+	if _, ok := b.absent[string(k)]; ok {
+		return nil, nil
+	}
 	if v, ok := b.s.recent.get(k); ok {
 		return v, nil
 	}
 	v, err := getValue(b.b, k)
-	if err == nil && v != nil {
+	switch {
+	case err != nil:
+	case v != nil:
 		b.s.recent.put(string(k), v)
+	default:
+		if b.absent == nil {
+			b.absent = make(map[string]struct{})
+		}
+		b.absent[string(k)] = struct{}{}
 	}
 	return v, err
 }
