@@ -178,7 +178,14 @@ func checkWaitIndex(snap *pebble.Snapshot) error {
 
 // ApprovalRule returns the rule of (tenant, tool) as the batch sees it.
 func (b *Batch) ApprovalRule(tenant, tool string) (rule idemkv.ApprovalRule, ok bool, err error) {
-	v, err := getValue(b.b, ruleKey(tenant, tool))
+	k := ruleKey(tenant, tool)
+	v, written := b.ruleWrites[string(k)]
+	if !written {
+		// The state machine's goroutine: no restore swaps the database under it.
+		b.s.mu.RLock()
+		v, err = b.s.rules.get(b.s.db, k)
+		b.s.mu.RUnlock()
+	}
 	if err != nil || v == nil {
 		return idemkv.ApprovalRule{}, false, err
 	}
@@ -188,12 +195,29 @@ func (b *Batch) ApprovalRule(tenant, tool string) (rule idemkv.ApprovalRule, ok 
 
 // PutApprovalRule sets a rule.
 func (b *Batch) PutApprovalRule(r idemkv.ApprovalRule) error {
-	return b.b.Set(ruleKey(r.Tenant, r.Tool), encodeRule(r), nil)
+	k, v := ruleKey(r.Tenant, r.Tool), encodeRule(r)
+	if err := b.b.Set(k, v, nil); err != nil {
+		return err
+	}
+	b.noteRule(k, v)
+	return nil
 }
 
 // DeleteApprovalRule removes the rule of (tenant, tool).
 func (b *Batch) DeleteApprovalRule(tenant, tool string) error {
-	return b.b.Delete(ruleKey(tenant, tool), nil)
+	k := ruleKey(tenant, tool)
+	if err := b.b.Delete(k, nil); err != nil {
+		return err
+	}
+	b.noteRule(k, nil)
+	return nil
+}
+
+func (b *Batch) noteRule(k, v []byte) {
+	if b.ruleWrites == nil {
+		b.ruleWrites = make(map[string][]byte)
+	}
+	b.ruleWrites[string(k)] = v
 }
 
 // ApprovalRule returns the committed rule of (tenant, tool).
@@ -203,7 +227,7 @@ func (s *Store) ApprovalRule(tenant, tool string) (rule idemkv.ApprovalRule, ok 
 		return idemkv.ApprovalRule{}, false, err
 	}
 	defer s.mu.RUnlock()
-	v, err := getValue(db, ruleKey(tenant, tool))
+	v, err := s.rules.get(db, ruleKey(tenant, tool))
 	if err != nil || v == nil {
 		return idemkv.ApprovalRule{}, false, err
 	}

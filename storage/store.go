@@ -35,6 +35,7 @@ type Store struct {
 	opts   Options // defaults filled
 	logger *slog.Logger
 	recent *recentRecords
+	rules  ruleCache
 	// records is the number of stored records, as m/records holds it.
 	records atomic.Int64
 
@@ -515,6 +516,9 @@ type Batch struct {
 	// writes holds the value of every record this batch put (nil: deleted), for
 	// reads later in the batch and, once committed, for the store's recent records.
 	writes map[string][]byte
+	// ruleWrites holds the approval rules this batch put (nil: deleted), for reads
+	// later in the batch and, once committed, for the store's rule cache.
+	ruleWrites map[string][]byte
 	// absent holds the record keys this batch found missing in the store and has not
 	// written since: a new record is read by the decision, then by the in-doubt and
 	// approval-wait indexes as it is put, and each of those was a walk down Pebble's
@@ -725,6 +729,7 @@ func (b *Batch) Commit() error {
 	}
 	b.s.records.Store(count)
 	b.s.recent.update(b.writes)
+	b.s.rules.update(b.ruleWrites)
 	return b.Close()
 }
 

@@ -253,6 +253,7 @@ func (s *Store) swapIn(stage string) error {
 	}
 	s.dropCaptures()
 	s.recent.clear()
+	s.rules.clear()
 	if s.db != nil {
 		if err := guard(s.db.Close); err != nil {
 			// Nothing is lost: the directory is replaced either way.
