@@ -58,8 +58,12 @@ func (ts Timestamp) String() string { return ts.Time().Format(TimeFormat) }
 // TimeFormat is the layout of every timestamp idemkv writes.
 const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
 
+// MarshalJSON writes ts quoted, in one allocation: every answer carries several.
 func (ts Timestamp) MarshalJSON() ([]byte, error) {
-	return []byte(`"` + ts.String() + `"`), nil
+	b := make([]byte, 0, len(TimeFormat)+2)
+	b = append(b, '"')
+	b = ts.Time().AppendFormat(b, TimeFormat)
+	return append(b, '"'), nil
 }
 
 func (ts *Timestamp) UnmarshalJSON(b []byte) error {

@@ -40,6 +40,12 @@ func HTTPMiddleware(next http.Handler) http.Handler {
 				attribute.String("server.address", r.Host),
 			))
 		defer span.End()
+		if !span.IsRecording() && !span.SpanContext().IsValid() {
+			// No tracer records it and the caller sent no trace to carry on (to a
+			// leader a follower forwards to): nothing to name, annotate or pass on.
+			next.ServeHTTP(w, r)
+			return
+		}
 
 		sw := &httpx.StatusWriter{ResponseWriter: w}
 		// The mux records the matched pattern on the request it serves, which is
