@@ -47,6 +47,11 @@ func (s *apiStore) Leader() (string, bool) {
 	return s.leaderAddr, false
 }
 
+func (s *apiStore) IsLeader() bool {
+	_, l := s.Leader()
+	return l
+}
+
 func (s *apiStore) Ready() error { return nil }
 
 // ReserveLocal never answers: every reserve goes through memStore.Reserve (or its
