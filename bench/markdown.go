@@ -42,6 +42,8 @@ func markdown(r *Results) string {
 		}
 		return out
 	}
+	// Each idemkv system's stage breakdown is printed once, in its first pairing.
+	staged := map[string]bool{}
 	for _, p := range pairings {
 		idem := pairingSystems(r, p)
 		if len(idem) == 0 {
@@ -81,7 +83,10 @@ func markdown(r *Results) string {
 			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
 			b.WriteString(strings.Join(rows, ""))
 		}
-		stageTable(&b, r, idem, find(r.New, p.peer, 1))
+		stageTable(&b, r, slices.DeleteFunc(slices.Clone(idem), func(s SystemInfo) bool { return staged[s.Name] }), find(r.New, p.peer, 1))
+		for _, s := range idem {
+			staged[s.Name] = true
+		}
 		if vs := verdictsFor(p); len(vs) > 0 {
 			b.WriteString("\nTargets:\n\n")
 			writeVerdicts(&b, vs)
@@ -232,25 +237,30 @@ func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point) 
 	}
 	b.WriteString("\n|---|" + strings.Repeat("---:|", len(cols)) + "\n")
 	rows := []struct {
-		name string
-		f    func(*Stages) float64
+		name      string
+		f         func(*Stages) float64
+		followers bool // a figure of the followers' part, which one node has not
 	}{
-		{"HTTP read and decode", func(s *Stages) float64 { return s.Read }},
-		{"validation (API)", func(s *Stages) float64 { return s.Validate }},
-		{"validation and local look-ups (node)", func(s *Stages) float64 { return s.Prepare }},
-		{"hand-offs to Raft's goroutines and back", func(s *Stages) float64 { return s.Handoffs }},
-		{"leader's log append, until durable", func(s *Stages) float64 { return s.LeaderAppend }},
-		{"then until a quorum has it", func(s *Stages) float64 { return s.Quorum }},
-		{"then until applied", func(s *Stages) float64 { return s.Applied }},
-		{"answer encoded and written", func(s *Stages) float64 { return s.Respond }},
-		{"rest of the endpoint (routing, authentication, headers)", func(s *Stages) float64 { return s.Rest }},
-		{"**the endpoint, in all**", func(s *Stages) float64 { return s.Handler }},
-		{"inside the quorum wait: one AppendEntries round trip", func(s *Stages) float64 { return s.AppendRPC }},
-		{"inside that: a follower's log write", func(s *Stages) float64 { return s.FollowerAppend }},
+		{"HTTP read and decode", func(s *Stages) float64 { return s.Read }, false},
+		{"validation (API)", func(s *Stages) float64 { return s.Validate }, false},
+		{"validation and local look-ups (node)", func(s *Stages) float64 { return s.Prepare }, false},
+		{"hand-offs to Raft's goroutines and back", func(s *Stages) float64 { return s.Handoffs }, false},
+		{"leader's log append, until durable", func(s *Stages) float64 { return s.LeaderAppend }, false},
+		{"then until a quorum has it", func(s *Stages) float64 { return s.Quorum }, true},
+		{"then until applied", func(s *Stages) float64 { return s.Applied }, false},
+		{"answer encoded and written", func(s *Stages) float64 { return s.Respond }, false},
+		{"rest of the endpoint (routing, authentication, headers)", func(s *Stages) float64 { return s.Rest }, false},
+		{"**the endpoint, in all**", func(s *Stages) float64 { return s.Handler }, false},
+		{"inside the quorum wait: one AppendEntries round trip", func(s *Stages) float64 { return s.AppendRPC }, true},
+		{"inside that: a follower's log write", func(s *Stages) float64 { return s.FollowerAppend }, true},
 	}
 	for _, row := range rows {
 		fmt.Fprintf(b, "| %s |", row.name)
 		for _, c := range cols {
+			if row.followers && c.s.Nodes == 1 {
+				b.WriteString(" — |")
+				continue
+			}
 			fmt.Fprintf(b, " %.3f |", row.f(c.pt.Stages))
 		}
 		b.WriteString("\n")

@@ -70,3 +70,30 @@ func TestStageBreakdownFromScrapes(t *testing.T) {
 		t.Errorf("%d writes", s.Writes)
 	}
 }
+
+// Each idemkv system's breakdown is printed once, in its first pairing, and one node
+// shows no quorum wait or follower figures.
+func TestMarkdownStageTables(t *testing.T) {
+	r := results()
+	find(r.New, "idemkv-3/wal", 1).Stages = &Stages{Read: 0.05, LeaderAppend: 0.4, Quorum: 0.6, Handler: 1.5, AppendRPC: 0.5, FollowerAppend: 0.3}
+	find(r.New, "idemkv-1/wal", 1).Stages = &Stages{Read: 0.05, LeaderAppend: 0.4, Quorum: 0.001, Handler: 0.6}
+	r.Targets = verdicts(r)
+	md := markdown(r)
+	if n := strings.Count(md, "| leader's log append, until durable |"); n != 2 {
+		t.Errorf("%d stage tables, want 2 (three nodes once, one node once):\n%s", n, md)
+	}
+	for _, want := range []string{
+		"| leader's log append, until durable | 0.400 |",
+		"| then until a quorum has it | 0.600 |",
+		"| then until a quorum has it | — |",
+		"| inside that: a follower's log write | 0.300 |",
+		"| inside that: a follower's log write | — |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	if i, j := strings.Index(md, "| then until a quorum has it | 0.600 |"), strings.Index(md, "### 1 idemkv node vs 1 PostgreSQL"); i < 0 || i > j {
+		t.Errorf("the three-node breakdown is not in the first pairing's section")
+	}
+}
