@@ -121,7 +121,7 @@ const OtherLabel = "other"
 // claimed by the owner (the tenant) whose request brought it first, and one owner
 // claims at most maxPerOwner, so that no tenant can take every series from the others.
 type BoundedLabel struct {
-	mu          sync.Mutex
+	mu          sync.RWMutex
 	max         int
 	maxPerOwner int
 	seen        map[string]struct{}
@@ -145,6 +145,14 @@ func (b *BoundedLabel) SetMax(max, maxPerOwner int) {
 // Value returns v if it has its own series, or if there is room for one in all and
 // among owner's, and otherwise OtherLabel.
 func (b *BoundedLabel) Value(owner, v string) string {
+	// Almost every call names a value seen before: every reserve of every request
+	// asks, so those share the lock.
+	b.mu.RLock()
+	_, ok := b.seen[v]
+	b.mu.RUnlock()
+	if ok {
+		return v
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.seen[v]; ok {

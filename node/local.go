@@ -96,7 +96,7 @@ func (n *Node) answerLocally(r *idemkv.ReserveRequest) *idemkv.ReserveResult {
 		// machine, whose store may be empty or behind: none is answered here.
 		return nil
 	}
-	return n.answerFrom(cur, r)
+	return n.decideLocally(cur, r)
 }
 
 // answerFrom is answerLocally for cur, the record as this node's state holds it
@@ -106,6 +106,12 @@ func (n *Node) answerFrom(cur *idemkv.Record, r *idemkv.ReserveRequest) *idemkv.
 	if n.localRefusal() != "" {
 		return nil
 	}
+	return n.decideLocally(cur, r)
+}
+
+// decideLocally is the decision of answerLocally and answerFrom once localRefusal
+// let the node answer: nil unless cur settles the reserve without changing.
+func (n *Node) decideLocally(cur *idemkv.Record, r *idemkv.ReserveRequest) *idemkv.ReserveResult {
 	now := n.localNow()
 	if !(cur.Status.Terminal() || localPending()) || cur.ExpiresAt <= now+idemkv.Timestamp(LocalAnswerMargin.Milliseconds()) {
 		return nil
