@@ -59,14 +59,10 @@ func (s *Server) logApproval(_ context.Context, req *idemkv.DecideApprovalReques
 func (s *Server) listApprovals(w http.ResponseWriter, r *http.Request) {
 	var req idemkv.ApprovalsRequest
 	q, err := parseQuery(r)
-	if err == nil {
-		req.Tenant = q.Get("tenant")
-		req.After = q.Get("after")
-		req.Limit, err = limitParam(q)
-	}
 	var stale bool
 	if err == nil {
-		stale, err = staleParam(q)
+		req.Tenant = q.Get("tenant")
+		req.After, req.Limit, stale, err = pageParams(q)
 	}
 	if err == nil {
 		err = req.Validate()

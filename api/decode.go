@@ -515,6 +515,16 @@ func boolParam(q url.Values, name string) (bool, error) {
 	return false, idemkv.Invalid(name, "%s must be true or false", name)
 }
 
+// pageParams reads what every list shares: where the page starts (after), its size
+// (limit) and whether it may be read stale (consistency).
+func pageParams(q url.Values) (after string, limit int, stale bool, err error) {
+	after = q.Get("after")
+	if limit, err = limitParam(q); err == nil {
+		stale, err = staleParam(q)
+	}
+	return after, limit, stale, err
+}
+
 // staleParam reads the consistency of a list, with the values and the default of a get.
 func staleParam(q url.Values) (bool, error) {
 	switch idemkv.Consistency(q.Get("consistency")) {

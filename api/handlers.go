@@ -361,16 +361,12 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	q, err := parseQuery(r)
 	if err == nil {
 		req.Prefix = q.Get("prefix")
-		req.After = q.Get("after")
 		req.Status = idemkv.Status(q.Get("status"))
-		req.Limit, err = limitParam(q)
-	}
-	if err == nil {
 		req.InDoubt, err = inDoubtParam(q)
 	}
 	var stale bool
 	if err == nil {
-		stale, err = staleParam(q)
+		req.After, req.Limit, stale, err = pageParams(q)
 	}
 	if err == nil {
 		err = req.Validate()
@@ -391,13 +387,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listInDoubt(w http.ResponseWriter, r *http.Request) {
 	var req idemkv.InDoubtRequest
 	q, err := parseQuery(r)
-	if err == nil {
-		req.After = q.Get("after")
-		req.Limit, err = limitParam(q)
-	}
 	var stale bool
 	if err == nil {
-		stale, err = staleParam(q)
+		req.After, req.Limit, stale, err = pageParams(q)
 	}
 	if err == nil {
 		err = req.Validate()
