@@ -14,7 +14,6 @@ import (
 
 	m3client "github.com/mark3labs/mcp-go/client"
 	m3transport "github.com/mark3labs/mcp-go/client/transport"
-	m3 "github.com/mark3labs/mcp-go/mcp"
 	m3server "github.com/mark3labs/mcp-go/server"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -120,26 +119,7 @@ func goAgent(name string, s *mcp.ClientSession) agent {
 // m3AgentOn drives a mark3labs client that is started and initialized in era.
 func m3AgentOn(t *testing.T, name string, tr m3transport.Interface, era string) agent {
 	t.Helper()
-	c := m3client.NewClient(tr, m3client.WithProtocolVersion(era))
-	t.Cleanup(func() { _ = c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var init m3.InitializeRequest
-	init.Params.ClientInfo = m3.Implementation{Name: name, Version: "1"}
-	res, err := c.Initialize(ctx, init)
-	if err != nil {
-		t.Fatalf("%s: initialize: %v", name, err)
-	}
-	if res.ProtocolVersion != era {
-		t.Fatalf("%s speaks %s with the gateway, want %s", name, res.ProtocolVersion, era)
-	}
-	return agent{name: name, call: func(t *testing.T, tool string, args map[string]any, meta map[string]any) *mcp.CallToolResult {
-		_, res := m3Call(t, c, tool, args, meta)
-		return res
-	}}
+	return m3Started(t, name, m3client.NewClient(tr, m3client.WithProtocolVersion(era)), era)
 }
 
 // stdioGateway serves g over a pair of pipes, as `idemkv mcp-gateway` does on stdio.
