@@ -321,6 +321,16 @@ func (n *Node) proposeFrom(ctx context.Context, begin time.Time, cmd *fsm.Comman
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
 	}
+	// A new leader stamps nothing before it is ready: until it has applied the entries
+	// of earlier terms it may know no state-machine time at all (a store that lost its
+	// unsynced writes to a kill), and a stamp then followed its wall clock, however far
+	// off (TestWriteBeforeEstablishDoesNotFollowAFastClock). establish anchors the clock
+	// first; a write that cannot wait is refused before it is proposed.
+	if term := n.raft.CurrentTerm(); n.readyTerm.Load() != term {
+		if err := n.waitReady(ctx, term); err != nil {
+			return nil, err
+		}
+	}
 	cmd.Now = n.stampNow()
 	buf, err := cmd.AppendBinary(nil)
 	if err != nil {
