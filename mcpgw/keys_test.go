@@ -1,9 +1,7 @@
 package mcpgw_test
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -144,25 +142,9 @@ func TestKeysForRetriesThatCarryNone(t *testing.T) {
 // postJSON posts one JSON-RPC message with headers and returns the body as it came.
 func postJSON(t *testing.T, url, body string, headers map[string]string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	code, data := postHeaders(t, url, body, headers)
+	if code != http.StatusOK {
+		t.Fatalf("HTTP %d: %s", code, data)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("HTTP %d: %s", resp.StatusCode, data)
-	}
-	return string(data)
+	return data
 }
