@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -36,21 +35,8 @@ type rpcError struct {
 // as a client's first request, and decodes the answer (JSON or one SSE event).
 func postRaw(t *testing.T, url, body string) rpcError {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	text := string(data)
+	code, data := postHeaders(t, url, body, nil)
+	text := data
 	for _, line := range strings.Split(text, "\n") {
 		if rest, ok := strings.CutPrefix(line, "data:"); ok {
 			text = strings.TrimSpace(rest)
@@ -58,7 +44,7 @@ func postRaw(t *testing.T, url, body string) rpcError {
 	}
 	var out rpcError
 	if err := json.Unmarshal([]byte(text), &out); err != nil {
-		t.Fatalf("HTTP %d %q: %v", resp.StatusCode, data, err)
+		t.Fatalf("HTTP %d %q: %v", code, data, err)
 	}
 	return out
 }
