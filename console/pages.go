@@ -17,15 +17,14 @@ import (
 
 // pageData is what every page's template gets.
 type pageData struct {
-	Title      string
-	Nav        string
-	AuthOff    bool
-	Who        string
-	Role       string
-	CSRF       string
-	Flash      string
-	FlashError bool
-	Err        *uiError
+	Title   string
+	Nav     string
+	AuthOff bool
+	Who     string
+	Role    string
+	CSRF    string
+	Flash   *notice
+	Err     *uiError
 	// Refresh, when set, reloads the page every that many seconds (a meta refresh: no
 	// script needed).
 	Refresh int
@@ -182,7 +181,7 @@ func (s *Server) baseData(v viewer, page, title string) *pageData {
 	if v.principal != nil {
 		d.Who, d.Role = v.principal.Name, string(v.principal.Role)
 	}
-	d.Flash, d.FlashError = s.sessions.takeFlash(v.sess.id)
+	d.Flash = s.sessions.takeFlash(v.sess.id)
 	return d
 }
 
@@ -202,7 +201,7 @@ func (s *Server) page(h func(r *http.Request, v viewer, d *pageData)) http.Handl
 
 // action wraps a form's handler: the viewer, the CSRF checks, then the handler, which
 // returns where to go and the one-time message that page shows.
-func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer) (to, flash string, isErr bool)) http.HandlerFunc {
+func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer) (to string, flash notice)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 		v, ok := s.viewerOf(w, r)
@@ -215,9 +214,9 @@ func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer)
 			s.renderError(w, r, http.StatusForbidden, "This form was refused: it came from another site or without this session's CSRF token. Nothing was changed; reload the page and try again.")
 			return
 		}
-		to, flash, isErr := h(w, r, v)
-		if flash != "" {
-			s.sessions.setFlash(v.sess.id, flash, isErr)
+		to, flash := h(w, r, v)
+		if flash.Msg != "" {
+			s.sessions.setFlash(v.sess.id, flash)
 		}
 		http.Redirect(w, r, to, http.StatusSeeOther)
 	}
