@@ -69,9 +69,9 @@ func (s *Server) overview(r *http.Request, v viewer, d *pageData) {
 	d.Title, d.Nav, d.page, d.Refresh = "Overview", "overview", "overview", 15
 	var b overviewBody
 	info, nodes, err := s.clusterView(r.Context(), r, v)
-	b.Cluster, b.Nodes, b.ClusterErr = info, nodes, describe(err)
+	b.Cluster, b.Nodes, b.ClusterErr = info, nodes, describeRead(err)
 	m, err := s.metrics(r.Context(), r, v)
-	b.Metrics, b.MetricsErr = m, describe(err)
+	b.Metrics, b.MetricsErr = m, describeRead(err)
 	if m != nil {
 		b.Tools, b.RateSpan = s.rates.observe(time.Now(), m.Decisions)
 	}
@@ -120,7 +120,7 @@ func (s *Server) inDoubt(r *http.Request, v viewer, d *pageData) {
 		b.Asked = true
 		res, err = c.ListInDoubt(r.Context(), &idemkv.InDoubtRequest{Limit: pageSize, After: after})
 	}
-	d.Err = describe(err)
+	d.Err = describeRead(err)
 	if res != nil {
 		b.Records, b.Next = res.Records, res.Next
 	}
@@ -171,7 +171,7 @@ func (s *Server) approvals(r *http.Request, v viewer, d *pageData) {
 	if tenant != "" {
 		b.Asked = true
 		res, err := s.apiClient(r, v).Approvals(r.Context(), &idemkv.ApprovalsRequest{Tenant: tenant, Limit: pageSize, After: r.URL.Query().Get("after")})
-		d.Err = describe(err)
+		d.Err = describeRead(err)
 		if res != nil {
 			b.Records, b.Next = res.Approvals, res.Next
 		}
@@ -234,7 +234,7 @@ func (s *Server) records(r *http.Request, v viewer, d *pageData) {
 		b.Asked = true
 		res, err := s.apiClient(r, v).List(r.Context(), &idemkv.ListRequest{Tenant: tenant, Prefix: b.Prefix,
 			Status: idemkv.Status(b.Status), Limit: pageSize, After: q.Get("after")})
-		d.Err = describe(err)
+		d.Err = describeRead(err)
 		if res != nil {
 			b.Records, b.Next = res.Records, res.Next
 		}
@@ -256,7 +256,7 @@ func (s *Server) record(r *http.Request, v viewer, d *pageData) {
 	q := r.URL.Query()
 	b := recordBody{Tenant: q.Get("tenant"), Key: q.Get("key"), Return: r.URL.RequestURI(), Approver: v.principal == nil}
 	rec, err := s.apiClient(r, v).Get(r.Context(), &idemkv.GetRequest{Tenant: b.Tenant, Key: b.Key, History: true})
-	d.Err = describe(err)
+	d.Err = describeRead(err)
 	b.Record = rec
 	b.CanWrite, b.CanVote = v.may(api.OpWrite, b.Tenant), v.may(api.OpApprove, b.Tenant)
 	d.Body = b

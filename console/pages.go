@@ -51,6 +51,21 @@ var hints = map[string]string{
 	idemkv.CodeInvalidArgument:     "The store refused the input; nothing was changed.",
 }
 
+// readHints replace the hints that speak of a change when what failed is a page's
+// read: under an action's message, "nothing was changed" would be said of the action.
+var readHints = map[string]string{
+	idemkv.CodeUnavailable: "This page could not be read: the cluster has no leader now (an election, or too few nodes up), or this node is shutting down. Reload in a moment.",
+}
+
+// describeRead is describe for the error of a page's read.
+func describeRead(err error) *uiError {
+	u := describe(err)
+	if h, ok := readHints[idemkv.CodeOf(err)]; ok && u != nil {
+		u.Hint = h
+	}
+	return u
+}
+
 // describe turns err into what a page shows.
 func describe(err error) *uiError {
 	if err == nil {

@@ -64,6 +64,23 @@ func flashRecord(t *testing.T, ctx context.Context, what string) string {
 	return href
 }
 
+// listUnread checks the list under the flash, which the page could not read while
+// the cluster had no leader: it says so, shows no empty queue (the records are still
+// there), and does not say that nothing changed (the operator's change may have).
+func listUnread(t *testing.T, ctx context.Context, what string) {
+	t.Helper()
+	e := text(t, ctx, "#error")
+	mustContain(t, what, e, idemkv.CodeUnavailable)
+	mustContain(t, what, e, "could not be read")
+	if strings.Contains(e, "Nothing was changed") {
+		t.Fatalf("%s: the read's error %q says nothing was changed, under an action whose outcome is unknown", what, e)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll("#empty, #records, #approvals").length`); n != 0 {
+		body := text(t, ctx, "main")
+		t.Fatalf("%s: the page shows a list it could not read (%d elements): %q", what, n, body)
+	}
+}
+
 // TestBrowserOutcomeUnknown: an operator's resolve and approval from the console, each
 // proposed on a leader that then loses both followers, end indeterminate. The page
 // says so, with a link to the record, and neither success nor a stack. After the
@@ -107,6 +124,7 @@ func TestBrowserOutcomeUnknown(t *testing.T) {
 	t.Logf("the resolve was answered after %v", time.Since(begin).Round(time.Millisecond))
 	link := flashRecord(t, ctx, "resolve on a cut-off leader")
 	noMarkup(t, ctx, "the outcome-unknown flash", unknownKey)
+	listUnread(t, ctx, "the in-doubt queue during the outage")
 	shot(t, ctx, "unknown-2-resolve-outcome-unknown")
 	u, err := url.Parse(link)
 	if err != nil || u.Path != "/ui/record" || u.Query().Get("tenant") != tenant || u.Query().Get("key") != unknownKey {
@@ -168,6 +186,7 @@ func TestBrowserOutcomeUnknown(t *testing.T) {
 	submit(t, ctx, "article.approval button.approve")
 	t.Logf("the approval was answered after %v", time.Since(begin).Round(time.Millisecond))
 	link = flashRecord(t, ctx, "approval on a cut-off leader")
+	listUnread(t, ctx, "the approvals during the outage")
 	shot(t, ctx, "unknown-5-approve-outcome-unknown")
 	if u, err := url.Parse(link); err != nil || u.Query().Get("key") != "refund-3" {
 		t.Fatalf("the flash links to %q, want the record of refund-3: %v", link, err)
