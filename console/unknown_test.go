@@ -85,9 +85,9 @@ func listUnread(t *testing.T, ctx context.Context, what string) {
 // proposed on a leader that then loses both followers, end indeterminate. The page
 // says so, with a link to the record, and neither success nor a stack. After the
 // cluster heals, the record page shows what really happened: the resolve committed
-// (the old leader held the only copy of the entry and won the next election), the
-// approval did not (the followers elected one of them while the old leader was down,
-// and its copy was dropped). Trying again is safe: the resolve is refused as settled
+// (the cluster came back with one follower, so every quorum included the old leader,
+// which votes for no log that lacks the entry), the approval did not (the followers
+// elected one of them while the old leader was down, and its copy was dropped). Trying again is safe: the resolve is refused as settled
 // and stays one resolve event; the approval is applied once.
 func TestBrowserOutcomeUnknown(t *testing.T) {
 	ctx := tab(t)
