@@ -48,10 +48,10 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
-func (s *Server) logout(w http.ResponseWriter, r *http.Request, v viewer) (string, string, bool) {
+func (s *Server) logout(w http.ResponseWriter, r *http.Request, v viewer) (string, notice) {
 	s.sessions.end(v.sess.id)
 	clearCookie(w, r)
-	return Prefix + "login", "", false
+	return Prefix + "login", notice{}
 }
 
 type overviewBody struct {
@@ -69,9 +69,9 @@ func (s *Server) overview(r *http.Request, v viewer, d *pageData) {
 	d.Title, d.Nav, d.page, d.Refresh = "Overview", "overview", "overview", 15
 	var b overviewBody
 	info, nodes, err := s.clusterView(r.Context(), r, v)
-	b.Cluster, b.Nodes, b.ClusterErr = info, nodes, describe(err)
+	b.Cluster, b.Nodes, b.ClusterErr = info, nodes, describeRead(err)
 	m, err := s.metrics(r.Context(), r, v)
-	b.Metrics, b.MetricsErr = m, describe(err)
+	b.Metrics, b.MetricsErr = m, describeRead(err)
 	if m != nil {
 		b.Tools, b.RateSpan = s.rates.observe(time.Now(), m.Decisions)
 	}
@@ -120,7 +120,7 @@ func (s *Server) inDoubt(r *http.Request, v viewer, d *pageData) {
 		b.Asked = true
 		res, err = c.ListInDoubt(r.Context(), &idemkv.InDoubtRequest{Limit: pageSize, After: after})
 	}
-	d.Err = describe(err)
+	d.Err = describeRead(err)
 	if res != nil {
 		b.Records, b.Next = res.Records, res.Next
 	}
@@ -130,7 +130,7 @@ func (s *Server) inDoubt(r *http.Request, v viewer, d *pageData) {
 
 // resolve settles an in-doubt record: committed with the receipt the operator found
 // downstream, or not executed (the key is released).
-func (s *Server) resolve(_ http.ResponseWriter, r *http.Request, v viewer) (string, string, bool) {
+func (s *Server) resolve(_ http.ResponseWriter, r *http.Request, v viewer) (string, notice) {
 	back := localPath(r.PostFormValue("next"), Prefix+"in-doubt")
 	req := &idemkv.ResolveRequest{
 		Tenant: r.PostFormValue("tenant"), Key: r.PostFormValue("key"), Fingerprint: r.PostFormValue("fingerprint"),
@@ -144,17 +144,23 @@ func (s *Server) resolve(_ http.ResponseWriter, r *http.Request, v viewer) (stri
 		req.RemoteURL = strings.TrimSpace(r.PostFormValue("remote_url"))
 	case idemkv.ResolveNotExecuted:
 		if r.PostFormValue("confirm") != "yes" {
-			return back, "Not resolved: tick the box to confirm that the effect did not happen.", true
+			return back, notice{Msg: "Not resolved: tick the box to confirm that the effect did not happen.", Err: true}
 		}
 	}
 	res, err := s.apiClient(r, v).Resolve(r.Context(), req)
 	if err != nil {
-		return back, "Resolving " + what + " failed: " + describe(err).String(), true
+		return back, failed("Resolving "+what, req.Tenant, req.Key, err)
 	}
 	if res.Receipt != nil {
-		return back, "Resolved " + what + " as committed: " + res.Receipt.RemoteSystem + " " + res.Receipt.RemoteID + ". Retries now replay this receipt.", false
+		return back, notice{Msg: "Resolved " + what + " as committed: " + res.Receipt.RemoteSystem + " " + res.Receipt.RemoteID + ". Retries now replay this receipt."}
 	}
-	return back, "Resolved " + what + " as not executed: the key is released, and the next attempt executes.", false
+	return back, notice{Msg: "Resolved " + what + " as not executed: the key is released, and the next attempt executes."}
+}
+
+// failed is the notice of an action on the record tenant/key that the API refused or
+// could not finish: what it means, and a link to the record.
+func failed(doing, tenant, key string, err error) notice {
+	return notice{Msg: doing + " failed: " + describe(err).String(), Err: true, Tenant: tenant, Key: key}
 }
 
 func (s *Server) approvals(r *http.Request, v viewer, d *pageData) {
@@ -165,7 +171,7 @@ func (s *Server) approvals(r *http.Request, v viewer, d *pageData) {
 	if tenant != "" {
 		b.Asked = true
 		res, err := s.apiClient(r, v).Approvals(r.Context(), &idemkv.ApprovalsRequest{Tenant: tenant, Limit: pageSize, After: r.URL.Query().Get("after")})
-		d.Err = describe(err)
+		d.Err = describeRead(err)
 		if res != nil {
 			b.Records, b.Next = res.Approvals, res.Next
 		}
@@ -176,7 +182,7 @@ func (s *Server) approvals(r *http.Request, v viewer, d *pageData) {
 
 // decide approves or denies; the approver is the token's name, so the record says who
 // decided, not what a form claimed.
-func (s *Server) decide(_ http.ResponseWriter, r *http.Request, v viewer) (string, string, bool) {
+func (s *Server) decide(_ http.ResponseWriter, r *http.Request, v viewer) (string, notice) {
 	back := localPath(r.PostFormValue("next"), Prefix+"approvals")
 	req := &idemkv.DecideApprovalRequest{
 		Tenant: r.PostFormValue("tenant"), Key: r.PostFormValue("key"),
@@ -192,13 +198,13 @@ func (s *Server) decide(_ http.ResponseWriter, r *http.Request, v viewer) (strin
 	what := "“" + req.Key + "” of tenant " + req.Tenant
 	rec, err := s.apiClient(r, v).DecideApproval(r.Context(), req)
 	if err != nil {
-		return back, "Deciding " + what + " failed: " + describe(err).String(), true
+		return back, failed("Deciding "+what, req.Tenant, req.Key, err)
 	}
 	verb := "Approved"
 	if rec.Approval != nil && rec.Approval.State == idemkv.ApprovalDenied {
 		verb = "Denied"
 	}
-	return back, verb + " " + what + " as " + req.Approver + ".", false
+	return back, notice{Msg: verb + " " + what + " as " + req.Approver + "."}
 }
 
 type conflictsBody struct {
@@ -228,7 +234,7 @@ func (s *Server) records(r *http.Request, v viewer, d *pageData) {
 		b.Asked = true
 		res, err := s.apiClient(r, v).List(r.Context(), &idemkv.ListRequest{Tenant: tenant, Prefix: b.Prefix,
 			Status: idemkv.Status(b.Status), Limit: pageSize, After: q.Get("after")})
-		d.Err = describe(err)
+		d.Err = describeRead(err)
 		if res != nil {
 			b.Records, b.Next = res.Records, res.Next
 		}
@@ -250,7 +256,7 @@ func (s *Server) record(r *http.Request, v viewer, d *pageData) {
 	q := r.URL.Query()
 	b := recordBody{Tenant: q.Get("tenant"), Key: q.Get("key"), Return: r.URL.RequestURI(), Approver: v.principal == nil}
 	rec, err := s.apiClient(r, v).Get(r.Context(), &idemkv.GetRequest{Tenant: b.Tenant, Key: b.Key, History: true})
-	d.Err = describe(err)
+	d.Err = describeRead(err)
 	b.Record = rec
 	b.CanWrite, b.CanVote = v.may(api.OpWrite, b.Tenant), v.may(api.OpApprove, b.Tenant)
 	d.Body = b

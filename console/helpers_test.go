@@ -171,10 +171,11 @@ func start(t *testing.T, nodes int, authOff bool) *fixture {
 	return startWith(t, nodes, a)
 }
 
-// startWith starts nodes with a as their authentication (nil: off).
-func startWith(t *testing.T, nodes int, a *auth.Authenticator) *fixture {
+// startWith starts nodes with a as their authentication (nil: off), and the cluster's
+// other options (a node's configuration, for one).
+func startWith(t *testing.T, nodes int, a *auth.Authenticator, more ...testcluster.Option) *fixture {
 	t.Helper()
-	var opts []testcluster.Option
+	opts := append([]testcluster.Option(nil), more...)
 	if a != nil {
 		opts = append(opts, testcluster.WithAPIMiddleware(a.Middleware))
 	}

@@ -17,15 +17,14 @@ import (
 
 // pageData is what every page's template gets.
 type pageData struct {
-	Title      string
-	Nav        string
-	AuthOff    bool
-	Who        string
-	Role       string
-	CSRF       string
-	Flash      string
-	FlashError bool
-	Err        *uiError
+	Title   string
+	Nav     string
+	AuthOff bool
+	Who     string
+	Role    string
+	CSRF    string
+	Flash   *notice
+	Err     *uiError
 	// Refresh, when set, reloads the page every that many seconds (a meta refresh: no
 	// script needed).
 	Refresh int
@@ -50,6 +49,21 @@ var hints = map[string]string{
 	idemkv.CodeNotPending:          "It is no longer waiting: it was settled or decided before this action reached it.",
 	idemkv.CodeFingerprintMismatch: "The record holds another effect or approval than the one shown: reload the page.",
 	idemkv.CodeInvalidArgument:     "The store refused the input; nothing was changed.",
+}
+
+// readHints replace the hints that speak of a change when what failed is a page's
+// read: under an action's message, "nothing was changed" would be said of the action.
+var readHints = map[string]string{
+	idemkv.CodeUnavailable: "This page could not be read: the cluster has no leader now (an election, or too few nodes up), or this node is shutting down. Reload in a moment.",
+}
+
+// describeRead is describe for the error of a page's read.
+func describeRead(err error) *uiError {
+	u := describe(err)
+	if h, ok := readHints[idemkv.CodeOf(err)]; ok && u != nil {
+		u.Hint = h
+	}
+	return u
 }
 
 // describe turns err into what a page shows.
@@ -182,7 +196,7 @@ func (s *Server) baseData(v viewer, page, title string) *pageData {
 	if v.principal != nil {
 		d.Who, d.Role = v.principal.Name, string(v.principal.Role)
 	}
-	d.Flash, d.FlashError = s.sessions.takeFlash(v.sess.id)
+	d.Flash = s.sessions.takeFlash(v.sess.id)
 	return d
 }
 
@@ -202,7 +216,7 @@ func (s *Server) page(h func(r *http.Request, v viewer, d *pageData)) http.Handl
 
 // action wraps a form's handler: the viewer, the CSRF checks, then the handler, which
 // returns where to go and the one-time message that page shows.
-func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer) (to, flash string, isErr bool)) http.HandlerFunc {
+func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer) (to string, flash notice)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 		v, ok := s.viewerOf(w, r)
@@ -215,9 +229,9 @@ func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer)
 			s.renderError(w, r, http.StatusForbidden, "This form was refused: it came from another site or without this session's CSRF token. Nothing was changed; reload the page and try again.")
 			return
 		}
-		to, flash, isErr := h(w, r, v)
-		if flash != "" {
-			s.sessions.setFlash(v.sess.id, flash, isErr)
+		to, flash := h(w, r, v)
+		if flash.Msg != "" {
+			s.sessions.setFlash(v.sess.id, flash)
 		}
 		http.Redirect(w, r, to, http.StatusSeeOther)
 	}

@@ -39,8 +39,17 @@ type session struct {
 	created time.Time
 	seen    time.Time
 	// flash is shown once, on the page an action redirects to.
-	flash      string
-	flashError bool
+	flash notice
+}
+
+// notice is what an action says on the page it redirects to, once.
+type notice struct {
+	Msg string
+	Err bool
+	// Tenant and Key name the record a failed resolve or decision was about; the
+	// message links to it, since the record is where the operator learns what really
+	// happened (outcome_unknown: whether the change landed; not_pending: who settled it).
+	Tenant, Key string
 }
 
 // sessions holds the logins of this node, bounded in number, idle time and age. They
@@ -112,22 +121,24 @@ func (ss *sessions) get(id string, now time.Time) (session, bool) {
 	return *s, true
 }
 
-// takeFlash returns and clears the session's flash.
-func (ss *sessions) takeFlash(id string) (msg string, isErr bool) {
+// takeFlash returns and clears the session's flash (nil: none).
+func (ss *sessions) takeFlash(id string) *notice {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	if s, ok := ss.byID[id]; ok {
-		msg, isErr = s.flash, s.flashError
-		s.flash, s.flashError = "", false
+	s, ok := ss.byID[id]
+	if !ok || s.flash.Msg == "" {
+		return nil
 	}
-	return msg, isErr
+	n := s.flash
+	s.flash = notice{}
+	return &n
 }
 
-func (ss *sessions) setFlash(id, msg string, isErr bool) {
+func (ss *sessions) setFlash(id string, n notice) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if s, ok := ss.byID[id]; ok {
-		s.flash, s.flashError = msg, isErr
+		s.flash = n
 	}
 }
 

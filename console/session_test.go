@@ -2,6 +2,8 @@ package console
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -84,5 +86,36 @@ func TestRates(t *testing.T) {
 	got, span = rt.observe(t0.Add(130*time.Second), counts(60, 6))
 	if span != 0 || got[0].PerSecond != 0 {
 		t.Fatalf("after the window: span %v, %+v", span, got)
+	}
+}
+
+// TestListNotShownWhenUnread: a list page whose read failed shows the error and no
+// list, not an empty one ("Nothing in doubt" would say the records are gone), and a
+// read's unavailable does not say "nothing was changed" (an action's does).
+func TestListNotShownWhenUnread(t *testing.T) {
+	s := New(Config{API: http.NotFoundHandler()})
+	err := idemkv.Errorf(idemkv.ErrUnavailable, "no leader is known; retry")
+	for _, page := range []string{"in-doubt", "approvals", "records"} {
+		d := &pageData{Title: page, Nav: page, page: page, Err: describeRead(err), Body: listBody{Tenant: "acme", Asked: true}}
+		w := httptest.NewRecorder()
+		s.render(w, http.StatusOK, d)
+		body := w.Body.String()
+		for _, list := range []string{`id="records"`, `id="approvals"`, `id="empty"`} {
+			if strings.Contains(body, list) {
+				t.Errorf("%s: a failed read still shows a list (%s)", page, list)
+			}
+		}
+		if !strings.Contains(body, "could not be read") || strings.Contains(body, "Nothing was changed") {
+			t.Errorf("%s: the read's error is not said to be a read's:\n%s", page, body)
+		}
+		d.Err = nil
+		w = httptest.NewRecorder()
+		s.render(w, http.StatusOK, d)
+		if !strings.Contains(w.Body.String(), `id="empty"`) {
+			t.Errorf("%s: a read that found nothing shows no empty list", page)
+		}
+	}
+	if h := describe(err).Hint; !strings.Contains(h, "Nothing was changed") {
+		t.Errorf("an action's unavailable: hint %q", h)
 	}
 }
