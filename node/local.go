@@ -24,36 +24,37 @@ import (
 // this node's wall clock is at most its own offset behind real time. The margin covers
 // both at 30 s each, far beyond the NTP-synchronised clocks that docs/expiry.md asks
 // for. How far a follower lags does not enter: its wall clock, not the state it
-// applied, says what time it is (localNow).
+// applied, says what time it is (localNow). Each clock's half is also the largest
+// offset between this node's wall clock and the state machine clock (as the node
+// measured it at the stamps it applied) at which it still answers locally: beyond it,
+// one of the two is off by more than the margin allows, and the node cannot tell
+// which (issue 22, point 2). Config.LocalAnswerMargin overrides it.
 const LocalAnswerMargin = time.Minute
-
-// LocalAnswerMaxOffset is the largest offset between this node's wall clock and the
-// state machine clock (as the node measured it at the stamps it applied) at which it
-// still answers locally: the half of LocalAnswerMargin that the argument above grants
-// each clock. Beyond it, one of the two is off by more than the margin allows, and the
-// node cannot tell which (issue 22, point 2).
-const LocalAnswerMaxOffset = LocalAnswerMargin / 2
 
 // localRefusal says why this node may not answer from its own state now, or "" if it
 // may. The margin's argument needs the clocks it assumes: a node that has applied no
-// live entry since it started has measured nothing, an offset beyond
-// LocalAnswerMaxOffset or one measured longer than LocalAnswerMargin ago says nothing
-// of now, and a follower that has heard no leader for longer than the margin may miss
-// entries stamped past expires_at.
+// live entry since it started has measured nothing, a follower that has heard no
+// leader for longer than the margin may miss entries stamped past expires_at, an
+// offset measured longer than the margin ago says nothing of now, and one beyond half
+// the margin breaks the argument (Config.LocalAnswerMargin, default
+// LocalAnswerMargin). A follower cut off from its leader also applies nothing, so its
+// offset ages too: the lost contact, the cause, is named first.
 func (n *Node) localRefusal() string {
+	margin := n.cfg.LocalAnswerMargin
 	s := n.clock.state()
-	switch {
-	case !s.Anchored:
+	if !s.Anchored {
 		return "unanchored"
-	case !s.Measured || s.Age > LocalAnswerMargin:
-		return "offset_unmeasured"
-	case s.Offset > LocalAnswerMaxOffset || s.Offset < -LocalAnswerMaxOffset:
-		return "offset_beyond_margin"
 	}
 	if n.raft.State() != raft.Leader {
-		if lc := n.raft.LastContact(); lc.IsZero() || time.Since(lc) > LocalAnswerMargin {
+		if lc := n.raft.LastContact(); lc.IsZero() || time.Since(lc) > margin {
 			return "no_leader_contact"
 		}
+	}
+	switch {
+	case !s.Measured || s.Age > margin:
+		return "offset_unmeasured"
+	case s.Offset > margin/2 || s.Offset < -margin/2:
+		return "offset_beyond_margin"
 	}
 	return ""
 }
@@ -113,7 +114,7 @@ func (n *Node) answerFrom(cur *idemkv.Record, r *idemkv.ReserveRequest) *idemkv.
 // let the node answer: nil unless cur settles the reserve without changing.
 func (n *Node) decideLocally(cur *idemkv.Record, r *idemkv.ReserveRequest) *idemkv.ReserveResult {
 	now := n.localNow()
-	if !(cur.Status.Terminal() || localPending()) || cur.ExpiresAt <= now+idemkv.Timestamp(LocalAnswerMargin.Milliseconds()) {
+	if !(cur.Status.Terminal() || localPending()) || cur.ExpiresAt <= now+idemkv.Timestamp(n.cfg.LocalAnswerMargin.Milliseconds()) {
 		return nil
 	}
 	next, res := fsm.Decide(cur, r, now, 0)

@@ -14,7 +14,7 @@ import (
 
 // A follower answers from its own state only while the clocks the margin's argument
 // assumes are measured and within it (issue 22, point 2): not once it measured its
-// wall clock beyond node.LocalAnswerMaxOffset from the state machine clock, and not
+// wall clock beyond half of node.LocalAnswerMargin from the state machine clock, and not
 // after a restart before a live entry anchored it. Node.Reserve on a follower never
 // forwards, so ErrNotLeader is a refusal to answer locally.
 func TestLocalAnswersNeedAMeasuredClock(t *testing.T) {
@@ -110,5 +110,61 @@ func TestLeaderTicksTheClockInAQuietPeriod(t *testing.T) {
 	})
 	if ci := n.ClockInfo(); ci.MeasuredAgoMs == nil || *ci.MeasuredAgoMs > 1000 || !ci.LocalAnswers {
 		t.Errorf("clock info while ticking: %+v", ci)
+	}
+}
+
+// TestLocalAnswersNeedRecentContact: with the margin narrowed to 2 s, a follower that
+// hears its leader's heartbeats but applies nothing for longer than the margin has an
+// offset too old to rely on (offset_unmeasured), and one cut off from every leader for
+// longer says so (no_leader_contact), though its offset is as old: the lost contact is
+// the cause. A write brings local answers back. Both refusals used to be checked in the
+// other order, so no_leader_contact could never be the answer.
+func TestLocalAnswersNeedRecentContact(t *testing.T) {
+	const margin = 2 * time.Second
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(_ int, cfg *node.Config) {
+		cfg.LocalAnswerMargin = margin
+		cfg.ClockTick = -1 // no entry but the test's own
+	}))
+	ctx := ctxT(t)
+	li := c.LeaderIndex(t)
+	fi := (li + 1) % 3
+	// A record kept a day: its expiry is far beyond any margin.
+	settle(t, c.Node(li), reserveReq("done", "a1", fp("done")), idemkv.StatusCommitted)
+	ask := func() error {
+		_, err := c.Node(fi).Reserve(ctx, reserveReq("done", "a2", fp("done")))
+		return err
+	}
+	waitFor(t, 10*time.Second, "a local answer right after a write", ask)
+
+	waitFor(t, 10*time.Second, "the offset outlives the margin", func() error {
+		if ci := c.Node(fi).ClockInfo(); ci.LocalAnswersOff != "offset_unmeasured" {
+			return fmt.Errorf("clock info %+v", ci)
+		}
+		return nil
+	})
+	if err := ask(); !errors.Is(err, idemkv.ErrNotLeader) {
+		t.Errorf("follower reserve with an offset older than the margin: %v; want ErrNotLeader (no local answer)", err)
+	}
+	if addr, _ := c.Node(fi).Leader(); addr == "" {
+		t.Fatal("the follower lost its leader: the refusal above was not the offset's alone")
+	}
+
+	settle(t, c.Node(li), reserveReq("w1", "a1", fp("w1")), idemkv.StatusCommitted)
+	waitFor(t, 10*time.Second, "a local answer after a write", ask)
+
+	// Cut the follower off: stop the other two nodes.
+	for i := range 3 {
+		if i != fi {
+			c.Stop(i)
+		}
+	}
+	waitFor(t, 15*time.Second, "no leader contact", func() error {
+		if ci := c.Node(fi).ClockInfo(); ci.LocalAnswersOff != "no_leader_contact" {
+			return fmt.Errorf("clock info %+v", ci)
+		}
+		return nil
+	})
+	if err := ask(); err == nil {
+		t.Error("a follower cut off from every leader answered locally")
 	}
 }

@@ -109,9 +109,15 @@ type Config struct {
 	// DefaultClockTick; negative: never). A node restarted after a quiet period resumes
 	// the state machine clock from its last stamp, so this bounds how far behind real
 	// time it resumes, besides the time the cluster was down; and followers measure
-	// their clock offset at each stamp (LocalAnswerMaxOffset). Each tick is one small
+	// their clock offset at each stamp (half of LocalAnswerMargin at most). Each tick is one small
 	// Raft entry, fsynced on every node.
 	ClockTick time.Duration
+	// LocalAnswerMargin is how far past this node's time a terminal record's expiry
+	// must lie for the node to answer from its own state, and how old its measured
+	// clock offset and its last contact with a leader may be (default
+	// node.LocalAnswerMargin; the largest offset allowed is half of it). Widen it where
+	// clocks are worse than NTP keeps them; tests narrow it to see it act.
+	LocalAnswerMargin time.Duration
 
 	// Now is the clock the leader stamps commands with; default time.Now.
 	Now func() time.Time
@@ -155,6 +161,7 @@ func DefaultConfig() Config {
 		RaftLogVerifyInterval: DefaultRaftLogVerifyInterval,
 		ApplyTimeout:          10 * time.Second,
 		ClockTick:             DefaultClockTick,
+		LocalAnswerMargin:     LocalAnswerMargin,
 		RaftHandshakeTimeout:  DefaultRaftHandshakeTimeout,
 		RaftIdleTimeout:       DefaultRaftIdleTimeout,
 		RaftMaxPending:        DefaultRaftMaxPending,
@@ -183,6 +190,7 @@ func (c *Config) withDefaults() {
 	setDur(&c.SnapshotInterval, d.SnapshotInterval)
 	setDur(&c.ApplyTimeout, d.ApplyTimeout)
 	setDur(&c.ClockTick, d.ClockTick)
+	setDur(&c.LocalAnswerMargin, d.LocalAnswerMargin)
 	setDur(&c.RaftLogVerifyInterval, DefaultRaftLogVerifyInterval)
 	setDur(&c.RaftHandshakeTimeout, d.RaftHandshakeTimeout)
 	setDur(&c.RaftIdleTimeout, d.RaftIdleTimeout)
