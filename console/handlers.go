@@ -250,9 +250,9 @@ type recordBody struct {
 	// holds no record: the API's not_found carries it.
 	Released *idemkv.Tombstone
 	CanWrite bool
-	CanVote     bool
-	Approver    bool
-	Return      string
+	CanVote  bool
+	Approver bool
+	Return   string
 }
 
 func (s *Server) record(r *http.Request, v viewer, d *pageData) {

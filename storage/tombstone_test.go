@@ -97,7 +97,9 @@ func TestTombstoneIndexFollowsTombstones(t *testing.T) {
 	}
 
 	// Damage: an index entry gone, then a record beside a tombstone.
-	commitBatch(t, s, func(b *Batch) error { return b.DeleteTombstoneExpiry(ExpiryEntry{ExpiresAt: ts + 30, Tenant: "acme-prod", Key: "a"}) })
+	commitBatch(t, s, func(b *Batch) error {
+		return b.DeleteTombstoneExpiry(ExpiryEntry{ExpiresAt: ts + 30, Tenant: "acme-prod", Key: "a"})
+	})
 	if err := s.CheckExpiryIndex(); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("a tombstone without index entry passed: %v", err)
 	}
@@ -185,7 +187,9 @@ func TestSnapshotCarriesTombstonesBothFormats(t *testing.T) {
 	src := openStore(t, t.TempDir())
 	putExpiring(t, src, 3, func(i int) idemkv.Timestamp { return ts + 1000 })
 	want := []*idemkv.Tombstone{typicalTombstone("x1", ts+10), typicalTombstone("x2", ts+20)}
-	commitBatch(t, src, func(b *Batch) error { return errors.Join(b.PutTombstone(want[0]), b.PutTombstone(want[1]), b.SetApplied(9, 2)) })
+	commitBatch(t, src, func(b *Batch) error {
+		return errors.Join(b.PutTombstone(want[0]), b.PutTombstone(want[1]), b.SetApplied(9, 2))
+	})
 	wantHash, err := src.Hash()
 	if err != nil {
 		t.Fatal(err)
