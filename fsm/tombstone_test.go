@@ -142,7 +142,10 @@ func TestTombstoneIsBoundedAndSoIsItsContinuation(t *testing.T) {
 	}
 	mustOK(t, h.apply(releaseCmd(now+1, key, rs[0].Reserve.Fence))...)
 	ts := tombstoneAt(t, h, key, now+1)
-	if ts == nil || len(ts.History) != idemkv.MaxHistory || ts.HistoryDropped != 6 || ts.History[idemkv.MaxHistory-1].Event != idemkv.EventRelease {
+	if ts == nil {
+		t.Fatal("no tombstone")
+	}
+	if len(ts.History) != idemkv.MaxHistory || ts.HistoryDropped != 6 || ts.History[idemkv.MaxHistory-1].Event != idemkv.EventRelease {
 		t.Fatalf("tombstone of %d events, %d dropped: %+v", len(ts.History), ts.HistoryDropped, ts)
 	}
 	mustOK(t, h.apply(reserveCmd(now+2, tenant, key, "att-new"))...)
