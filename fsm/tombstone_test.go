@@ -297,3 +297,35 @@ func TestSnapshotCarriesTombstones(t *testing.T) {
 		t.Fatal("the state hash does not cover tombstones")
 	}
 }
+
+// TestApprovalAskedAfterAReleaseContinuesItsHistory: a reserve that must ask for an
+// approval on a released key asks (the decision is needs_approval, as on any absent
+// key), and the record awaiting approval starts from the tombstone's events.
+func TestApprovalAskedAfterAReleaseContinuesItsHistory(t *testing.T) {
+	h := newHarness(t)
+	rs := h.apply(reserveCmd(t0, tenant, key, "att-1", func(r *idemkv.ReserveRequest) { r.Tool = "refund" }))
+	mustOK(t, rs...)
+	mustOK(t, h.apply(releaseCmd(t0+1, key, rs[0].Reserve.Fence))...)
+	rs = h.apply(askCmd(t0+2, key, "att-2"))
+	mustOK(t, rs...)
+	if d := rs[0].Reserve.Decision; d != idemkv.DecisionNeedsApproval || !rs[0].Asked {
+		t.Fatalf("reserve with approval after release: %s (asked %v)", d, rs[0].Asked)
+	}
+	rec, err := h.f.Get(tenant, key, t0+2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []idemkv.EventKind
+	for _, ev := range rec.History {
+		kinds = append(kinds, ev.Event)
+	}
+	if want := []idemkv.EventKind{idemkv.EventExecute, idemkv.EventRelease, idemkv.EventApprovalRequested}; !reflect.DeepEqual(kinds, want) {
+		t.Fatalf("events %v, want %v", kinds, want)
+	}
+	if ts := tombstoneAt(t, h, key, t0+2); ts != nil {
+		t.Fatalf("tombstone left beside the record: %+v", ts)
+	}
+	if err := h.f.CheckExpiryIndex(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/testcluster"
@@ -105,5 +106,52 @@ func TestReleasedHistoryIsTheSameOnEveryNode(t *testing.T) {
 		if err := c.Node(i).CheckExpiryIndex(); err != nil {
 			t.Fatalf("%s: %v", c.ID(i), err)
 		}
+	}
+}
+
+// TestSweeperDeletesReleasedHistory: the leader's sweeper, which proposes only when the
+// backlog shows work, sees a tombstone past its record's expires_at and deletes it:
+// the read of the key's history is then the plain not_found, and the swept counter
+// counts it.
+func TestSweeperDeletesReleasedHistory(t *testing.T) {
+	clock := newTestClock(time.Now())
+	c := testcluster.Start(t, 1, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.Now, cfg.Monotonic = clock.Now, clock.Elapsed
+		cfg.Sweep.Interval = 20 * time.Millisecond
+	}))
+	n := c.Node(0)
+	ctx := ctxT(t)
+	res, err := n.Reserve(ctx, withTTL(reserveReq("mail-1", "att-1", "sha256:m1"), time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Release(ctx, &idemkv.ReleaseRequest{Tenant: "acme", Key: "mail-1", Fingerprint: "sha256:m1", Fence: res.Fence}); err != nil {
+		t.Fatal(err)
+	}
+	history := &idemkv.GetRequest{Tenant: "acme", Key: "mail-1", History: true}
+	var e *idemkv.Error
+	if _, err := n.Get(ctx, history); !errors.As(err, &e) || e.Details == nil || e.Details.Released == nil {
+		t.Fatalf("before expiry: %v", err)
+	}
+	if count, _, _ := n.Backlog(); count != 0 {
+		t.Fatalf("backlog before expiry: %d", count)
+	}
+	swept := metricValue(t, c.Metrics(0).Swept)
+	clock.Advance(time.Minute)
+	waitFor(t, 10*time.Second, "the sweeper deletes the tombstone", func() error {
+		if count, _, _ := n.Backlog(); count != 0 {
+			return fmt.Errorf("backlog %d", count)
+		}
+		return nil
+	})
+	_, err = n.Get(ctx, history)
+	if !errors.Is(err, idemkv.ErrNotFound) || (errors.As(err, &e) && e.Details != nil) {
+		t.Fatalf("after the sweep: %v", err)
+	}
+	if got := metricValue(t, c.Metrics(0).Swept); got != swept+1 {
+		t.Fatalf("swept counter %v, want %v", got, swept+1)
+	}
+	if err := n.CheckExpiryIndex(); err != nil {
+		t.Fatal(err)
 	}
 }
