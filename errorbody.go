@@ -34,8 +34,11 @@ type ErrorDetails struct {
 // ReleasedNotFound is the not_found answer of a read asking for the history of a key
 // whose record was released and left t.
 func ReleasedNotFound(t *Tombstone) *Error {
-	last := t.History[len(t.History)-1]
+	how := EventRelease
+	if len(t.History) > 0 {
+		how = t.History[len(t.History)-1].Event
+	}
 	return &Error{Code: CodeNotFound,
-		Message: fmt.Sprintf("%s/%s: no record; it was given back (%s) at %s, its history is in details.released", t.Tenant, t.Key, last.Event, t.ReleasedAt),
+		Message: fmt.Sprintf("%s/%s: no record; it was given back (%s) at %s, its history is in details.released", t.Tenant, t.Key, how, t.ReleasedAt),
 		Details: &ErrorDetails{Released: t}}
 }
