@@ -81,6 +81,8 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// Details says more when the answer has more to say (ErrorDetails).
+	Details *ErrorDetails `json:"details,omitempty"`
 }
 
 func (e *Error) Error() string {

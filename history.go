@@ -22,12 +22,13 @@ const (
 	EventCommit  EventKind = "commit"
 	EventFail    EventKind = "fail"
 	// EventRelease: the holder gave the key back. A release deletes the record (the
-	// key is absent again), and its history with it, so no stored record holds this
-	// event yet; the kind is reserved for a history that outlives its record.
+	// key is absent again); the event ends the history its tombstone keeps, which the
+	// key's next record continues.
 	EventRelease EventKind = "release"
 	EventDoubt   EventKind = "doubt"
 	// EventResolve: someone settled an in-doubt record; the actor is the token that
-	// did, the detail the outcome.
+	// did, the detail the outcome. Resolved not executed, the record is deleted as by a
+	// release, and the event ends its tombstone's history.
 	EventResolve           EventKind = "resolve"
 	EventApprovalRequested EventKind = "approval_requested"
 	// EventApprovalDecided: the actor is the approver, the detail the verdict and the
@@ -73,6 +74,33 @@ func (r *Record) WithEvent(ev HistoryEvent) (history []HistoryEvent, dropped uin
 
 // AddEvent appends ev to r's history (see WithEvent).
 func (r *Record) AddEvent(ev HistoryEvent) { r.History, r.HistoryDropped = r.WithEvent(ev) }
+
+// HasHistory reports whether r keeps a history. It is the one predicate of whether a
+// record deleted by a release leaves a tombstone: records written before histories
+// existed, or by a node that writes none, have neither.
+func (r *Record) HasHistory() bool {
+	return r != nil && (len(r.History) > 0 || r.HistoryDropped > 0)
+}
+
+// Tombstone is what a record deleted by a release (or a resolve not executed) leaves
+// of itself: its history, ended by the event of the deletion, for an operator asking
+// what happened to the key. It is not a record: the key is absent for every decision,
+// list and read, and GET ?history=true answers not_found with it in the error's
+// details (ErrorDetails). The key's next record continues its history and removes it;
+// otherwise it lives until the record would have expired (ExpiresAt), and the expiry
+// sweeper deletes it then.
+type Tombstone struct {
+	Tenant      string    `json:"tenant"`
+	Key         string    `json:"idempotency_key"`
+	Tool        string    `json:"tool"`
+	Fingerprint string    `json:"effect_fingerprint"`
+	ReleasedAt  Timestamp `json:"released_at"`
+	ExpiresAt   Timestamp `json:"expires_at"`
+	// History is oldest first, at most MaxHistory, its last event the release or
+	// resolve; HistoryDropped counts the older ones.
+	History        []HistoryEvent `json:"history"`
+	HistoryDropped uint32         `json:"history_dropped"`
+}
 
 // WithoutHistory returns r without its history, sharing everything else: what every
 // answer carries unless the caller asked for the history.

@@ -2,12 +2,15 @@ package api_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
+	"reflect"
 	"testing"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
+	"github.com/idemkv/idemkv/client"
 )
 
 // withHistory is committedRecord with the history the state machine would have
@@ -131,5 +134,58 @@ func TestStoreEffectAndRuleOptionsChecked(t *testing.T) {
 	}
 	if fake.Calls() != 0 {
 		t.Fatalf("the store was called %d times", fake.Calls())
+	}
+}
+
+// TestGetOfAReleasedKey: the not_found of GET ?history=true for a released key
+// carries the tombstone in error.details.released, in exactly the documented shape
+// (docs/protocol.md "History"), and the Go client hands it back as it was; without
+// ?history=true the not_found is the plain error shape.
+func TestGetOfAReleasedKey(t *testing.T) {
+	tomb := &idemkv.Tombstone{Tenant: testTenant, Key: testKey, Tool: testTool, Fingerprint: testFP, ReleasedAt: t13,
+		ExpiresAt: t0 + 86_400_000, History: []idemkv.HistoryEvent{
+			{At: t0, Event: idemkv.EventExecute, Fence: 7, AttemptID: "att-1", Actor: "agent-7"},
+			{At: t13, Event: idemkv.EventRelease, Fence: 7, AttemptID: "att-1", Actor: "agent-7", Detail: "the effect did not happen"}}}
+	fake := &FakeStore{GetFunc: func(_ context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {
+		if req.History {
+			return nil, idemkv.ReleasedNotFound(tomb)
+		}
+		return nil, idemkv.Errorf(idemkv.ErrNotFound, "%s/%s", req.Tenant, req.Key)
+	}}
+	n := startNode(t, fake, nil)
+	path := n.url + "/v1/records/" + testTenant + "/" + url.PathEscape(testKey)
+	do(t, http.MethodGet, path, nil, nil).wantError(t, http.StatusNotFound, "not_found", "")
+
+	m := do(t, http.MethodGet, path+"?history=true", nil, nil).object(t, http.StatusNotFound)
+	e := object(t, "error", m["error"])
+	wantKeys(t, "error", e, "code", "message", "details")
+	if e["code"] != "not_found" {
+		t.Errorf("code %v", e["code"])
+	}
+	released := object(t, "released", object(t, "details", e["details"])["released"])
+	wantKeys(t, "released", released, "tenant", "idempotency_key", "tool", "effect_fingerprint", "released_at", "expires_at",
+		"history", "history_dropped")
+	if released["released_at"] != t13.String() || released["history_dropped"] != float64(0) {
+		t.Errorf("released %v", released)
+	}
+	events, _ := released["history"].([]any)
+	if len(events) != 2 {
+		t.Fatalf("history %v", released["history"])
+	}
+	rel := object(t, "release event", events[1])
+	wantKeys(t, "release event", rel, "at", "event", "fence", "attempt_id", "actor", "detail")
+	if rel["event"] != "release" || rel["fence"] != float64(7) {
+		t.Errorf("release event %v", rel)
+	}
+
+	c, err := client.New(client.Config{Endpoints: []string{n.url}, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Get(context.Background(), &idemkv.GetRequest{Tenant: testTenant, Key: testKey, History: true})
+	var ce *idemkv.Error
+	if !errors.Is(err, idemkv.ErrNotFound) || !errors.As(err, &ce) || ce.Details == nil || !reflect.DeepEqual(ce.Details.Released, tomb) {
+		t.Fatalf("client get: %v (%+v)", err, ce)
 	}
 }

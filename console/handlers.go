@@ -1,6 +1,7 @@
 package console
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -245,10 +246,13 @@ func (s *Server) records(r *http.Request, v viewer, d *pageData) {
 type recordBody struct {
 	Tenant, Key string
 	Record      *idemkv.Record
-	CanWrite    bool
-	CanVote     bool
-	Approver    bool
-	Return      string
+	// Released is the tombstone of a record that was released there, when the key
+	// holds no record: the API's not_found carries it.
+	Released *idemkv.Tombstone
+	CanWrite bool
+	CanVote  bool
+	Approver bool
+	Return   string
 }
 
 func (s *Server) record(r *http.Request, v viewer, d *pageData) {
@@ -256,6 +260,12 @@ func (s *Server) record(r *http.Request, v viewer, d *pageData) {
 	q := r.URL.Query()
 	b := recordBody{Tenant: q.Get("tenant"), Key: q.Get("key"), Return: r.URL.RequestURI(), Approver: v.principal == nil}
 	rec, err := s.apiClient(r, v).Get(r.Context(), &idemkv.GetRequest{Tenant: b.Tenant, Key: b.Key, History: true})
+	var e *idemkv.Error
+	if errors.As(err, &e) && e.Details != nil && e.Details.Released != nil {
+		// No record, but the story of the one released here: the page shows it, not
+		// an error.
+		b.Released, err = e.Details.Released, nil
+	}
 	d.Err = describeRead(err)
 	b.Record = rec
 	b.CanWrite, b.CanVote = v.may(api.OpWrite, b.Tenant), v.may(api.OpApprove, b.Tenant)

@@ -39,15 +39,27 @@ func Expired(rec *idemkv.Record, now idemkv.Timestamp) bool {
 // machine) on an absent record stores a record awaiting approval instead of granting
 // anything; a waiting approval that lapsed counts as absent.
 func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) (next *idemkv.Record, res *idemkv.ReserveResult) {
+	return DecideOver(cur, nil, req, now, index)
+}
+
+// DecideOver is Decide on a key that may hold the tombstone of a record released
+// before (tomb, nil: none). The tombstone never changes the decision: the key is absent
+// whatever it holds. It only gives the record the reserve makes on the absent key its
+// history to continue, as long as it lives (TombstoneExpired); the state machine
+// deletes it once a record takes the key again.
+func DecideOver(cur *idemkv.Record, tomb *idemkv.Tombstone, req *idemkv.ReserveRequest, now idemkv.Timestamp, index uint64) (next *idemkv.Record, res *idemkv.ReserveResult) {
 	if Expired(cur, now) || (cur.Status == idemkv.StatusAwaitingApproval && cur.Approval.Lapsed(now)) {
 		// A request that lapsed unanswered is absent, but its history is the key's
-		// story: the new record continues it. An expired record's is gone with it.
-		var before *idemkv.Record
+		// story: the new record continues it, as it does a released record's. An
+		// expired record's is gone with it.
+		prior := inherited{}
 		if !Expired(cur, now) {
-			before = cur
+			prior = inherited{cur.History, cur.HistoryDropped}
+		} else if !TombstoneExpired(tomb, now) {
+			prior = inherited{tomb.History, tomb.HistoryDropped}
 		}
 		if req.Approval != nil && req.Approval.Required {
-			next = askApproval(req, before, now, index)
+			next = askApproval(req, prior, now, index)
 			return next, needsApproval(next)
 		}
 		lease := now + idemkv.Timestamp(req.LeaseTTLMs)
@@ -69,7 +81,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 			EffectMask:     req.EffectMask,
 		}
 		capExpiry(next, now)
-		next.History, next.HistoryDropped = lapsedHistory(before)
+		next.History, next.HistoryDropped = prior.events, prior.dropped
 		next.AddEvent(grantEvent(idemkv.EventExecute, next, now, ""))
 		return next, granted(idemkv.DecisionExecute, next)
 	}
@@ -152,7 +164,7 @@ func Decide(cur *idemkv.Record, req *idemkv.ReserveRequest, now idemkv.Timestamp
 // effect's canonical JSON kept for the approver. Its id names the entry that asked,
 // so a request after this one lapsed or was swept gets another id. The record lives at
 // least as long as the request may wait.
-func askApproval(req *idemkv.ReserveRequest, before *idemkv.Record, now idemkv.Timestamp, index uint64) *idemkv.Record {
+func askApproval(req *idemkv.ReserveRequest, prior inherited, now idemkv.Timestamp, index uint64) *idemkv.Record {
 	ask := req.Approval
 	a := &idemkv.Approval{
 		ID:          ApprovalID(index),
@@ -178,7 +190,7 @@ func askApproval(req *idemkv.ReserveRequest, before *idemkv.Record, now idemkv.T
 	}
 	capExpiry(next, now)
 	a.ExpiresAt = min(a.ExpiresAt, next.ExpiresAt)
-	next.History, next.HistoryDropped = lapsedHistory(before)
+	next.History, next.HistoryDropped = prior.events, prior.dropped
 	detail := "approval " + a.ID
 	if a.ByRule {
 		detail += " (required by a rule)"
@@ -190,13 +202,42 @@ func askApproval(req *idemkv.ReserveRequest, before *idemkv.Record, now idemkv.T
 	return next
 }
 
-// lapsedHistory is the history a new record takes over from before, a record whose
-// approval lapsed unanswered (nil: none).
-func lapsedHistory(before *idemkv.Record) ([]idemkv.HistoryEvent, uint32) {
-	if before == nil {
-		return nil, 0
+// inherited is the history a new record takes over: that of a record whose approval
+// lapsed unanswered, or of a live tombstone; none otherwise. The new record's own first
+// event then goes after it, and AddEvent keeps the latest MaxHistory.
+type inherited struct {
+	events  []idemkv.HistoryEvent
+	dropped uint32
+}
+
+// TombstoneExpired reports whether t counts as gone at now: like a record, at or past
+// its expires_at (the one its record had).
+func TombstoneExpired(t *idemkv.Tombstone, now idemkv.Timestamp) bool {
+	return t == nil || t.ExpiresAt <= now
+}
+
+// tombstoneOf is what cur, deleted by ev (its release, or a resolve not executed),
+// leaves of itself: its history with ev appended, until cur's expires_at. A record that
+// keeps no history (HasHistory, the one predicate) leaves none: nil.
+func tombstoneOf(cur *idemkv.Record, ev idemkv.HistoryEvent) *idemkv.Tombstone {
+	if !cur.HasHistory() {
+		return nil
 	}
-	return before.History, before.HistoryDropped
+	h, dropped := cur.WithEvent(ev)
+	return &idemkv.Tombstone{Tenant: cur.Tenant, Key: cur.Key, Tool: cur.Tool, Fingerprint: cur.Fingerprint,
+		ReleasedAt: ev.At, ExpiresAt: cur.ExpiresAt, History: h, HistoryDropped: dropped}
+}
+
+// ReleaseTombstone is the tombstone of cur, released at now by the attempt holding it
+// (DecideRelease said to delete it); nil when cur keeps no history.
+func ReleaseTombstone(cur *idemkv.Record, now idemkv.Timestamp) *idemkv.Tombstone {
+	return tombstoneOf(cur, endEvent(idemkv.EventRelease, cur, now, cur.Actor, "the effect did not happen"))
+}
+
+// NotExecutedTombstone is the tombstone of cur, resolved not executed at now by req
+// (DecideResolve said to delete it); nil when cur keeps no history.
+func NotExecutedTombstone(cur *idemkv.Record, req *idemkv.ResolveRequest, now idemkv.Timestamp) *idemkv.Tombstone {
+	return tombstoneOf(cur, endEvent(idemkv.EventResolve, cur, now, req.By, "not executed"))
 }
 
 // grantEvent is the event of a grant (execute, recover) that made rec as it is now.

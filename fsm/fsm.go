@@ -28,8 +28,8 @@ type Result struct {
 	Record   *idemkv.Record        // OpFail, OpHeartbeat, OpDoubt: the record after the transition
 	Receipt  *idemkv.Receipt       // OpCommit, OpResolve committed: the stored outcome (committed, or the stored failure if fail won)
 	Released bool                  // OpRelease, OpResolve not_executed
-	Swept    int                   // OpSweep: records deleted
-	More     bool                  // OpSweep: expired records remain (<= Now) after this entry
+	Swept    int                   // OpSweep: records and tombstones deleted
+	More     bool                  // OpSweep: expired records or tombstones remain (<= Now) after this entry
 	Asked    bool                  // OpReserve: the entry stored a new approval request
 	Err      error                 // wraps ErrFenced, ErrFingerprintMismatch, ErrNotPending, ErrNotFound, ErrInvalidArgument or ErrInternal
 }
@@ -299,12 +299,20 @@ func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Times
 	if err != nil {
 		return nil, err
 	}
+	var tomb *idemkv.Tombstone
 	if cmd.Op == OpReserve {
 		if cmd, err = withRule(b, cmd); err != nil {
 			return nil, err
 		}
+		// Only an absent key can hold a tombstone: the record that takes it again
+		// removes it.
+		if Expired(cur, now) {
+			if tomb, err = b.Tombstone(k.tenant, k.key); err != nil {
+				return nil, err
+			}
+		}
 	}
-	d := decideOn(cur, cmd, now, index)
+	d := decideOn(cur, tomb, cmd, now, index)
 	if d.err != nil {
 		return &Result{Err: d.err}, nil
 	}
@@ -312,26 +320,41 @@ func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Times
 		if err := b.PutRecord(d.put); err != nil {
 			return nil, err
 		}
+		if tomb != nil {
+			// Live or not, the tombstone's history is the new record's now (or, past
+			// its expiry, gone): the key holds a record again.
+			if _, err := b.DeleteTombstone(k.tenant, k.key); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if d.release {
 		if _, err := b.DeleteRecord(k.tenant, k.key); err != nil {
 			return nil, err
+		}
+		if d.tomb != nil {
+			if err := b.PutTombstone(d.tomb); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return d.res, nil
 }
 
 // decision is what a decision function of decide.go says of one record: the record to
-// store (nil: none), whether to delete it, the answer, or why the command is refused.
+// store (nil: none), whether to delete it and the tombstone it leaves (nil: none), the
+// answer, or why the command is refused.
 type decision struct {
 	put     *idemkv.Record
 	release bool
+	tomb    *idemkv.Tombstone
 	res     *Result
 	err     error
 }
 
-// decideOn runs the decision function of cmd's op on cur.
-func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint64) decision {
+// decideOn runs the decision function of cmd's op on cur; tomb is the key's tombstone
+// (read for a reserve on an absent key only).
+func decideOn(cur *idemkv.Record, tomb *idemkv.Tombstone, cmd *Command, now idemkv.Timestamp, index uint64) decision {
 	switch cmd.Op {
 	case OpReserve:
 		r := cmd.Reserve
@@ -341,7 +364,7 @@ func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint
 		if r.Approval != nil && r.Approval.Required && (len(r.Effect) == 0 || r.Approval.TTLMs <= 0) {
 			return decision{err: errNoEffect(r)}
 		}
-		next, rr := Decide(cur, r, now, index)
+		next, rr := DecideOver(cur, tomb, r, now, index)
 		asked := next != nil && rr.Decision == idemkv.DecisionNeedsApproval
 		return decision{put: next, res: &Result{Reserve: rr, Asked: asked}}
 	case OpCommit:
@@ -352,7 +375,11 @@ func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint
 		return decision{put: next, res: &Result{Record: rec}, err: err}
 	case OpRelease:
 		release, err := DecideRelease(cur, cmd.Release, now)
-		return decision{release: release, res: &Result{Released: release}, err: err}
+		d := decision{release: release, res: &Result{Released: release}, err: err}
+		if release {
+			d.tomb = ReleaseTombstone(cur, now)
+		}
+		return d
 	case OpHeartbeat:
 		if cmd.Heartbeat.LeaseTTLMs <= 0 {
 			return decision{err: errUnfilled}
@@ -364,7 +391,11 @@ func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint
 		return decision{put: next, res: &Result{Record: rec}, err: err}
 	case OpResolve:
 		next, receipt, release, err := DecideResolve(cur, cmd.Resolve, now)
-		return decision{put: next, release: release, res: &Result{Receipt: receipt, Released: release}, err: err}
+		d := decision{put: next, release: release, res: &Result{Receipt: receipt, Released: release}, err: err}
+		if release {
+			d.tomb = NotExecutedTombstone(cur, cmd.Resolve, now)
+		}
+		return d
 	case OpDecideApproval:
 		next, err := DecideApproval(cur, cmd.Approval, now)
 		return decision{put: next, res: &Result{Record: next}, err: err}
@@ -373,12 +404,24 @@ func decideOn(cur *idemkv.Record, cmd *Command, now idemkv.Timestamp, index uint
 	return decision{err: idemkv.Errorf(idemkv.ErrInternal, "fsm: no decision for %s", cmd.Op)}
 }
 
-// sweep deletes up to limit records expired at now. It reads limit+1 index entries so
-// it can tell whether any remain without a second scan.
+// sweep deletes up to limit records and tombstones expired at now, records first.
+// swept counts both; more says some of either remain.
 func sweep(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more bool, err error) {
 	if limit <= 0 {
 		limit = DefaultSweepLimit
 	}
+	swept, more, err = sweepRecords(b, now, limit)
+	if err != nil || more {
+		return swept, more, err
+	}
+	// Whatever budget the records left; none left still looks for one, to tell more.
+	tombs, more, err := sweepTombstones(b, now, limit-swept)
+	return swept + tombs, more, err
+}
+
+// sweepRecords deletes up to limit records expired at now. It reads limit+1 index
+// entries so it can tell whether any remain without a second scan.
+func sweepRecords(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more bool, err error) {
 	entries, err := b.Expired(now, limit+1)
 	if err != nil {
 		return 0, false, err
@@ -407,6 +450,40 @@ func sweep(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more b
 	if len(entries) > 0 {
 		// Every entry up to the last one read is gone now: later scans skip them.
 		if err := b.MarkSwept(entries[len(entries)-1]); err != nil {
+			return swept, more, err
+		}
+	}
+	return swept, more, nil
+}
+
+// sweepTombstones deletes up to limit tombstones expired at now (limit 0: none, but
+// more still tells whether any are due), as sweepRecords deletes records.
+func sweepTombstones(b *storage.Batch, now idemkv.Timestamp, limit int) (swept int, more bool, err error) {
+	entries, err := b.ExpiredTombstones(now, limit+1)
+	if err != nil {
+		return 0, false, err
+	}
+	if len(entries) > limit {
+		entries, more = entries[:limit], true
+	}
+	for _, e := range entries {
+		t, err := b.Tombstone(e.Tenant, e.Key)
+		if err != nil {
+			return swept, more, err
+		}
+		if t == nil || t.ExpiresAt != e.ExpiresAt || !TombstoneExpired(t, now) {
+			if err := b.DeleteTombstoneExpiry(e); err != nil {
+				return swept, more, err
+			}
+			continue
+		}
+		if _, err := b.DeleteTombstone(e.Tenant, e.Key); err != nil {
+			return swept, more, err
+		}
+		swept++
+	}
+	if len(entries) > 0 {
+		if err := b.MarkTombstonesSwept(entries[len(entries)-1]); err != nil {
 			return swept, more, err
 		}
 	}
@@ -494,6 +571,24 @@ func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, err
 		return nil, fmt.Errorf("%w: %s/%s", idemkv.ErrNotFound, tenant, key)
 	}
 	return rec, nil
+}
+
+// Tombstone returns the tombstone a released record left for (tenant, key), or
+// ErrNotFound if there is none or it is past its expires_at at max(now, Clock()). A
+// key that holds a live record has none.
+func (f *FSM) Tombstone(tenant, key string, now idemkv.Timestamp) (*idemkv.Tombstone, error) {
+	if err := f.readable(); err != nil {
+		return nil, err
+	}
+	now = max(now, f.Clock())
+	t, err := f.st.Tombstone(tenant, key)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", idemkv.ErrInternal, err)
+	}
+	if TombstoneExpired(t, now) {
+		return nil, fmt.Errorf("%w: %s/%s", idemkv.ErrNotFound, tenant, key)
+	}
+	return t, nil
 }
 
 // listScanBudget bounds how many stored records one List call reads, so that a
@@ -604,7 +699,7 @@ func (f *FSM) InDoubt() (count int, oldest idemkv.Timestamp) {
 	return count, oldest
 }
 
-// StateHash digests all records and node metadata (not the applied index or clock):
+// StateHash digests all records, tombstones, rules and node metadata (not the applied index or clock):
 // replicas that applied the same entries have equal hashes.
 func (f *FSM) StateHash() ([32]byte, error) { return f.st.Hash() }
 

@@ -231,7 +231,7 @@ func New() *Metrics {
 		}, []string{"tool", "decision"}),
 		Swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "expiry_swept_records_total",
-			Help: "Records deleted by the expiry sweeper.",
+			Help: "Records deleted by the expiry sweeper, and tombstones of released records (their history) past their expiry.",
 		}),
 		SweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "expiry_sweep_duration_seconds",
@@ -240,7 +240,7 @@ func New() *Metrics {
 		}),
 		SweepBacklog: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "expiry_backlog_records",
-			Help: "Records past expires_at that are not swept yet.",
+			Help: "Records past expires_at that are not swept yet, and tombstones of released records past theirs.",
 		}),
 		OldestOverdue: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "expiry_oldest_overdue_seconds",

@@ -219,6 +219,21 @@ func (n *Node) Get(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record,
 	}
 }
 
+// released is the answer to a read of r's history that found no record: the
+// tombstone of a record released there, as the not_found's details, when there is one;
+// notFound, the plain answer, otherwise.
+func (n *Node) released(r *idemkv.GetRequest, now idemkv.Timestamp, notFound error) error {
+	t, err := n.fsm.Tombstone(r.Tenant, r.Key, now)
+	switch {
+	case err == nil:
+		return idemkv.ReleasedNotFound(t)
+	case errors.Is(err, idemkv.ErrNotFound):
+		return notFound
+	default:
+		return err
+	}
+}
+
 // pollOnce reads the record once and, unless the answer is final (done), waits until
 // the record may have changed, its lease runs out or the deadline passes.
 func (n *Node) pollOnce(ctx context.Context, r *idemkv.GetRequest, deadline time.Time) (rec *idemkv.Record, done bool, err error) {
@@ -233,6 +248,9 @@ func (n *Node) pollOnce(ctx context.Context, r *idemkv.GetRequest, deadline time
 	}
 	now := n.now()
 	rec, err = n.fsm.Get(r.Tenant, r.Key, now)
+	if errors.Is(err, idemkv.ErrNotFound) && r.History {
+		err = n.released(r, now, err)
+	}
 	if err != nil || r.Wait <= 0 {
 		return rec, true, err
 	}

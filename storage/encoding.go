@@ -21,31 +21,46 @@ import (
 //	m/clock                                      state machine clock (8 bytes)
 //	m/swept                                      expiry key of the last entry swept
 //	m/records                                    number of records (8 bytes), kept in step by batches
+//	m/tswept                                     tombstone expiry key of the last tombstone swept
 //	n/<id>                                       replicated node metadata
+//	t/<tenant>\x00<key>                          tombstone of a released record (replicated state, like records)
+//	y/<8-byte big-endian expires_at><tenant>\x00<key>  tombstone expiry index (empty value)
+//
+// The tombstone prefixes sort after m/applied, which a version-1 snapshot stream must
+// reach among its first pairs (appliedInRecords).
 const (
-	prefixRecord = "r/"
-	prefixExpiry = "x/"
-	prefixNode   = "n/"
-	prefixDoubt  = "d/"
-	prefixWait   = "w/"
-	prefixRule   = "a/"
+	prefixRecord     = "r/"
+	prefixExpiry     = "x/"
+	prefixNode       = "n/"
+	prefixDoubt      = "d/"
+	prefixWait       = "w/"
+	prefixRule       = "a/"
+	prefixTomb       = "t/"
+	prefixTombExpiry = "y/"
 )
 
 var (
-	keyApplied = []byte("m/applied")
-	keyClock   = []byte("m/clock")
-	keySwept   = []byte("m/swept")
-	keyRecords = []byte("m/records")
+	keyApplied   = []byte("m/applied")
+	keyClock     = []byte("m/clock")
+	keySwept     = []byte("m/swept")
+	keyRecords   = []byte("m/records")
+	keyTombSwept = []byte("m/tswept")
 )
 
-func recordKey(tenant, key string) []byte {
-	b := make([]byte, 0, len(prefixRecord)+len(tenant)+1+len(key))
-	b = append(b, prefixRecord...)
+func recordKey(tenant, key string) []byte { return pairKey(prefixRecord, tenant, key) }
+
+func tombKey(tenant, key string) []byte { return pairKey(prefixTomb, tenant, key) }
+
+// pairKey is prefix, tenant, 0x00, key.
+func pairKey(prefix, tenant, key string) []byte {
+	b := make([]byte, 0, len(prefix)+len(tenant)+1+len(key))
+	b = append(b, prefix...)
 	b = append(b, tenant...)
 	b = append(b, 0)
 	return append(b, key...)
 }
 
+// parseRecordKey parses a record's key, or a tombstone's (the prefixes are as long).
 func parseRecordKey(k []byte) (tenant, key string, err error) {
 	rest := k[len(prefixRecord):]
 	for i, c := range rest {
@@ -56,24 +71,42 @@ func parseRecordKey(k []byte) (tenant, key string, err error) {
 	return "", "", fmt.Errorf("%w: record key without separator", ErrCorrupt)
 }
 
+// expiryIndex is one of the two expiry indexes: the records' and the tombstones'. Each
+// has its own swept mark, so that a sweep of one never steps over what was swept of the
+// other.
+type expiryIndex struct {
+	prefix string
+	mark   []byte
+}
+
+var (
+	recordExpiry = expiryIndex{prefix: prefixExpiry, mark: keySwept}
+	tombExpiry   = expiryIndex{prefix: prefixTombExpiry, mark: keyTombSwept}
+)
+
 func expiryKey(at idemkv.Timestamp, tenant, key string) []byte {
-	b := make([]byte, 0, len(prefixExpiry)+8+len(tenant)+1+len(key))
-	b = append(b, prefixExpiry...)
+	return recordExpiry.key(at, tenant, key)
+}
+
+func (x expiryIndex) key(at idemkv.Timestamp, tenant, key string) []byte {
+	b := make([]byte, 0, len(x.prefix)+8+len(tenant)+1+len(key))
+	b = append(b, x.prefix...)
 	b = binary.BigEndian.AppendUint64(b, uint64(at))
 	b = append(b, tenant...)
 	b = append(b, 0)
 	return append(b, key...)
 }
 
-// expiryBound is the first expiry key strictly after every entry expiring at or before
-// at. Expiry times are positive Unix milliseconds, so unsigned big-endian order is
-// time order.
-func expiryBound(at idemkv.Timestamp) []byte {
-	b := append([]byte(prefixExpiry), make([]byte, 8)...)
-	binary.BigEndian.PutUint64(b[len(prefixExpiry):], uint64(at)+1)
+// bound is the first key of the index strictly after every entry expiring at or
+// before at. Expiry times are positive Unix milliseconds, so unsigned big-endian order
+// is time order.
+func (x expiryIndex) bound(at idemkv.Timestamp) []byte {
+	b := append([]byte(x.prefix), make([]byte, 8)...)
+	binary.BigEndian.PutUint64(b[len(x.prefix):], uint64(at)+1)
 	return b
 }
 
+// parseExpiryKey parses a key of either index (the prefixes are as long).
 func parseExpiryKey(k []byte) (ExpiryEntry, error) {
 	rest := k[len(prefixExpiry):]
 	if len(rest) < 8 {
@@ -180,7 +213,7 @@ var statusByCode = [...]idemkv.Status{1: idemkv.StatusPending, 2: idemkv.StatusC
 
 // encodeRecord is deterministic (replicas must hash equal states to equal bytes).
 // Tenant and key live in the Pebble key and are not repeated.
-func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
+func encodeRecord(dst []byte, r *idemkv.Record) (_ []byte, err error) {
 	st, ok := statusCodes[r.Status]
 	if !ok {
 		return nil, fmt.Errorf("storage: cannot store status %q", r.Status)
@@ -217,7 +250,7 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 	if len(r.Effect) > 0 {
 		flags |= flagEffect
 	}
-	if len(r.History) > 0 || r.HistoryDropped > 0 {
+	if r.HasHistory() {
 		flags |= flagHistory
 	}
 	if len(r.EffectMask) > 0 {
@@ -258,19 +291,8 @@ func encodeRecord(dst []byte, r *idemkv.Record) ([]byte, error) {
 		dst = wire.AppendBytes(dst, r.Effect)
 	}
 	if flags&flagHistory != 0 {
-		dst = wire.AppendUvarint(dst, uint64(r.HistoryDropped))
-		dst = wire.AppendUvarint(dst, uint64(len(r.History)))
-		for _, ev := range r.History {
-			code, ok := eventCodes[ev.Event]
-			if !ok {
-				return nil, fmt.Errorf("storage: cannot store history event %q", ev.Event)
-			}
-			dst = append(dst, code)
-			dst = wire.AppendVarint(dst, int64(ev.At))
-			dst = wire.AppendUvarint(dst, ev.Fence)
-			dst = wire.AppendString(dst, ev.AttemptID)
-			dst = wire.AppendString(dst, ev.Actor)
-			dst = wire.AppendString(dst, ev.Detail)
+		if dst, err = appendHistory(dst, r.History, r.HistoryDropped); err != nil {
+			return nil, err
 		}
 	}
 	if flags&flagEffectMask != 0 {
@@ -370,26 +392,51 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 }
 
 func decodeHistory(d *wire.Decoder, r *idemkv.Record) {
-	dropped := d.Uvarint()
-	if dropped > 1<<32-1 {
-		d.Fail("history_dropped %d out of range", dropped)
+	r.History, r.HistoryDropped = readHistory(d)
+}
+
+// appendHistory appends a history (a record's, a tombstone's): history_dropped, the
+// number of events, then the events, oldest first.
+func appendHistory(dst []byte, h []idemkv.HistoryEvent, dropped uint32) ([]byte, error) {
+	dst = wire.AppendUvarint(dst, uint64(dropped))
+	dst = wire.AppendUvarint(dst, uint64(len(h)))
+	for _, ev := range h {
+		code, ok := eventCodes[ev.Event]
+		if !ok {
+			return nil, fmt.Errorf("storage: cannot store history event %q", ev.Event)
+		}
+		dst = append(dst, code)
+		dst = wire.AppendVarint(dst, int64(ev.At))
+		dst = wire.AppendUvarint(dst, ev.Fence)
+		dst = wire.AppendString(dst, ev.AttemptID)
+		dst = wire.AppendString(dst, ev.Actor)
+		dst = wire.AppendString(dst, ev.Detail)
 	}
-	r.HistoryDropped = uint32(dropped)
+	return dst, nil
+}
+
+// readHistory reads what appendHistory wrote.
+func readHistory(d *wire.Decoder) (h []idemkv.HistoryEvent, dropped uint32) {
+	n64 := d.Uvarint()
+	if n64 > 1<<32-1 {
+		d.Fail("history_dropped %d out of range", n64)
+	}
+	dropped = uint32(n64)
 	n := d.Uvarint()
 	if d.Err() == nil && n > idemkv.MaxHistory {
 		d.Fail("%d history events", n)
 	}
 	if d.Err() != nil {
-		return
+		return nil, 0
 	}
-	r.History = make([]idemkv.HistoryEvent, 0, n)
+	h = make([]idemkv.HistoryEvent, 0, n)
 	for i := uint64(0); i < n && d.Err() == nil; i++ {
 		code := d.Byte()
 		if d.Err() == nil && (int(code) >= len(eventByCode) || eventByCode[code] == "") {
 			d.Fail("unknown history event %d", code)
-			return
+			return nil, 0
 		}
-		r.History = append(r.History, idemkv.HistoryEvent{
+		h = append(h, idemkv.HistoryEvent{
 			Event:     eventByCode[code],
 			At:        idemkv.Timestamp(d.Varint()),
 			Fence:     d.Uvarint(),
@@ -398,6 +445,43 @@ func decodeHistory(d *wire.Decoder, r *idemkv.Record) {
 			Detail:    d.Text(),
 		})
 	}
+	return h, dropped
+}
+
+// tombVersion is the first byte of a stored tombstone. expires_at follows at a fixed
+// offset, as in a record, then released_at, the tool, the fingerprint and the history
+// (appendHistory), which holds at least the event that made the tombstone.
+const tombVersion = 1
+
+func encodeTombstone(dst []byte, t *idemkv.Tombstone) ([]byte, error) {
+	if len(t.History) == 0 {
+		return nil, fmt.Errorf("storage: a tombstone of %q/%q without history", t.Tenant, t.Key)
+	}
+	dst = append(dst, tombVersion)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(t.ExpiresAt))
+	dst = wire.AppendVarint(dst, int64(t.ReleasedAt))
+	dst = wire.AppendString(dst, t.Tool)
+	dst = wire.AppendString(dst, t.Fingerprint)
+	return appendHistory(dst, t.History, t.HistoryDropped)
+}
+
+func decodeTombstone(tenant, key string, v []byte) (*idemkv.Tombstone, error) {
+	if len(v) < 9 || v[0] != tombVersion {
+		return nil, fmt.Errorf("%w: bad tombstone header of %q/%q", ErrCorrupt, tenant, key)
+	}
+	t := &idemkv.Tombstone{Tenant: tenant, Key: key, ExpiresAt: idemkv.Timestamp(binary.BigEndian.Uint64(v[1:9]))}
+	d := wire.NewDecoder(v[9:], ErrCorrupt)
+	t.ReleasedAt = idemkv.Timestamp(d.Varint())
+	t.Tool = d.Text()
+	t.Fingerprint = d.Text()
+	t.History, t.HistoryDropped = readHistory(&d)
+	if d.Err() == nil && len(t.History) == 0 {
+		d.Fail("a tombstone without history")
+	}
+	if err := d.Finish(); err != nil {
+		return nil, fmt.Errorf("%w: tombstone %q/%q", err, tenant, key)
+	}
+	return t, nil
 }
 
 func decodeApproval(d *wire.Decoder) *idemkv.Approval {

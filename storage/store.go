@@ -362,25 +362,33 @@ type ExpiryEntry struct {
 	Key       string
 }
 
-// Overdue counts expiry index entries at or before now, stopping at limit, and
-// returns the earliest expiry among them (0 if none). Its cost is O(min(overdue,
-// limit)), never a scan of all records.
+// Overdue counts the entries of both expiry indexes (records, then tombstones) at or
+// before now, stopping at limit, and returns the earliest expiry among them (0 if
+// none): the sweeper's work. Its cost is O(min(overdue, limit)), never a scan of all
+// records.
 func (s *Store) Overdue(now idemkv.Timestamp, limit int) (count int, oldest idemkv.Timestamp, err error) {
 	db, err := s.open()
 	if err != nil {
 		return 0, 0, err
 	}
 	defer s.mu.RUnlock()
-	err = scanExpired(db, now, limit, func(e ExpiryEntry) {
-		if count == 0 {
-			oldest = e.ExpiresAt
+	for _, x := range []expiryIndex{recordExpiry, tombExpiry} {
+		first := true
+		err = x.scan(db, now, limit-count, func(e ExpiryEntry) {
+			if first && (oldest == 0 || e.ExpiresAt < oldest) {
+				oldest = e.ExpiresAt
+			}
+			first = false
+			count++
+		})
+		if err != nil {
+			return count, oldest, err
 		}
-		count++
-	})
-	return count, oldest, err
+	}
+	return count, oldest, nil
 }
 
-// Hash digests every record, node entry and approval rule, in key order. Bookkeeping (applied index,
+// Hash digests every record, node entry, approval rule and tombstone, in key order. Bookkeeping (applied index,
 // clock) and the derived expiry index are left out, so replicas that applied the same
 // commands hash equal whatever their snapshot history.
 func (s *Store) Hash() ([32]byte, error) {
@@ -391,7 +399,7 @@ func (s *Store) Hash() ([32]byte, error) {
 	defer s.mu.RUnlock()
 	h := sha256.New()
 	var lenBuf [binary.MaxVarintLen64]byte
-	for _, p := range []string{prefixNode, prefixRecord, prefixRule} {
+	for _, p := range []string{prefixNode, prefixRecord, prefixRule, prefixTomb} {
 		it, err := db.NewIter(prefixIter(p))
 		if err != nil {
 			return [32]byte{}, fmt.Errorf("storage: hash: %w", err)
@@ -484,7 +492,7 @@ func (s *Store) CheckExpiryIndex() error {
 	if records != entries {
 		return fmt.Errorf("%w: %d records but %d expiry entries", ErrCorrupt, records, entries)
 	}
-	if err := errors.Join(checkDoubtIndex(snap), checkWaitIndex(snap)); err != nil {
+	if err := errors.Join(checkDoubtIndex(snap), checkWaitIndex(snap), checkTombIndex(snap)); err != nil {
 		return err
 	}
 	// Scans start after the swept mark: an entry at or before it would never be swept.
@@ -769,50 +777,4 @@ func getRecord(r pebble.Reader, tenant, key string) (*idemkv.Record, error) {
 		return nil, err
 	}
 	return decodeRecord(tenant, key, v)
-}
-
-func scanExpired(r pebble.Reader, now idemkv.Timestamp, limit int, fn func(ExpiryEntry)) error {
-	if limit <= 0 {
-		return nil
-	}
-	lower, err := sweptBound(r)
-	if err != nil {
-		return err
-	}
-	upper := expiryBound(now)
-	if bytes.Compare(lower, upper) >= 0 {
-		return nil
-	}
-	it, err := r.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
-	if err != nil {
-		return fmt.Errorf("storage: expiry scan: %w", err)
-	}
-	defer it.Close()
-	n := 0
-	for it.First(); it.Valid() && n < limit; it.Next() {
-		e, err := parseExpiryKey(it.Key())
-		if err != nil {
-			return err
-		}
-		fn(e)
-		n++
-	}
-	return it.Error()
-}
-
-// sweptBound is the first index key a scan must look at: the one right after the
-// swept mark, or the start of the index.
-func sweptBound(r pebble.Reader) ([]byte, error) {
-	mark, err := getValue(r, keySwept)
-	if err != nil || mark == nil {
-		return []byte(prefixExpiry), err
-	}
-	if !bytes.HasPrefix(mark, []byte(prefixExpiry)) {
-		return nil, fmt.Errorf("%w: swept mark %q", ErrCorrupt, mark)
-	}
-	if _, err := parseExpiryKey(mark); err != nil {
-		return nil, fmt.Errorf("%w: swept mark %q", ErrCorrupt, mark)
-	}
-	// mark+"\x00" is the smallest key greater than mark.
-	return append(mark, 0), nil
 }

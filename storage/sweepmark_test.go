@@ -82,7 +82,7 @@ func TestScanStartsAfterTheSweptMark(t *testing.T) {
 
 	points := func(lower []byte) uint64 {
 		t.Helper()
-		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: expiryBound(ts + 2_000_000)})
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: recordExpiry.bound(ts + 2_000_000)})
 		if err != nil {
 			t.Fatal(err)
 		}

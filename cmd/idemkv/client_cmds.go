@@ -295,13 +295,25 @@ func newGetCommand(cf *clientFlags) *cobra.Command {
 			if stale {
 				req.Consistency = idemkv.Stale
 			}
-			return cf.run(cmd, func(ctx context.Context, c *client.Client) (any, error) { return c.Get(ctx, &req) })
+			return cf.run(cmd, func(ctx context.Context, c *client.Client) (any, error) {
+				rec, err := c.Get(ctx, &req)
+				var e *idemkv.Error
+				if errors.As(err, &e) && e.Details != nil && e.Details.Released != nil {
+					// No record, but the history of the one released there: printed as
+					// the answer's details say it, and the command still fails with
+					// not_found.
+					if perr := printJSON(cmd.OutOrStdout(), e.Details); perr != nil {
+						return nil, perr
+					}
+				}
+				return rec, err
+			})
 		},
 	}
 	id.register(cmd, false)
 	cmd.Flags().DurationVar(&wait, "wait", 0, "long-poll up to this long while the record is pending")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read the node's local replica")
-	cmd.Flags().BoolVar(&history, "history", false, "include the record's history (its last 16 events, oldest first)")
+	cmd.Flags().BoolVar(&history, "history", false, "include the record's history (its last 16 events, oldest first); for a released key, print the history it left ({\"released\":…}) and fail with not_found")
 	return cmd
 }
 

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,5 +69,46 @@ func TestGetHistoryNamesTheResolver(t *testing.T) {
 		h[1].Event != idemkv.EventDoubt || h[2].Event != idemkv.EventResolve || h[2].Actor != "oncall-ana (admin)" ||
 		h[2].Detail != "committed: psp rf_5" {
 		t.Fatalf("history %+v", h)
+	}
+}
+
+// TestGetHistoryOfAReleasedKey: idemkv get --history of a key whose record was
+// released prints the history it left (the execute and the release) and fails with
+// not_found; idemkv get alone fails the same way and prints nothing.
+func TestGetHistoryOfAReleasedKey(t *testing.T) {
+	c := testcluster.Start(t, 1)
+	ep := c.Endpoint(0)
+	cl, err := client.New(client.Config{Endpoints: []string{ep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := cl.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "acme", Key: "conv_6:email", Tool: "send_email", Actor: "agent-4", Fingerprint: "sha256:06"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli(t, "release", "--endpoint", ep, "--tenant", "acme", "--key", "conv_6:email", "--fingerprint", "sha256:06",
+		"--fence", fmt.Sprint(res.Fence)); err != nil {
+		t.Fatal(err)
+	}
+	get := []string{"get", "--endpoint", ep, "--tenant", "acme", "--key", "conv_6:email"}
+	out, err := cli(t, get...)
+	if !errors.Is(err, idemkv.ErrNotFound) || out != "" {
+		t.Fatalf("get: %v, printed %q", err, out)
+	}
+	out, err = cli(t, append(get, "--history")...)
+	if !errors.Is(err, idemkv.ErrNotFound) {
+		t.Fatalf("get --history: %v", err)
+	}
+	var printed idemkv.ErrorDetails
+	if err := json.Unmarshal([]byte(out), &printed); err != nil || printed.Released == nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	h := printed.Released.History
+	if len(h) != 2 || h[0].Event != idemkv.EventExecute || h[0].Actor != "agent-4" || h[1].Event != idemkv.EventRelease ||
+		h[1].Fence != res.Fence || printed.Released.Tool != "send_email" {
+		t.Fatalf("released %+v", printed.Released)
 	}
 }
