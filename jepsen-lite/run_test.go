@@ -130,6 +130,10 @@ func TestSabotageIsCaught(t *testing.T) {
 		// applied the latest commit answers in_progress where the leader replays. The
 		// followers' lag of milliseconds is enough; no fault is needed.
 		{testhooks.LocalPending, nil, []string{"nonlinearizable", "clock-regression"}},
+		// An approval unbound from its effect: a reserve of another fingerprint under
+		// a key whose approval was granted executes instead of conflicting. The
+		// approvals workload asks another refund right after an approval.
+		{testhooks.UnboundApproval, nil, []string{workload.AnomalyUnapprovedExecute}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
