@@ -53,7 +53,10 @@ func TimestampOf(t time.Time) Timestamp { return Timestamp(t.UnixMilli()) }
 func (ts Timestamp) Time() time.Time { return time.UnixMilli(int64(ts)).UTC() }
 
 // String formats ts as RFC 3339 UTC with milliseconds.
-func (ts Timestamp) String() string { return ts.Time().Format(TimeFormat) }
+func (ts Timestamp) String() string {
+	var b [len(TimeFormat) + 8]byte
+	return string(ts.appendText(b[:0]))
+}
 
 // TimeFormat is the layout of every timestamp idemkv writes.
 const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
@@ -62,8 +65,47 @@ const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
 func (ts Timestamp) MarshalJSON() ([]byte, error) {
 	b := make([]byte, 0, len(TimeFormat)+2)
 	b = append(b, '"')
-	b = ts.Time().AppendFormat(b, TimeFormat)
+	b = ts.appendText(b)
 	return append(b, '"'), nil
+}
+
+// appendText appends ts in TimeFormat. Years 0 to 9999, every time idemkv stamps,
+// are written digit by digit, as AppendFormat writes them but without parsing the
+// layout on every call: a reserve's answer carries four timestamps, and formatting
+// them took 1.3% of a leader's CPU under load (issue 27). Other years, which only a
+// request's own expires_at can bring, go through AppendFormat.
+func (ts Timestamp) appendText(b []byte) []byte {
+	t := ts.Time()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, TimeFormat)
+	}
+	hour, minute, sec := t.Clock()
+	ms := t.Nanosecond() / int(time.Millisecond)
+	b = appendDigits(b, year, 4)
+	b = append(b, '-')
+	b = appendDigits(b, int(month), 2)
+	b = append(b, '-')
+	b = appendDigits(b, day, 2)
+	b = append(b, 'T')
+	b = appendDigits(b, hour, 2)
+	b = append(b, ':')
+	b = appendDigits(b, minute, 2)
+	b = append(b, ':')
+	b = appendDigits(b, sec, 2)
+	b = append(b, '.')
+	b = appendDigits(b, ms, 3)
+	return append(b, 'Z')
+}
+
+// appendDigits appends v (0 <= v < 10^width) in exactly width decimal digits.
+func appendDigits(b []byte, v, width int) []byte {
+	var d [4]byte
+	for i := width - 1; i >= 0; i-- {
+		d[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(b, d[:width]...)
 }
 
 func (ts *Timestamp) UnmarshalJSON(b []byte) error {
