@@ -61,12 +61,23 @@ func (ts Timestamp) String() string {
 // TimeFormat is the layout of every timestamp idemkv writes.
 const TimeFormat = "2006-01-02T15:04:05.000Z07:00"
 
-// MarshalJSON writes ts quoted, in one allocation: every answer carries several.
-func (ts Timestamp) MarshalJSON() ([]byte, error) {
-	b := make([]byte, 0, len(TimeFormat)+2)
-	b = append(b, '"')
-	b = ts.appendText(b)
-	return append(b, '"'), nil
+// MarshalText writes ts in TimeFormat, which encoding/json quotes. Timestamp is a
+// TextMarshaler rather than a json.Marshaler because encoding/json scans and compacts
+// whatever a MarshalJSON returns: for the four timestamps of every answer that scan
+// cost more than formatting them (1.6% of a leader's CPU at 64 clients, issue 27).
+// The JSON is the same.
+func (ts Timestamp) MarshalText() ([]byte, error) {
+	return ts.appendText(make([]byte, 0, len(TimeFormat))), nil
+}
+
+// UnmarshalText reads what MarshalText writes, or any RFC 3339 time.
+func (ts *Timestamp) UnmarshalText(b []byte) error {
+	t, err := time.Parse(time.RFC3339Nano, string(b))
+	if err != nil {
+		return fmt.Errorf("timestamp must be RFC 3339: %w", err)
+	}
+	*ts = TimestampOf(t)
+	return nil
 }
 
 // appendText appends ts in TimeFormat. Years 0 to 9999, every time idemkv stamps,
@@ -113,12 +124,7 @@ func (ts *Timestamp) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("timestamp must be an RFC 3339 string: %w", err)
 	}
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return fmt.Errorf("timestamp must be RFC 3339: %w", err)
-	}
-	*ts = TimestampOf(t)
-	return nil
+	return ts.UnmarshalText([]byte(s))
 }
 
 // Record is the stored state of one idempotency key (docs/protocol.md section 1).

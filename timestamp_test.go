@@ -1,8 +1,10 @@
 package idemkv
 
 import (
+	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -34,13 +36,39 @@ func TestTimestampTextIsTimeFormat(t *testing.T) {
 		if got, want := ts.String(), formatted(ts); got != want {
 			t.Fatalf("Timestamp(%d).String() = %q, time.Format says %q", int64(ts), got, want)
 		}
-		b, err := ts.MarshalJSON()
+		b, err := json.Marshal(ts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := `"` + formatted(ts) + `"`; string(b) != want {
-			t.Fatalf("Timestamp(%d).MarshalJSON() = %s, want %s", int64(ts), b, want)
+			t.Fatalf("json.Marshal(Timestamp(%d)) = %s, want %s", int64(ts), b, want)
 		}
+	}
+}
+
+// TestTimestampJSON: a Timestamp travels as the quoted text, is left out when zero
+// under omitempty, reads back to the same millisecond, and refuses a number.
+func TestTimestampJSON(t *testing.T) {
+	type doc struct {
+		At    Timestamp `json:"at"`
+		Maybe Timestamp `json:"maybe,omitempty"`
+	}
+	b, err := json.Marshal(doc{At: 1764633600123})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"at":"2025-12-02T00:00:00.123Z"}`; string(b) != want {
+		t.Fatalf("json.Marshal = %s, want %s", b, want)
+	}
+	var back doc
+	if err := json.Unmarshal([]byte(`{"at":"2025-12-02T00:00:00.123Z","maybe":"2025-12-02T01:00:00.5+01:00"}`), &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.At != 1764633600123 || back.Maybe != 1764633600500 {
+		t.Fatalf("read back %+v", back)
+	}
+	if err := json.Unmarshal([]byte(`{"at":1764633600123}`), &back); err == nil || !strings.Contains(err.Error(), "RFC 3339 string") {
+		t.Fatalf("a number as a timestamp: %v, want refused as not an RFC 3339 string", err)
 	}
 }
 
