@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/idemkv/idemkv"
 )
@@ -78,10 +79,13 @@ func (s *Server) writeJSON(w http.ResponseWriter, r *http.Request, status int, v
 // writeJSON, writeError and writeErrorStatus are free functions of a logger, so that
 // WriteError (for middleware outside any Server) needs no Server to answer.
 func writeJSON(log *slog.Logger, w http.ResponseWriter, r *http.Request, status int, v any) {
-	// Marshal before writing anything, so that a value that cannot be encoded becomes a
-	// clean 500 instead of half a body behind a 200.
-	b, err := json.Marshal(v)
-	if err != nil {
+	// Encode before writing anything, so that a value that cannot be encoded becomes a
+	// clean 500 instead of half a body behind a 200. The Encoder writes what
+	// json.Marshal does, newline added, into a pooled buffer: Marshal's copy of its
+	// result and the append of the newline were two allocations of the whole answer.
+	buf := answerBuffers.Get().(*bytes.Buffer)
+	defer putAnswerBuffer(buf)
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
 		writeError(log, w, r, fmt.Errorf("api: encoding the answer: %w", err))
 		return
 	}
@@ -91,10 +95,25 @@ func writeJSON(log *slog.Logger, w http.ResponseWriter, r *http.Request, status 
 	// replay one.
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	if _, err := w.Write(append(b, '\n')); err != nil {
+	if _, err := w.Write(buf.Bytes()); err != nil {
 		log.LogAttrs(r.Context(), slog.LevelDebug, "writing the answer failed",
 			slog.String(logKeyPath, r.URL.Path), slog.Any(logKeyErr, err))
 	}
+}
+
+// answerBuffers holds the buffers answers are encoded into.
+var answerBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledAnswer bounds the buffers kept: a page of large records is rare, and
+// keeping its buffer would hold that much memory per pooled buffer.
+const maxPooledAnswer = 64 << 10
+
+func putAnswerBuffer(b *bytes.Buffer) {
+	if b.Cap() > maxPooledAnswer {
+		return
+	}
+	b.Reset()
+	answerBuffers.Put(b)
 }
 
 // writeError writes err with the status of its wire code. Errors that wrap no sentinel
