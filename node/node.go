@@ -292,10 +292,6 @@ type Node struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	// proposals waits for the futures of proposed writes (proposals.go); it stops with
-	// ctx once every queued write has its answer.
-	proposals *proposals
-
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -312,8 +308,6 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.ID), metrics: cfg.Metrics, clock: &stampClock{wall: cfg.Now, mono: cfg.Monotonic}}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	n.proposals = newProposals()
-	go n.proposals.run(n.ctx)
 	if err := n.open(); err != nil {
 		n.cancel()
 		n.closeResources()

@@ -387,10 +387,8 @@ func (n *Node) proposeFrom(ctx context.Context, begin time.Time, cmd *fsm.Comman
 // write's outcome unknown, unless Raft says it never appended the entry; a caller that
 // gives up waiting gets outcome_unknown too, since the entry may still commit.
 func (n *Node) waitProposed(ctx context.Context, f raft.ApplyFuture) error {
-	done, ok := n.proposals.add(f)
-	if !ok {
-		return n.raftError(raft.ErrRaftShutdown) // closing: the waiter has stopped
-	}
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
 	select {
 	case err := <-done:
 		if err != nil {

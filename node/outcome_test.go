@@ -3,8 +3,6 @@ package node_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -63,67 +61,5 @@ func TestProposedWriteWithoutAnswerIsOutcomeUnknown(t *testing.T) {
 	_, err = leader.Reserve(opsCtx(t), reserveReq("k3", "a3", fp("k3")))
 	if !errors.Is(err, idemkv.ErrUnavailable) || errors.Is(err, idemkv.ErrOutcomeUnknown) {
 		t.Fatalf("reserve on a former leader: %v, want unavailable", err)
-	}
-}
-
-// TestWaitingWritesShareOneWaiter: writes waiting for a quorum do not each park a
-// goroutine on their Raft future; one waiter per node does (issue 27: a goroutine per
-// write cost 3-4% of a leader's CPU). Twenty writes wait on a leader whose followers
-// are stopped; the goroutines blocked in a future's Error() from this package are
-// counted from a dump of every stack.
-func TestWaitingWritesShareOneWaiter(t *testing.T) {
-	c := testcluster.Start(t, 3, testcluster.WithConfig(func(_ int, cfg *node.Config) {
-		cfg.HeartbeatTimeout = 5 * time.Second
-		cfg.ElectionTimeout = 5 * time.Second
-		cfg.LeaderLeaseTimeout = 5 * time.Second
-	}))
-	l := c.WaitLeader()
-	leader := c.Node(l)
-	for i := range c.Len() {
-		if i != l {
-			c.Stop(i)
-		}
-	}
-	const writes = 20
-	errs := make(chan error, writes)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	for i := range writes {
-		k := fmt.Sprintf("w%d", i)
-		go func() {
-			_, err := leader.Reserve(ctx, reserveReq(k, "a"+k, fp(k)))
-			errs <- err
-		}()
-	}
-	// Every write is waiting once twenty callers are parked in waitProposed.
-	var waiters int
-	if err := testcluster.Eventually(2*time.Second, func() error {
-		buf := make([]byte, 1<<22)
-		stacks := strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n")
-		callers := 0
-		waiters = 0
-		for _, s := range stacks {
-			if strings.Contains(s, "node.(*Node).waitProposed(") {
-				callers++
-			}
-			if strings.Contains(s, "raft.(*deferError).Error(") && strings.Contains(s, "idemkv/node.") {
-				waiters++
-			}
-		}
-		if callers != writes {
-			return fmt.Errorf("%d of %d writes waiting", callers, writes)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if waiters != 1 {
-		t.Fatalf("%d goroutines of the node blocked on Raft futures for %d waiting writes, want 1", waiters, writes)
-	}
-	cancel()
-	for range writes {
-		if err := <-errs; !errors.Is(err, idemkv.ErrOutcomeUnknown) {
-			t.Fatalf("a write whose caller gave up: %v, want outcome_unknown", err)
-		}
 	}
 }
