@@ -490,6 +490,9 @@ type NodeInfo struct {
 	// LastContact, when known, is when the member last answered: on a leader for an
 	// unreachable follower, on a follower for its leader.
 	LastContact string `json:"last_contact,omitempty"`
+	// Format is the highest data format the member said it reads (docs/operations.md
+	// "Upgrading"); a member of a release before formats says nothing and counts as 2.
+	Format int `json:"format,omitempty"`
 }
 
 // LeaderInfo names the current leader.
@@ -505,6 +508,9 @@ type ClusterInfo struct {
 	Term         uint64     `json:"term"`
 	CommitIndex  uint64     `json:"commit_index"`
 	AppliedIndex uint64     `json:"applied_index"`
+	// Format is the cluster's data format: what every member reads, and so what the
+	// state machine writes. It only rises, once every member advertises the next one.
+	Format int `json:"format,omitempty"`
 	// Clock is the answering node's clock against the state machine's.
 	Clock *ClockInfo `json:"clock,omitempty"`
 }
@@ -531,6 +537,10 @@ type JoinRequest struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	APIAddr  string `json:"api_addr"`
+	// Format is the highest data format the joining node reads; absent (a release
+	// before formats) counts as 2. A node that reads less than the cluster's format is
+	// refused.
+	Format int `json:"format,omitempty"`
 }
 
 // RemoveRequest removes a node (POST /v1/cluster/remove).

@@ -94,8 +94,13 @@ type NodeStatus struct {
 	AppliedIndex uint64 `json:"applied_index,omitempty"`
 	// Lag is how many entries the node has yet to apply of those the leader knows
 	// committed; nil when no leader answered or the node did not.
-	Lag   *uint64 `json:"lag,omitempty"`
-	Error string  `json:"error,omitempty"`
+	Lag *uint64 `json:"lag,omitempty"`
+	// Format is the data format the member advertised it reads (2: it never did);
+	// ClusterFormat the cluster's format as the member's own state machine holds it
+	// (0: it did not answer, or runs a release before formats).
+	Format        int    `json:"format,omitempty"`
+	ClusterFormat int    `json:"cluster_format,omitempty"`
+	Error         string `json:"error,omitempty"`
 }
 
 // Status asks any node for the membership, then every member for its own view
@@ -110,7 +115,7 @@ func (c *Client) Status(ctx context.Context) ([]NodeStatus, error) {
 	var leaderCommit uint64
 	leaderKnown := false
 	for i, m := range members.Nodes {
-		s := NodeStatus{ID: m.ID, APIAddr: m.APIAddr, RaftAddr: m.RaftAddr, Suffrage: m.Suffrage}
+		s := NodeStatus{ID: m.ID, APIAddr: m.APIAddr, RaftAddr: m.RaftAddr, Suffrage: m.Suffrage, Format: m.Format}
 		if m.APIAddr == "" {
 			s.Error = "no API address registered yet"
 			out[i] = s
@@ -128,6 +133,7 @@ func (c *Client) Status(ctx context.Context) ([]NodeStatus, error) {
 			}
 		}
 		s.Term, s.CommitIndex, s.AppliedIndex = own.Term, own.CommitIndex, own.AppliedIndex
+		s.ClusterFormat = own.Format
 		if s.Role == "leader" {
 			leaderCommit, leaderKnown = own.CommitIndex, true
 		}

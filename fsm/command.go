@@ -38,6 +38,14 @@ const (
 	// of them on every node. It carries no payload; its stamp is a proposal's like any
 	// other (the node's clock reads every applied entry as freshly stamped).
 	OpLogCheckpoint
+	// OpAdvertise records the data format Node.ID reads (Node.Format). A node of the
+	// release before formats does not know the op: it logs the entry as undecodable and
+	// applies nothing, which is all it needs to do (it keeps no formats).
+	OpAdvertise
+	// OpSetFormat raises the cluster's data format to Format (format.go). The leader
+	// proposes it only once every member advertises Format, so no node that cannot
+	// read the format ever meets it.
+	OpSetFormat
 )
 
 var opNames = [...]string{
@@ -56,6 +64,8 @@ var opNames = [...]string{
 	OpSetApprovalRule:    "set_approval_rule",
 	OpRemoveApprovalRule: "remove_approval_rule",
 	OpLogCheckpoint:      "log_checkpoint",
+	OpAdvertise:          "advertise",
+	OpSetFormat:          "set_format",
 }
 
 func (o Op) String() string {
@@ -82,9 +92,12 @@ type Command struct {
 	Approval  *idemkv.DecideApprovalRequest
 	Rule      *idemkv.ApprovalRule
 	Sweep     *SweepArgs
-	// Node carries ID, RaftAddr and APIAddr only: suffrage and state are Raft's live
-	// view of the member, not replicated metadata, so they are not encoded.
+	// Node carries ID, RaftAddr and APIAddr only (OpAdvertise: ID and Format):
+	// suffrage and state are Raft's live view of the member, not replicated metadata,
+	// so they are not encoded.
 	Node *idemkv.NodeInfo
+	// Format is the cluster format an OpSetFormat raises to.
+	Format int
 }
 
 // SweepArgs bounds one sweep entry so that a single log entry never turns into an
@@ -269,6 +282,15 @@ func (c *Command) AppendBinary(dst []byte) ([]byte, error) {
 		dst = wire.AppendString(dst, n.ID)
 		dst = wire.AppendString(dst, n.RaftAddr)
 		dst = wire.AppendString(dst, n.APIAddr)
+	case OpAdvertise:
+		n := c.Node
+		if n == nil {
+			return nil, errMissing(c.Op)
+		}
+		dst = wire.AppendString(dst, n.ID)
+		dst = wire.AppendUvarint(dst, uint64(n.Format))
+	case OpSetFormat:
+		dst = wire.AppendUvarint(dst, uint64(c.Format))
 	case OpLogCheckpoint:
 	default:
 		return nil, fmt.Errorf("%w: cannot encode unknown %s", idemkv.ErrInternal, c.Op)
@@ -413,6 +435,12 @@ func DecodeCommand(b []byte) (*Command, error) {
 		n.RaftAddr = d.Text()
 		n.APIAddr = d.Text()
 		c.Node = n
+	case OpAdvertise:
+		n := &idemkv.NodeInfo{ID: d.Text()}
+		n.Format = decodeFormat(&d)
+		c.Node = n
+	case OpSetFormat:
+		c.Format = decodeFormat(&d)
 	case OpLogCheckpoint:
 	default:
 		return nil, fmt.Errorf("%w: unknown %s", ErrMalformedCommand, c.Op)
@@ -421,6 +449,15 @@ func DecodeCommand(b []byte) (*Command, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// decodeFormat reads a data format, 1 to 255.
+func decodeFormat(d *wire.Decoder) int {
+	f := d.Uvarint()
+	if d.Err() == nil && (f == 0 || f > 255) {
+		d.Fail("format %d out of range", f)
+	}
+	return int(f)
 }
 
 // IsLogCheckpoint reports whether data, a log entry's, is an OpLogCheckpoint command.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -50,6 +51,13 @@ type FSM struct {
 	clock   idemkv.Timestamp
 	nodes   []idemkv.NodeInfo // sorted by ID
 	changed chan struct{}
+	// format is the cluster's data format (format.go); formats what each node
+	// advertised, by id.
+	format  int
+	formats map[string]int
+	// reads is the highest format this replica reads: FormatVersion, unless a test
+	// lowered it (ReadFormat) to stand for the release before.
+	reads int
 
 	// halted is why the state machine stopped applying (nil while it applies); see
 	// halt. haltedCh is closed when it is set.
@@ -77,7 +85,8 @@ func New(st *storage.Store, m *metrics.Metrics, logger *slog.Logger) (*FSM, erro
 	if m == nil {
 		m = metrics.New()
 	}
-	f := &FSM{st: st, m: m, logger: logger.With("component", "fsm"), changed: make(chan struct{}), haltedCh: make(chan struct{})}
+	f := &FSM{st: st, m: m, logger: logger.With("component", "fsm"), changed: make(chan struct{}), haltedCh: make(chan struct{}),
+		reads: FormatVersion}
 	if err := f.load(); err != nil {
 		return nil, err
 	}
@@ -101,10 +110,41 @@ func (f *FSM) load() error {
 	if err != nil {
 		return fmt.Errorf("fsm: load nodes: %w", err)
 	}
+	format, set, err := f.st.ClusterFormat()
+	if err != nil {
+		return fmt.Errorf("fsm: load cluster format: %w", err)
+	}
+	if !set {
+		format = FormatApprovals
+	}
+	formats, err := f.st.NodeFormats()
+	if err != nil {
+		return fmt.Errorf("fsm: load node formats: %w", err)
+	}
 	f.mu.Lock()
 	f.applied, f.term, f.clock, f.nodes = applied, term, clock, nodes
+	f.format, f.formats = format, formats
 	f.mu.Unlock()
+	f.m.ClusterFormat.Set(float64(format))
 	return nil
+}
+
+// ReadFormat makes this replica read format at most, as a node of the release whose
+// format it is: it halts on an entry that needs more, or on a restored store that
+// holds what that release could not decode, and skips the entries that release did
+// not know but could skip (an advertisement). Only tests lower it (node.Config's
+// AsFormat), before Raft starts; a node of this build reads FormatVersion.
+func (f *FSM) ReadFormat(format int) {
+	f.mu.Lock()
+	f.reads = min(format, FormatVersion)
+	f.mu.Unlock()
+}
+
+// Format is the cluster's data format.
+func (f *FSM) Format() int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.format
 }
 
 // Apply applies one entry.
@@ -124,13 +164,14 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	f.mu.RLock()
 	applied, term, clock := f.applied, f.term, f.clock
 	nodes := f.nodes
+	format, formats, reads := f.format, f.formats, f.reads
 	halted := f.halted
 	f.mu.RUnlock()
 	if halted != nil {
 		return haltedResults(out, halted)
 	}
-	startClock := clock
-	nodesChanged := false
+	startClock, startFormat := clock, format
+	nodesChanged, formatsChanged := false, false
 	var keys []recordKey
 	wakeAll := false
 
@@ -147,24 +188,70 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 			continue
 		}
 		cmd, err := DecodeCommand(l.Data)
+		if err == nil && reads < FormatVersion {
+			err = f.readsAsOlder(cmd, reads)
+			if errors.Is(err, idemkv.ErrOutcomeUnknown) {
+				return haltedResults(out, f.halt(fmt.Errorf("entry %d: %w", l.Index, err)))
+			}
+		}
 		if err != nil {
 			f.logger.Error("undecodable log entry", logKeyIndex, l.Index, logKeyErr, err)
 			out[i] = &Result{Err: err}
 			continue
 		}
 		clock = max(clock, cmd.Now)
+		switch cmd.Op {
+		case OpAdvertise:
+			out[i] = &Result{}
+			if cmd.Node.ID == "" {
+				out[i] = &Result{Err: idemkv.Invalid("id", "node id is required")}
+				continue
+			}
+			if err := b.PutNodeFormat(cmd.Node.ID, cmd.Node.Format); err != nil {
+				return haltedResults(out, f.halt(fmt.Errorf("applying %s at %d: %w", cmd.Op, l.Index, err)))
+			}
+			if !formatsChanged {
+				formats, formatsChanged = maps.Clone(formats), true
+			}
+			formats[cmd.Node.ID] = cmd.Node.Format
+			continue
+		case OpSetFormat:
+			// Never lowered: a lower or equal format changes nothing, so a leader that
+			// raced another's raise is harmless.
+			out[i] = &Result{}
+			if cmd.Format > FormatVersion {
+				// Only a build that reads it proposes it; this one cannot apply anything
+				// after it as its proposer meant.
+				return haltedResults(out, f.halt(fmt.Errorf("entry %d raises the cluster format to %d; this build reads %d", l.Index, cmd.Format, FormatVersion)))
+			}
+			if cmd.Format > format {
+				if err := b.SetClusterFormat(cmd.Format); err != nil {
+					return haltedResults(out, f.halt(fmt.Errorf("applying %s at %d: %w", cmd.Op, l.Index, err)))
+				}
+				format = cmd.Format
+			}
+			continue
+		}
 		if k, all := touched(cmd); all {
 			wakeAll = true
 		} else if k != (recordKey{}) {
 			keys = append(keys, k)
 		}
-		res, nodeUpdate, err := f.applyCommand(b, cmd, clock, l.Index)
+		res, nodeUpdate, err := f.applyCommand(b, cmd, clock, l.Index, format)
 		if err != nil {
 			return haltedResults(out, f.halt(fmt.Errorf("applying %s at %d: %w", cmd.Op, l.Index, err)))
 		}
 		if nodeUpdate != nil {
 			nodes = nodeUpdate(nodes)
 			nodesChanged = true
+		}
+		if cmd.Op == OpRemoveNode {
+			if _, advertised := formats[cmd.Node.ID]; advertised {
+				if !formatsChanged {
+					formats, formatsChanged = maps.Clone(formats), true
+				}
+				delete(formats, cmd.Node.ID)
+			}
 		}
 		out[i] = res
 	}
@@ -188,11 +275,39 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []any {
 	if nodesChanged {
 		f.nodes = nodes
 	}
+	if formatsChanged {
+		f.formats = formats
+	}
+	f.format = format
 	close(f.changed)
 	f.changed = make(chan struct{})
 	f.mu.Unlock()
+	if format != startFormat {
+		f.m.ClusterFormat.Set(float64(format))
+		f.logger.Info("cluster format raised", "format", format, "from", startFormat, logKeyIndex, applied)
+	}
 	f.watch.wake(keys, wakeAll)
 	return out
+}
+
+// readsAsOlder is how a replica that reads format reads at most (ReadFormat) takes
+// cmd: an op its release did not know it refuses as that release did (a
+// malformed-command error: the entry is skipped), and an entry that needs a newer
+// format halts it (ErrOutcomeUnknown). That release skips a command of version 3 as
+// undecodable too, and would silently diverge from the others; halting instead makes
+// any such entry impossible to miss in a test.
+func (f *FSM) readsAsOlder(cmd *Command, format int) error {
+	if cmd.Op == OpAdvertise {
+		return fmt.Errorf("%w: unknown %s", ErrMalformedCommand, cmd.Op)
+	}
+	need := CommandFormat(cmd)
+	if cmd.Op == OpSetFormat {
+		need = cmd.Format
+	}
+	if need > format {
+		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "a %s entry needs data format %d; this node reads %d", cmd.Op, need, format)
+	}
+	return nil
 }
 
 // halt stops the state machine for good: it applies, snapshots and reads nothing more
@@ -242,6 +357,12 @@ func (f *FSM) Err() error {
 	return f.halted
 }
 
+// errFormat refuses a command that needs data format need at cluster format format:
+// its proposer checked the format first, so only a proposer of another build gets it.
+func errFormat(cmd *Command, need, format int) error {
+	return idemkv.Errorf(idemkv.ErrUnavailable, "a %s entry needs data format %d and the cluster's is %d: every member must run a release that reads it first", cmd.Op, need, format)
+}
+
 // errUnfilled refuses a reserve or heartbeat proposed without its lease and TTL. The
 // proposer fills them from the limits it owns (EnsureDefaults) and the state machine
 // owns no defaults; deciding on zeros would store a record born expired. Every
@@ -251,13 +372,16 @@ var errUnfilled = idemkv.Invalid("lease_ttl_ms", "a reserve or heartbeat was pro
 // applyCommand stages cmd's effect in b. A nodeUpdate, when returned, is applied to
 // the in-memory membership once the batch commits. storeErr is a storage error,
 // which must halt the state machine; every other outcome is in res.
-func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp, index uint64) (res *Result, nodeUpdate func([]idemkv.NodeInfo) []idemkv.NodeInfo, storeErr error) {
+func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp, index uint64, format int) (res *Result, nodeUpdate func([]idemkv.NodeInfo) []idemkv.NodeInfo, storeErr error) {
 	if k, ok := recordOf(cmd); ok {
-		res, err := applyToRecord(b, k, cmd, now, index)
+		res, err := applyToRecord(b, k, cmd, now, index, format)
 		return res, nil, err
 	}
 	switch cmd.Op {
 	case OpSetApprovalRule, OpRemoveApprovalRule:
+		if need := CommandFormat(cmd); need > format {
+			return &Result{Err: errFormat(cmd, need, format)}, nil, nil
+		}
 		res, err := applyRule(b, cmd)
 		return res, nil, err
 	case OpSweep:
@@ -294,7 +418,7 @@ func (f *FSM) applyCommand(b *storage.Batch, cmd *Command, now idemkv.Timestamp,
 
 // applyToRecord decides cmd on the stored record of k and stages what the decision
 // says. A refusal changes nothing. storeErr is a storage error.
-func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Timestamp, index uint64) (res *Result, storeErr error) {
+func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Timestamp, index uint64, format int) (res *Result, storeErr error) {
 	cur, err := b.Record(k.tenant, k.key)
 	if err != nil {
 		return nil, err
@@ -316,6 +440,9 @@ func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Times
 	if d.err != nil {
 		return &Result{Err: d.err}, nil
 	}
+	// The decision functions know no formats; what the cluster format cannot store is
+	// taken off the record they made, which the answer shares.
+	AtFormat(d.put, format)
 	if d.put != nil {
 		if err := b.PutRecord(d.put); err != nil {
 			return nil, err
@@ -669,11 +796,29 @@ func (f *FSM) ListInDoubt(req *idemkv.InDoubtRequest, now idemkv.Timestamp) (*id
 	return res, nil
 }
 
-// Nodes returns the replicated node metadata (id, raft_addr, api_addr), sorted by id.
+// Nodes returns the replicated node metadata (id, raft_addr, api_addr and the format
+// the node advertised, FormatApprovals if it never did), sorted by id.
 func (f *FSM) Nodes() []idemkv.NodeInfo {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	return slices.Clone(f.nodes)
+	nodes := slices.Clone(f.nodes)
+	for i := range nodes {
+		nodes[i].Format = FormatApprovals
+		if v, ok := f.formats[nodes[i].ID]; ok {
+			nodes[i].Format = v
+		}
+	}
+	return nodes
+}
+
+// Advertised is the format node id advertised, FormatApprovals if it never did.
+func (f *FSM) Advertised(id string) int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if v, ok := f.formats[id]; ok {
+		return v
+	}
+	return FormatApprovals
 }
 
 // backlogCap bounds the work of one Backlog call.
@@ -735,6 +880,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	// Reload and wake waiters even on failure: anyone watching must see the halt, and
 	// the bookkeeping must match whatever store is there.
 	err := errors.Join(restoreErr, f.load())
+	if err == nil {
+		err = f.readableAtFormat()
+	}
 	if err != nil {
 		err = fmt.Errorf("fsm: restore: %w", err)
 		f.halt(err)
@@ -752,6 +900,25 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	f.watch.wake(nil, true)
 	f.logger.Info("restored snapshot", logKeyIndex, f.AppliedIndex())
 	return nil
+}
+
+// readableAtFormat refuses a restored store that a replica reading an older format
+// (ReadFormat) could not read, as that release would fail on it.
+func (f *FSM) readableAtFormat() error {
+	f.mu.RLock()
+	reads, format := f.reads, f.format
+	f.mu.RUnlock()
+	if reads >= FormatVersion {
+		return nil
+	}
+	if format > reads {
+		return fmt.Errorf("the snapshot's cluster format is %d; this node reads %d", format, reads)
+	}
+	what, err := f.st.HoldsNewerThanApprovals()
+	if err == nil && what != "" {
+		err = fmt.Errorf("the snapshot holds a %s, which data format %d cannot read", what, reads)
+	}
+	return err
 }
 
 type fsmSnapshot struct {

@@ -61,6 +61,10 @@ type Metrics struct {
 	ApprovalRequests  *prometheus.CounterVec
 	ApprovalDecisions *prometheus.CounterVec
 
+	// ClusterFormat is the cluster's data format as this node's state machine holds it
+	// (fsm/format.go); it rises once every member reads the next one.
+	ClusterFormat prometheus.Gauge
+
 	// Sweeper figures.
 	Swept         prometheus.Counter
 	SweepDuration prometheus.Histogram
@@ -238,6 +242,10 @@ func New() *Metrics {
 			Help:    "Duration of one sweep round (until the backlog is gone).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}),
+		ClusterFormat: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "cluster_format",
+			Help: "The cluster's data format as this node's state machine holds it; it rises once every member advertises the next one.",
+		}),
 		SweepBacklog: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "expiry_backlog_records",
 			Help: "Records past expires_at that are not swept yet, and tombstones of released records past theirs.",
@@ -251,7 +259,7 @@ func New() *Metrics {
 		m.stages[i] = m.WriteStages.WithLabelValues(name)
 	}
 	reg.MustRegister(m.Decisions, m.Requests, m.ApplyLatency, m.ApplyBatch, m.WriteStages, m.LeaderChanges, m.RaftLogVerifications, m.ClockStampsClamped, m.LongPollWakeups, m.LocalAnswers, m.RaftConnsClosed,
-		m.ApprovalRequests, m.ApprovalDecisions, m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
+		m.ApprovalRequests, m.ApprovalDecisions, m.ClusterFormat, m.Swept, m.SweepDuration, m.SweepBacklog, m.OldestOverdue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -237,6 +237,14 @@ func (n *Node) tickClock(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		// A member that joined or advertised since is counted at the next tick at the
+		// latest; advanceFormat proposes nothing while the format holds.
+		if err := n.advanceFormat(func(cmd *fsm.Command) error {
+			_, err := n.propose(ctx, cmd)
+			return err
+		}); err != nil && ctx.Err() == nil {
+			n.log.Debug("cluster format not advanced", "err", err)
+		}
 		if d, ok := n.clock.sinceStamp(); ok && d < n.cfg.ClockTick {
 			continue
 		}

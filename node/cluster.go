@@ -90,6 +90,7 @@ func (n *Node) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 		Term:         n.raft.CurrentTerm(),
 		CommitIndex:  n.raft.CommitIndex(),
 		AppliedIndex: n.fsm.AppliedIndex(),
+		Format:       n.fsm.Format(),
 		Clock:        n.ClockInfo(),
 	}
 	for _, s := range f.Configuration().Servers {
@@ -97,6 +98,7 @@ func (n *Node) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 			ID:       string(s.ID),
 			RaftAddr: string(s.Address),
 			APIAddr:  meta[string(s.ID)].APIAddr,
+			Format:   n.fsm.Advertised(string(s.ID)),
 			Suffrage: suffrage(s.Suffrage),
 			State:    "unknown",
 		}
@@ -199,6 +201,9 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 			}
 		}
 	}
+	if err := n.checkJoinFormat(req); err != nil {
+		return nil, err
+	}
 	if !member {
 		if err := n.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, n.timeout(ctx)).Error(); err != nil {
 			return nil, n.raftError(err)
@@ -207,6 +212,9 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	}
 	ni := idemkv.NodeInfo{ID: req.ID, RaftAddr: req.RaftAddr, APIAddr: req.APIAddr}
 	if _, err := n.propose(ctx, &fsm.Command{Op: fsm.OpSetNode, Node: &ni}); err != nil {
+		return nil, err
+	}
+	if err := n.advertiseJoined(ctx, req); err != nil {
 		return nil, err
 	}
 	return n.Cluster(ctx)

@@ -77,6 +77,11 @@ func (n *Node) establish(ctx context.Context) bool {
 	for ctx.Err() == nil {
 		term := n.raft.CurrentTerm()
 		err := n.applyEstablish(&self)
+		if err == nil && !n.establishByBarrier() {
+			// Before the leader is ready, so a cluster whose members all read this
+			// build's format writes it from the first request on.
+			err = n.advanceFormat(n.applyDirect)
+		}
 		if err == nil && n.raft.State() == raft.Leader && n.raft.CurrentTerm() == term {
 			n.readyTerm.Store(term)
 			n.log.Info("leader ready", "term", term, "applied_index", n.fsm.AppliedIndex())
@@ -103,7 +108,13 @@ func (n *Node) applyEstablish(self *idemkv.NodeInfo) error {
 	if err := n.anchorClock(); err != nil {
 		return err
 	}
-	cmd := &fsm.Command{Op: fsm.OpSetNode, Node: self, Now: n.stampNow()}
+	return n.applyDirect(&fsm.Command{Op: fsm.OpSetNode, Node: self})
+}
+
+// applyDirect stamps cmd, replicates it and waits for it to apply, straight through
+// Raft (see applyEstablish).
+func (n *Node) applyDirect(cmd *fsm.Command) error {
+	cmd.Now = n.stampNow()
 	buf, err := cmd.AppendBinary(nil)
 	if err != nil {
 		return fmt.Errorf("node: encode command: %w", err)

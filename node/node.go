@@ -119,6 +119,13 @@ type Config struct {
 	// clocks are worse than NTP keeps them; tests narrow it to see it act.
 	LocalAnswerMargin time.Duration
 
+	// AsFormat, for tests only, makes the node stand for the release whose data format
+	// it names (fsm.FormatApprovals, the release before history): it advertises that
+	// format, proposes no advertisement or format change as that release did not, and
+	// its state machine halts on any entry or restored record of a newer format
+	// (fsm.FSM.ReadFormat). 0: fsm.FormatVersion, what this build reads.
+	AsFormat int
+
 	// Now is the clock the leader stamps commands with; default time.Now.
 	Now func() time.Time
 	// Monotonic measures real time for the bound on stamps (fsm.BoundStamp); default Go's
@@ -351,6 +358,9 @@ func (n *Node) open() error {
 	}
 	if n.fsm, err = fsm.New(n.store, n.metrics, n.log); err != nil {
 		return err
+	}
+	if n.cfg.AsFormat != 0 {
+		n.fsm.ReadFormat(n.cfg.AsFormat)
 	}
 	if c := n.fsm.Clock(); c != 0 {
 		n.clock.prev = c.Time()

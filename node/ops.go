@@ -195,6 +195,11 @@ func (n *Node) Resolve(ctx context.Context, req *idemkv.ResolveRequest) (*idemkv
 	if err := r.Validate(n.cfg.Limits); err != nil {
 		return nil, err
 	}
+	if !fsm.RecordsHistory(n.fsm.Format()) {
+		// Who resolved goes only into the history, which the cluster does not record
+		// yet: the entry is written as the release before history reads it.
+		r.By = ""
+	}
 	res, err := n.propose(ctx, &fsm.Command{Op: fsm.OpResolve, Resolve: &r})
 	if err != nil {
 		return nil, err
@@ -348,6 +353,9 @@ func (n *Node) proposeFrom(ctx context.Context, begin time.Time, cmd *fsm.Comman
 		if err := n.waitReady(ctx, term); err != nil {
 			return nil, err
 		}
+	}
+	if err := n.checkFormat(cmd); err != nil {
+		return nil, err
 	}
 	cmd.Now = n.stampNow()
 	buf, err := cmd.AppendBinary(nil)

@@ -25,9 +25,12 @@ import (
 //	n/<id>                                       replicated node metadata
 //	t/<tenant>\x00<key>                          tombstone of a released record (replicated state, like records)
 //	y/<8-byte big-endian expires_at><tenant>\x00<key>  tombstone expiry index (empty value)
+//	f/<id>                                       the data format node id advertised (uvarint)
+//	m/format                                     the cluster's data format (uvarint; absent: none was ever set)
 //
 // The tombstone prefixes sort after m/applied, which a version-1 snapshot stream must
-// reach among its first pairs (appliedInRecords).
+// reach among its first pairs (appliedInRecords). f/ sorts before it, but no version-1
+// stream holds one: only versions before formats wrote that stream.
 const (
 	prefixRecord     = "r/"
 	prefixExpiry     = "x/"
@@ -37,6 +40,7 @@ const (
 	prefixRule       = "a/"
 	prefixTomb       = "t/"
 	prefixTombExpiry = "y/"
+	prefixFormat     = "f/"
 )
 
 var (
@@ -45,6 +49,7 @@ var (
 	keySwept     = []byte("m/swept")
 	keyRecords   = []byte("m/records")
 	keyTombSwept = []byte("m/tswept")
+	keyFormat    = []byte("m/format")
 )
 
 func recordKey(tenant, key string) []byte { return pairKey(prefixRecord, tenant, key) }
@@ -162,6 +167,21 @@ func ruleKey(tenant, tool string) []byte {
 }
 
 func nodeKey(id string) []byte { return append([]byte(prefixNode), id...) }
+
+func formatKey(id string) []byte { return append([]byte(prefixFormat), id...) }
+
+// decodeFormat reads a data format value (the cluster's, or one a node advertised).
+func decodeFormat(what string, v []byte) (int, error) {
+	d := wire.NewDecoder(v, ErrCorrupt)
+	f := d.Uvarint()
+	if d.Err() == nil && (f == 0 || f > 255) {
+		d.Fail("format %d out of range", f)
+	}
+	if err := d.Finish(); err != nil {
+		return 0, fmt.Errorf("%w: %s", err, what)
+	}
+	return int(f), nil
+}
 
 // prefixEnd returns the smallest key greater than every key starting with p.
 func prefixEnd(p []byte) []byte {

@@ -388,9 +388,12 @@ func (s *Store) Overdue(now idemkv.Timestamp, limit int) (count int, oldest idem
 	return count, oldest, nil
 }
 
-// Hash digests every record, node entry, approval rule and tombstone, in key order. Bookkeeping (applied index,
-// clock) and the derived expiry index are left out, so replicas that applied the same
-// commands hash equal whatever their snapshot history.
+// Hash digests every record, node entry, approval rule and tombstone, in key order,
+// and the cluster format once one is set. Bookkeeping (applied index, clock), the
+// derived expiry indexes and the formats nodes advertised are left out, so replicas
+// that applied the same commands hash equal whatever their snapshot history, and a
+// node of the release before formats, which skips the advertisements, hashes equal to
+// the others while the cluster format is unset.
 func (s *Store) Hash() ([32]byte, error) {
 	db, err := s.open()
 	if err != nil {
@@ -412,6 +415,16 @@ func (s *Store) Hash() ([32]byte, error) {
 		}
 		if err := errors.Join(it.Error(), it.Close()); err != nil {
 			return [32]byte{}, fmt.Errorf("storage: hash: %w", err)
+		}
+	}
+	v, err := getValue(db, keyFormat)
+	if err != nil {
+		return [32]byte{}, fmt.Errorf("storage: hash: %w", err)
+	}
+	if v != nil {
+		for _, b := range [][]byte{keyFormat, v} {
+			h.Write(lenBuf[:binary.PutUvarint(lenBuf[:], uint64(len(b)))])
+			h.Write(b)
 		}
 	}
 	var sum [32]byte
@@ -720,8 +733,13 @@ func (b *Batch) PutNode(n idemkv.NodeInfo) error {
 	return b.b.Set(nodeKey(n.ID), encodeNode(n), nil)
 }
 
-// DeleteNode removes the metadata of id.
-func (b *Batch) DeleteNode(id string) error { return b.b.Delete(nodeKey(id), nil) }
+// DeleteNode removes the metadata of id and the format it advertised.
+func (b *Batch) DeleteNode(id string) error {
+	if err := b.b.Delete(nodeKey(id), nil); err != nil {
+		return err
+	}
+	return b.b.Delete(formatKey(id), nil)
+}
 
 // Commit writes the batch atomically without syncing (see Store.Sync) and releases it.
 func (b *Batch) Commit() error {

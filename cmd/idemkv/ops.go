@@ -20,6 +20,7 @@ import (
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/auth"
 	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/fsm"
 	"github.com/idemkv/idemkv/node"
 	"github.com/idemkv/idemkv/storage"
 )
@@ -312,6 +313,7 @@ leader hands leadership over before it stops.`,
 	add.Flags().StringVar(&join.ID, "id", "", "node ID")
 	add.Flags().StringVar(&join.RaftAddr, "raft-addr", "", "Raft address peers dial")
 	add.Flags().StringVar(&join.APIAddr, "api-addr", "", "API address clients and peers use")
+	add.Flags().IntVar(&join.Format, "format", fsm.FormatVersion, "the data format the node's release reads (2: a release before formats; a node that reads less than the cluster's is refused)")
 	var rm idemkv.RemoveRequest
 	remove := &cobra.Command{
 		Use:   "remove --id ID",
@@ -366,9 +368,22 @@ applied index. Nodes that do not answer are shown with the error.`,
 	return cmd
 }
 
+// formatColumn shows the format a member reads and, after a slash, the cluster's as
+// it holds it: "3/2" is an upgraded node in a cluster still at 2.
+func formatColumn(n NodeStatus) string {
+	reads := "-"
+	if n.Format != 0 {
+		reads = strconv.Itoa(n.Format)
+	}
+	if n.ClusterFormat == 0 {
+		return reads
+	}
+	return reads + "/" + strconv.Itoa(n.ClusterFormat)
+}
+
 func printStatus(w io.Writer, nodes []NodeStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tROLE\tSUFFRAGE\tTERM\tCOMMIT\tAPPLIED\tLAG\tAPI\tRAFT")
+	fmt.Fprintln(tw, "ID\tROLE\tSUFFRAGE\tTERM\tCOMMIT\tAPPLIED\tLAG\tFORMAT\tAPI\tRAFT")
 	dash := func(v uint64, ok bool) string {
 		if !ok {
 			return "-"
@@ -385,8 +400,8 @@ func printStatus(w io.Writer, nodes []NodeStatus) error {
 		if !ok {
 			role = "unreachable"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, role, n.Suffrage,
-			dash(n.Term, ok), dash(n.CommitIndex, ok), dash(n.AppliedIndex, ok), lag, n.APIAddr, n.RaftAddr)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, role, n.Suffrage,
+			dash(n.Term, ok), dash(n.CommitIndex, ok), dash(n.AppliedIndex, ok), lag, formatColumn(n), n.APIAddr, n.RaftAddr)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

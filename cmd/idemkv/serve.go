@@ -284,7 +284,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 			}
 			defer jc.Close()
 			_, _ = jc.JoinCluster(joinCtx, &idemkv.JoinRequest{
-				ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr,
+				ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format(),
 			})
 		}
 	}()

@@ -101,7 +101,8 @@ func Start(tb testing.TB, n int, opts ...Option) *Cluster {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			l := c.members[c.WaitLeader()]
-			_, err := l.node.Join(ctx, &idemkv.JoinRequest{ID: m.id, RaftAddr: m.raftAddr, APIAddr: m.apiAddr})
+			// The node advertises what it reads, as `idemkv serve --join` does.
+			_, err := l.node.Join(ctx, &idemkv.JoinRequest{ID: m.id, RaftAddr: m.raftAddr, APIAddr: m.apiAddr, Format: c.Node(i).Format()})
 			return err
 		})
 	}
