@@ -797,16 +797,13 @@ func (f *FSM) ListInDoubt(req *idemkv.InDoubtRequest, now idemkv.Timestamp) (*id
 }
 
 // Nodes returns the replicated node metadata (id, raft_addr, api_addr and the format
-// the node advertised, FormatApprovals if it never did), sorted by id.
+// the node advertised, 0 if it never did), sorted by id.
 func (f *FSM) Nodes() []idemkv.NodeInfo {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	nodes := slices.Clone(f.nodes)
 	for i := range nodes {
-		nodes[i].Format = FormatApprovals
-		if v, ok := f.formats[nodes[i].ID]; ok {
-			nodes[i].Format = v
-		}
+		nodes[i].Format = f.formats[nodes[i].ID]
 	}
 	return nodes
 }
