@@ -325,7 +325,7 @@ func TestBackupWhileWritingThenRestoreLosesNothing(t *testing.T) {
 	for _, id := range []string{"r2", "r3"} {
 		jc := opsNodeConfig(t, id, filepath.Join(t.TempDir(), id))
 		m := openNode(t, jc)
-		if _, err := restored.Join(ctx, &idemkv.JoinRequest{ID: id, RaftAddr: jc.RaftAddr, APIAddr: jc.APIAddr}); err != nil {
+		if _, err := restored.Join(ctx, &idemkv.JoinRequest{ID: id, RaftAddr: jc.RaftAddr, APIAddr: jc.APIAddr, Format: m.Format()}); err != nil {
 			t.Fatalf("join %s: %v", id, err)
 		}
 		members = append(members, m)

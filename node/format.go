@@ -29,6 +29,14 @@ func (n *Node) Format() int {
 // ClusterFormat is the cluster's data format as this node's state machine holds it.
 func (n *Node) ClusterFormat() int { return n.fsm.Format() }
 
+// AdvertisePending reports whether the replicated state does not hold the format this
+// node reads yet: it joined through a leader of the release before formats, or came
+// back upgraded and has not led since. `idemkv serve --join` then joins again, which
+// advertises it (a leader advertises itself).
+func (n *Node) AdvertisePending() bool {
+	return n.knowsFormats() && n.fsm.Err() == nil && n.fsm.Advertised(n.cfg.ID) != n.Format()
+}
+
 // knowsFormats reports whether this node plays a release that advertises formats: one
 // that stands for the release before (Config.AsFormat) proposes neither
 // advertisements nor raises, as that release did not.

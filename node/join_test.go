@@ -70,7 +70,7 @@ func TestJoinNeverMovesAMember(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := leader.Join(ctx, &idemkv.JoinRequest{ID: follower.ID, RaftAddr: follower.RaftAddr, APIAddr: follower.APIAddr}); err != nil {
+	if _, err := leader.Join(ctx, &idemkv.JoinRequest{ID: follower.ID, RaftAddr: follower.RaftAddr, APIAddr: follower.APIAddr, Format: follower.Format}); err != nil {
 		t.Errorf("joining again with the same addresses: %v", err)
 	}
 }

@@ -283,9 +283,25 @@ func runServe(ctx context.Context, o serveOptions) error {
 				return
 			}
 			defer jc.Close()
-			_, _ = jc.JoinCluster(joinCtx, &idemkv.JoinRequest{
-				ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format(),
-			})
+			join := &idemkv.JoinRequest{ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format()}
+			_, _ = jc.JoinCluster(joinCtx, join)
+			// A join through a leader of a release before formats records no format:
+			// join again until the replicated state holds this node's (docs/operations.md,
+			// "Upgrading"), so the cluster's can rise without this node leading.
+			t := time.NewTicker(readvertiseEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-joinCtx.Done():
+					return
+				case <-t.C:
+				}
+				if n.AdvertisePending() && !n.IsLeader() {
+					actx, cancel := context.WithTimeout(joinCtx, readvertiseEvery)
+					_, _ = jc.JoinCluster(actx, join)
+					cancel()
+				}
+			}
 		}
 	}()
 
@@ -313,6 +329,10 @@ func runServe(ctx context.Context, o serveOptions) error {
 	logger.Info("stopped")
 	return nil
 }
+
+// readvertiseEvery is how often a node whose format the replicated state does not hold
+// joins again to advertise it.
+const readvertiseEvery = 10 * time.Second
 
 // serveGCPercent is the garbage collector's target when GOGC is not set. A node's
 // heap is mostly short-lived request garbage; collecting at 4× the live heap instead
