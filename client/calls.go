@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 
@@ -211,12 +212,30 @@ func (c *Client) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 }
 
 // Join adds a node to the cluster.
+//
+// A leader of a release before data formats refuses the field format as unknown; the
+// join is then sent again without it, as that release's own nodes send it (it records
+// no formats anyway).
 func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
 	var out idemkv.ClusterInfo
-	if _, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: req}, &out); err != nil {
+	_, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: req}, &out)
+	if formatUnknown(req, err) {
+		old := *req
+		old.Format = 0
+		_, err = c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: &old}, &out)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &out, nil
+}
+
+// formatUnknown reports whether err is a join's refusal of its format field by a
+// release that does not know it.
+func formatUnknown(req *idemkv.JoinRequest, err error) bool {
+	var e *idemkv.Error
+	return req.Format != 0 && errors.As(err, &e) && e.Code == idemkv.CodeInvalidArgument && e.Field == "format" &&
+		strings.Contains(e.Message, "unknown field")
 }
 
 // Remove removes a node from the cluster.

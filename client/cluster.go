@@ -49,6 +49,13 @@ func (c *Client) JoinCluster(ctx context.Context, req *idemkv.JoinRequest) (*ide
 			var out idemkv.ClusterInfo
 			actx, cancel := context.WithTimeout(ctx, joinAttemptTimeout)
 			err := c.attempt(actx, seed, cl, body, &out)
+			if formatUnknown(req, err) {
+				// A seed (or leader) of a release before data formats: see Join.
+				old := *req
+				old.Format = 0
+				oldBody, _ := json.Marshal(&old)
+				err = c.attempt(actx, seed, call{method: cl.method, route: cl.route, path: cl.path, body: &old}, oldBody, &out)
+			}
 			cancel()
 			if err == nil {
 				c.log.Info("joined the cluster", "via", seed)

@@ -68,3 +68,43 @@ func TestStatusAsksEveryMember(t *testing.T) {
 		t.Fatalf("status %+v", nodes)
 	}
 }
+
+// A node of the release before data formats refuses a join's format as an unknown
+// field (it decodes strictly): Join and JoinCluster send the join again without it, as
+// that release's nodes send it. Found running a new node against the real previous
+// binary, which it could not join.
+func TestJoinWithoutFormatForAnOlderRelease(t *testing.T) {
+	n := startNode(t, newMemStore())
+	var bodies []map[string]any
+	n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+		if r.URL.Path != "/v1/cluster/join" {
+			return false
+		}
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		bodies = append(bodies, body)
+		w.Header().Set("Content-Type", "application/json")
+		if _, ok := body["format"]; ok {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":{"code":"invalid_argument","message":"unknown field \"format\"","field":"format"}}`))
+			return true
+		}
+		_ = json.NewEncoder(w).Encode(idemkv.ClusterInfo{Term: 4, Nodes: []idemkv.NodeInfo{{ID: "n1"}}})
+		return true
+	})
+	c := newClient(t, Config{Endpoints: []string{n.srv.URL}})
+	req := &idemkv.JoinRequest{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3}
+	for name, join := range map[string]func() (*idemkv.ClusterInfo, error){
+		"Join":        func() (*idemkv.ClusterInfo, error) { return c.Join(ctxT(t), req) },
+		"JoinCluster": func() (*idemkv.ClusterInfo, error) { return c.JoinCluster(ctxT(t), req) },
+	} {
+		bodies = nil
+		info, err := join()
+		if err != nil || info.Term != 4 || len(bodies) != 2 || bodies[0]["format"] != float64(3) || bodies[1]["format"] != nil || bodies[1]["id"] != "n9" {
+			t.Errorf("%s: %+v, %v; bodies %v", name, info, err, bodies)
+		}
+	}
+	if req.Format != 3 {
+		t.Error("the caller's request was changed")
+	}
+}

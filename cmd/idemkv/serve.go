@@ -285,8 +285,10 @@ func runServe(ctx context.Context, o serveOptions) error {
 			defer jc.Close()
 			join := &idemkv.JoinRequest{ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format()}
 			_, _ = jc.JoinCluster(joinCtx, join)
-			// A join through a leader of a release before formats records no format:
-			// join again until the replicated state holds this node's (docs/operations.md,
+			// A join through a leader of a release before formats records no format,
+			// and so does one through a seed of that release (it drops the field it does
+			// not know before it forwards): join again, at the leader itself, until the
+			// replicated state holds this node's format (docs/operations.md,
 			// "Upgrading"), so the cluster's can rise without this node leading.
 			t := time.NewTicker(readvertiseEvery)
 			defer t.Stop()
@@ -296,11 +298,18 @@ func runServe(ctx context.Context, o serveOptions) error {
 					return
 				case <-t.C:
 				}
-				if n.AdvertisePending() && !n.IsLeader() {
-					actx, cancel := context.WithTimeout(joinCtx, readvertiseEvery)
-					_, _ = jc.JoinCluster(actx, join)
-					cancel()
+				leader, isLeader := n.Leader()
+				if !n.AdvertisePending() || isLeader || leader == "" {
+					continue
 				}
+				lc, err := client.New(client.Config{Endpoints: []string{ex.forwardScheme + "://" + leader}, HTTPClient: ex.joinClient, Timeout: readvertiseEvery, Logger: logger})
+				if err != nil {
+					continue
+				}
+				actx, cancel := context.WithTimeout(joinCtx, readvertiseEvery)
+				_, _ = lc.Join(actx, join)
+				cancel()
+				lc.Close()
 			}
 		}
 	}()
