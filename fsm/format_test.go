@@ -129,6 +129,24 @@ func TestClusterFormatGatesTheStateMachine(t *testing.T) {
 		t.Errorf("format 3 stored %+v (%v)", rec, err)
 	}
 
+	// A record with a history from before the gate (a store of a build that wrote
+	// histories unconditionally) leaves no tombstone at format 2: the one predicate.
+	fresh := newHarness(t)
+	b := fresh.st.NewBatch()
+	old := &idemkv.Record{Tenant: "t0", Key: "h", Tool: "create_ticket", Fingerprint: fpA, Status: idemkv.StatusPending,
+		Fence: 7, AttemptID: "a", CreatedAt: t0, UpdatedAt: t0, LeaseExpiresAt: t0 + lease, ExpiresAt: t0 + ttl,
+		History: []idemkv.HistoryEvent{{At: t0, Event: idemkv.EventExecute, Fence: 7}}}
+	if err := b.PutRecord(old); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, fresh.apply(&Command{Op: OpRelease, Now: t0 + 1, Release: &idemkv.ReleaseRequest{Tenant: "t0", Key: "h", Fingerprint: fpA, Fence: 7}})...)
+	if tomb, err := fresh.st.Tombstone("t0", "h"); err != nil || tomb != nil {
+		t.Errorf("format 2 left a tombstone %+v (%v)", tomb, err)
+	}
+
 	// Both survive a restart.
 	h.close()
 	h = openHarness(t, h.dir)

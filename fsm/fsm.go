@@ -441,8 +441,12 @@ func applyToRecord(b *storage.Batch, k recordKey, cmd *Command, now idemkv.Times
 		return &Result{Err: d.err}, nil
 	}
 	// The decision functions know no formats; what the cluster format cannot store is
-	// taken off the record they made, which the answer shares.
+	// taken off the record they made, which the answer shares. A tombstone lives only
+	// with a history (RecordsHistory, the one predicate).
 	AtFormat(d.put, format)
+	if !RecordsHistory(format) {
+		d.tomb = nil
+	}
 	if d.put != nil {
 		if err := b.PutRecord(d.put); err != nil {
 			return nil, err

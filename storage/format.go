@@ -62,7 +62,8 @@ func (b *Batch) PutNodeFormat(id string, format int) error {
 
 // HoldsNewerThanApprovals reports whether the store holds anything the release before
 // history could not read: a record with a history or masked effect paths (record
-// flags 1<<5 and 1<<6), or an approval rule with options (rule version 2). It reads
+// flags 1<<5 and 1<<6), an approval rule with options (rule version 2), or a
+// tombstone. It reads
 // every record; only a node standing for that release in a test asks it, after a
 // restore.
 func (s *Store) HoldsNewerThanApprovals() (what string, err error) {
@@ -71,7 +72,7 @@ func (s *Store) HoldsNewerThanApprovals() (what string, err error) {
 		return "", err
 	}
 	defer s.mu.RUnlock()
-	for _, p := range []string{prefixRecord, prefixRule} {
+	for _, p := range []string{prefixRecord, prefixRule, prefixTomb} {
 		it, err := db.NewIter(prefixIter(p))
 		if err != nil {
 			return "", fmt.Errorf("storage: scan: %w", err)
@@ -92,6 +93,9 @@ func (s *Store) HoldsNewerThanApprovals() (what string, err error) {
 // newerThanApprovals names what in one stored value the release before history could
 // not decode ("" if nothing).
 func newerThanApprovals(prefix string, k, v []byte) string {
+	if prefix == prefixTomb {
+		return fmt.Sprintf("tombstone %q", k[len(prefixTomb):])
+	}
 	if prefix == prefixRule {
 		if len(v) > 0 && v[0] == ruleVersionOptions {
 			return fmt.Sprintf("approval rule %q with options (rule version %d)", k[len(prefixRule):], ruleVersionOptions)

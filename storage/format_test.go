@@ -38,6 +38,10 @@ func TestHoldsNewerThanApprovals(t *testing.T) {
 			r.Effect, r.EffectMask = json.RawMessage(`{"a":"***"}`), []string{"/a"}
 			return b.PutRecord(r)
 		}, "masked effect"},
+		{"tombstone", func(b *Batch) error {
+			return b.PutTombstone(&idemkv.Tombstone{Tenant: "t0", Key: "k", ExpiresAt: ts,
+				History: []idemkv.HistoryEvent{{At: 1, Event: idemkv.EventRelease}}})
+		}, "tombstone"},
 		{"rule with options", func(b *Batch) error {
 			return b.PutApprovalRule(idemkv.ApprovalRule{Tenant: "t0", Tool: "x", RequireApproval: &no, StoreEffect: true})
 		}, "with options"},
