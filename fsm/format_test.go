@@ -81,7 +81,7 @@ func TestAtFormat(t *testing.T) {
 // the release before history stored, whatever the entries carry; an OpSetFormat raises
 // the format (never lowers it), and from then on histories are recorded.
 func TestClusterFormatGatesTheStateMachine(t *testing.T) {
-	h := newHarness(t)
+	h := openHarnessAt(t, t.TempDir(), 0)
 	if got := h.f.Format(); got != FormatApprovals {
 		t.Fatalf("a new state machine is at format %d", got)
 	}
@@ -131,7 +131,7 @@ func TestClusterFormatGatesTheStateMachine(t *testing.T) {
 
 	// A record with a history from before the gate (a store of a build that wrote
 	// histories unconditionally) leaves no tombstone at format 2: the one predicate.
-	fresh := newHarness(t)
+	fresh := openHarnessAt(t, t.TempDir(), 0)
 	b := fresh.st.NewBatch()
 	old := &idemkv.Record{Tenant: "t0", Key: "h", Tool: "create_ticket", Fingerprint: fpA, Status: idemkv.StatusPending,
 		Fence: 7, AttemptID: "a", CreatedAt: t0, UpdatedAt: t0, LeaseExpiresAt: t0 + lease, ExpiresAt: t0 + ttl,
@@ -170,7 +170,7 @@ func testutilGauge(t *testing.T, h *harness) float64 {
 // TestClusterFormatSnapshotRestore: the format and the advertisements travel in a
 // snapshot; a removed node's advertisement goes with it.
 func TestClusterFormatSnapshotRestore(t *testing.T) {
-	src := newHarness(t)
+	src := openHarnessAt(t, t.TempDir(), 0)
 	populate(t, src, 50)
 	mustOK(t, src.apply(&Command{Op: OpAdvertise, Now: t0, Node: &idemkv.NodeInfo{ID: "n1", Format: 3}},
 		&Command{Op: OpSetNode, Now: t0, Node: &idemkv.NodeInfo{ID: "n2", RaftAddr: "r2"}},
@@ -182,7 +182,7 @@ func TestClusterFormatSnapshotRestore(t *testing.T) {
 	}
 	data, want := snapshotBytes(t, src)
 
-	dst := newHarness(t)
+	dst := openHarnessAt(t, t.TempDir(), 0)
 	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +195,7 @@ func TestClusterFormatSnapshotRestore(t *testing.T) {
 		t.Errorf("nodes %+v, want %+v", got.nodes, want.nodes)
 	}
 	// A snapshot from before any format restores at format 2, over a store at 3.
-	old := newHarness(t)
+	old := openHarnessAt(t, t.TempDir(), 0)
 	populate(t, old, 10)
 	oldData, _ := snapshotBytes(t, old)
 	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(oldData))); err != nil {
@@ -211,7 +211,7 @@ func TestClusterFormatSnapshotRestore(t *testing.T) {
 // read: a raise to 3, a command of version 3, a snapshot holding histories.
 func TestReadFormatStandsForTheOlderRelease(t *testing.T) {
 	older := func(t *testing.T) *harness {
-		h := newHarness(t)
+		h := openHarnessAt(t, t.TempDir(), 0)
 		h.f.ReadFormat(FormatApprovals)
 		return h
 	}
@@ -238,7 +238,7 @@ func TestReadFormatStandsForTheOlderRelease(t *testing.T) {
 		})
 	}
 	t.Run("snapshot with histories", func(t *testing.T) {
-		src := newHarness(t)
+		src := openHarnessAt(t, t.TempDir(), 0)
 		mustOK(t, src.apply(&Command{Op: OpSetFormat, Now: t0, Format: FormatHistory}, reserveCmd(t0, "t0", "k", "a"))...)
 		data, _ := snapshotBytes(t, src)
 		h := older(t)
@@ -247,7 +247,7 @@ func TestReadFormatStandsForTheOlderRelease(t *testing.T) {
 		}
 	})
 	t.Run("snapshot without", func(t *testing.T) {
-		src := newHarness(t)
+		src := openHarnessAt(t, t.TempDir(), 0)
 		populate(t, src, 20)
 		data, _ := snapshotBytes(t, src)
 		h := older(t)

@@ -33,7 +33,13 @@ type harness struct {
 	closed bool
 }
 
-func openHarness(tb testing.TB, dir string) *harness {
+// openHarness opens a harness whose cluster format is this build's (as a cluster of
+// this build raises it at its first election), unless its store has one already.
+func openHarness(tb testing.TB, dir string) *harness { return openHarnessAt(tb, dir, FormatVersion) }
+
+// openHarnessAt opens a harness whose store, if it holds no cluster format yet, gets
+// format (0: none, which reads as FormatApprovals). Setting it costs no log index.
+func openHarnessAt(tb testing.TB, dir string, format int) *harness {
 	tb.Helper()
 	logger := testlog.New(tb)
 	if _, ok := tb.(*testing.B); ok {
@@ -42,6 +48,14 @@ func openHarness(tb testing.TB, dir string) *harness {
 	st, err := storage.Open(dir, logger)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	if _, set, err := st.ClusterFormat(); err != nil {
+		tb.Fatal(err)
+	} else if !set && format != 0 {
+		b := st.NewBatch()
+		if err := errors.Join(b.SetClusterFormat(format), b.Commit()); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	m := metrics.New()
 	f, err := New(st, m, logger)
