@@ -90,19 +90,35 @@ type dirState struct {
 }
 
 // Available reports why FUSE cannot be mounted here, or nil if it can: tests skip
-// with its message.
+// with its message. It mounts a scratch directory once to find out.
 func Available() error {
+	probeOnce.Do(func() { probeErr = probe() })
+	return probeErr
+}
+
+var (
+	probeOnce sync.Once
+	probeErr  error
+)
+
+func probe() error {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		return fmt.Errorf("lazyfs: no /dev/fuse: %w", err)
+		return fmt.Errorf("lazyfs: FUSE cannot mount here: no /dev/fuse (%v)", err)
 	}
-	if os.Geteuid() != 0 {
-		if _, err := exec.LookPath("fusermount3"); err != nil {
-			if _, err := exec.LookPath("fusermount"); err != nil {
-				return errors.New("lazyfs: not root and no fusermount3 (apt-get install fuse3)")
-			}
-		}
+	dir, err := os.MkdirTemp("", "lazyfs-probe-")
+	if err != nil {
+		return err
 	}
-	return nil
+	defer os.RemoveAll(dir)
+	backing, mnt := filepath.Join(dir, "disk"), filepath.Join(dir, "mnt")
+	if err := errors.Join(os.Mkdir(backing, 0o700), os.Mkdir(mnt, 0o700)); err != nil {
+		return err
+	}
+	f, err := Mount(backing, mnt, Options{})
+	if err != nil {
+		return fmt.Errorf("lazyfs: FUSE cannot mount here (as root, or with fusermount3 from fuse3): %w", err)
+	}
+	return f.Unmount()
 }
 
 // Mount serves backing at mountpoint (both directories must exist). The attic is
