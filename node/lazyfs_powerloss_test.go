@@ -45,6 +45,9 @@ type lazyNodeSpec struct {
 	ID, DataDir, RaftAddr, APIAddr, RaftLog string
 	Bootstrap                               bool
 	SnapshotThreshold                       uint64
+	// Join, when set, is a member's API address the node joins through once open
+	// (as `idemkv serve --join` does, with the data format it reads).
+	Join string
 }
 
 // lazyState is what a child's /test/state answers.
@@ -81,6 +84,17 @@ func lazyNodeChild() bool {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "lazyfs child: open:", err)
 		os.Exit(3)
+	}
+	if s.Join != "" {
+		go func() {
+			c, err := client.New(client.Config{Endpoints: []string{s.Join}, Timeout: 5 * time.Second})
+			if err == nil {
+				_, err = c.JoinCluster(context.Background(), &idemkv.JoinRequest{ID: s.ID, RaftAddr: s.RaftAddr, APIAddr: s.APIAddr, Format: n.Format()})
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "lazyfs child: join:", err)
+			}
+		}()
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", api.New(api.Config{Store: n, Logger: cfg.Logger, Metrics: cfg.Metrics}).Handler())
@@ -167,21 +181,11 @@ func newLazyRig(t *testing.T, test, raftLog string, snapshotThreshold uint64) *l
 		r.members = append(r.members, m)
 	}
 	t.Cleanup(r.stopAll)
-	r.start(0, true)
+	r.start(0, true, "")
 	r.waitReady(0)
 	for i := 1; i < 3; i++ {
-		r.start(i, false)
-		m := r.members[i]
-		c, err := client.New(client.Config{Endpoints: []string{r.members[0].spec.APIAddr}, Timeout: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err = c.JoinCluster(ctx, &idemkv.JoinRequest{ID: m.spec.ID, RaftAddr: m.spec.RaftAddr, APIAddr: m.spec.APIAddr})
-		cancel()
-		if err != nil {
-			r.fail("join %s: %v", m.spec.ID, err)
-		}
+		r.start(i, false, r.members[0].spec.APIAddr)
+		r.waitReady(i)
 	}
 	if err := r.converged(30 * time.Second); err != nil {
 		r.fail("the new cluster did not converge: %v", err)
@@ -208,7 +212,7 @@ func (r *lazyRig) fail(format string, args ...any) {
 }
 
 // start mounts node i's backing directory and starts its process.
-func (r *lazyRig) start(i int, bootstrap bool) {
+func (r *lazyRig) start(i int, bootstrap bool, join string) {
 	r.t.Helper()
 	m := r.members[i]
 	f, err := lazyfs.Mount(m.backing, m.spec.DataDir, lazyfs.Options{SkipSync: func(rel string) bool {
@@ -219,7 +223,7 @@ func (r *lazyRig) start(i int, bootstrap bool) {
 	}
 	m.fs = f
 	spec := m.spec
-	spec.Bootstrap = bootstrap
+	spec.Bootstrap, spec.Join = bootstrap, join
 	raw, _ := json.Marshal(spec)
 	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -298,7 +302,7 @@ func (r *lazyRig) cut(which ...int) {
 		m.fs = nil
 	}
 	for _, i := range which {
-		r.start(i, false)
+		r.start(i, false, "")
 	}
 }
 
