@@ -315,10 +315,19 @@ func (r *powerRig) powerCut() {
 	}
 }
 
-// writer commits fresh keys through whichever node leads, and keeps the ones
-// acknowledged.
+// recordStore is what a writer writes through and reads back from: the leader of an
+// in-process cluster, or a client of a cluster of processes.
+type recordStore interface {
+	Reserve(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error)
+	Commit(context.Context, *idemkv.CommitRequest) (*idemkv.Receipt, error)
+	Get(context.Context, *idemkv.GetRequest) (*idemkv.Record, error)
+}
+
+// writer commits fresh keys through whichever node of c leads (or through store, if
+// set), and keeps the ones acknowledged.
 type writer struct {
 	c     *testcluster.Cluster
+	store recordStore
 	mu    sync.Mutex
 	acked map[string]string // key → remote id
 	tries atomic.Int64
@@ -334,7 +343,11 @@ func (w *writer) run(ctx context.Context, id int) {
 	}
 }
 
-func (w *writer) leader() *node.Node {
+// target is where the writer's requests go: nil while there is no leader.
+func (w *writer) target() recordStore {
+	if w.store != nil {
+		return w.store
+	}
 	for i := range w.c.Len() {
 		if n := w.c.Node(i); n != nil && n.IsLeader() {
 			return n
@@ -344,7 +357,7 @@ func (w *writer) leader() *node.Node {
 }
 
 func (w *writer) commit(ctx context.Context, key string) error {
-	n := w.leader()
+	n := w.target()
 	if n == nil {
 		return errors.New("no leader")
 	}
@@ -371,6 +384,15 @@ func (w *writer) commit(ctx context.Context, key string) error {
 // gone or not committed with their receipt.
 func (w *writer) lostAcked(t *testing.T) []string {
 	t.Helper()
+	lost, err := w.lostAckedWithin(20 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lost
+}
+
+// lostAckedWithin is lostAcked, with an error if a key cannot be read within timeout.
+func (w *writer) lostAckedWithin(timeout time.Duration) ([]string, error) {
 	w.mu.Lock()
 	keys := make([]string, 0, len(w.acked))
 	for k := range w.acked {
@@ -381,8 +403,8 @@ func (w *writer) lostAcked(t *testing.T) []string {
 	var lost []string
 	for _, k := range keys {
 		var rec *idemkv.Record
-		err := testcluster.Eventually(20*time.Second, func() error {
-			n := w.leader()
+		err := testcluster.Eventually(timeout, func() error {
+			n := w.target()
 			if n == nil {
 				return errors.New("no leader")
 			}
@@ -396,13 +418,13 @@ func (w *writer) lostAcked(t *testing.T) []string {
 			return err
 		})
 		if err != nil {
-			t.Fatalf("reading %s: %v", k, err)
+			return lost, fmt.Errorf("reading %s: %w", k, err)
 		}
 		if rec == nil || rec.Status != idemkv.StatusCommitted || rec.Receipt == nil || rec.Receipt.RemoteID != w.acked[k] {
 			lost = append(lost, k)
 		}
 	}
-	return lost
+	return lost, nil
 }
 
 // powerLoss is one power-loss run: how many cuts, and what a sabotage changes.
