@@ -45,3 +45,22 @@ func TestPythonClient(t *testing.T) {
 		t.Fatalf("the Python client's tests failed: %v", err)
 	}
 }
+
+// TestPythonTypesStrict runs mypy --strict over the client and tests/typing_probe.py,
+// whose deliberate mistakes must each be a type error (issue 24, point 8). CI installs
+// Debian's mypy; elsewhere the test skips without it.
+func TestPythonTypesStrict(t *testing.T) {
+	mypy, err := exec.LookPath("mypy")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI needs mypy (Debian's mypy package) for the Python client's types: %v", err)
+		}
+		t.Skipf("mypy not found (%v): the Python client's types are not checked here", err)
+	}
+	cmd := exec.Command(mypy, "--strict", "--cache-dir", filepath.Join(t.TempDir(), "mypy-cache"), "src/idemkv", "tests/typing_probe.py")
+	out, err := cmd.CombinedOutput()
+	t.Logf("mypy --strict:\n%s", out)
+	if err != nil {
+		t.Fatalf("mypy --strict found errors: %v", err)
+	}
+}

@@ -260,9 +260,9 @@ def idempotent(
     for name, v, least in (("ttl", ttl, 60.0), ("lease_ttl", lease_ttl, 1.0), ("deadline", deadline, 1e-9)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < least):
             raise ValueError(f"idemkv: {name}= must be a number of seconds, at least {least:g}")
-    for name, v in (("to_result", to_result), ("serialize", serialize), ("deserialize", deserialize),
-                    ("from_receipt", from_receipt)):
-        if v is not None and not callable(v):
+    for name, hook in (("to_result", to_result), ("serialize", serialize), ("deserialize", deserialize),
+                       ("from_receipt", from_receipt)):
+        if hook is not None and not callable(hook):
             raise TypeError(f"idemkv: {name}= must be callable")
     if key is not None and not isinstance(key, str) and not callable(key):
         raise TypeError("idemkv: key= is a function of the tool's arguments, a parameter name or a fixed key")
@@ -317,7 +317,7 @@ def idempotent(
                     text = summary(*args, **kwargs)
                     if not isinstance(text, str):
                         raise TypeError(f"the approval summary function returned {type(text).__name__}, not text")
-                    a = dataclasses.replace(approval, summary=text)  # type: ignore[arg-type]
+                    a = dataclasses.replace(approval, summary=text)
             except Exception as err:
                 # The tool did not run: its key, effect or summary could not be made.
                 raise NotExecutedError(f"idemkv: the key, effect or approval summary of {name} failed: {err!r}",
