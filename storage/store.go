@@ -479,27 +479,14 @@ func (s *Store) CheckExpiryIndex() error {
 	} else if len(v) != 8 || binary.BigEndian.Uint64(v) != uint64(records) {
 		return fmt.Errorf("%w: %d records stored, the stored record count is %x", ErrCorrupt, records, v)
 	}
-	entries := 0
-	it, err = snap.NewIter(prefixIter(prefixExpiry))
+	entries, err := checkIndexEntries(snap, prefixExpiry, "index entry", "record", func(tenant, key string) (idemkv.Timestamp, bool, error) {
+		rec, err := getRecord(snap, tenant, key)
+		if err != nil || rec == nil {
+			return 0, false, err
+		}
+		return rec.ExpiresAt, true, nil
+	})
 	if err != nil {
-		return err
-	}
-	defer it.Close()
-	for it.First(); it.Valid(); it.Next() {
-		entries++
-		e, err := parseExpiryKey(it.Key())
-		if err != nil {
-			return err
-		}
-		rec, err := getRecord(snap, e.Tenant, e.Key)
-		if err != nil {
-			return err
-		}
-		if rec == nil || rec.ExpiresAt != e.ExpiresAt {
-			return fmt.Errorf("%w: index entry %q/%q at %s has no matching record", ErrCorrupt, e.Tenant, e.Key, e.ExpiresAt)
-		}
-	}
-	if err := it.Error(); err != nil {
 		return err
 	}
 	if records != entries {
@@ -795,4 +782,31 @@ func getRecord(r pebble.Reader, tenant, key string) (*idemkv.Record, error) {
 		return nil, err
 	}
 	return decodeRecord(tenant, key, v)
+}
+
+// checkIndexEntries counts the entries of the expiry index under prefix and checks that
+// each names an object (what) that exists and expires when the entry says: lookup
+// gives its expires_at, or false when it is absent.
+func checkIndexEntries(snap *pebble.Snapshot, prefix string, entry, what string, lookup func(tenant, key string) (idemkv.Timestamp, bool, error)) (int, error) {
+	entries := 0
+	it, err := snap.NewIter(prefixIter(prefix))
+	if err != nil {
+		return 0, err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		entries++
+		e, err := parseExpiryKey(it.Key())
+		if err != nil {
+			return 0, err
+		}
+		at, ok, err := lookup(e.Tenant, e.Key)
+		if err != nil {
+			return 0, err
+		}
+		if !ok || at != e.ExpiresAt {
+			return 0, fmt.Errorf("%w: %s %q/%q at %s has no matching %s", ErrCorrupt, entry, e.Tenant, e.Key, e.ExpiresAt, what)
+		}
+	}
+	return entries, it.Error()
 }

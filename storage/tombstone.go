@@ -114,27 +114,14 @@ func checkTombIndex(snap *pebble.Snapshot) error {
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return err
 	}
-	entries := 0
-	it, err = snap.NewIter(prefixIter(prefixTombExpiry))
+	entries, err := checkIndexEntries(snap, prefixTombExpiry, "tombstone index entry", "tombstone", func(tenant, key string) (idemkv.Timestamp, bool, error) {
+		ts, err := getTombstone(snap, tenant, key)
+		if err != nil || ts == nil {
+			return 0, false, err
+		}
+		return ts.ExpiresAt, true, nil
+	})
 	if err != nil {
-		return err
-	}
-	defer it.Close()
-	for it.First(); it.Valid(); it.Next() {
-		entries++
-		e, err := parseExpiryKey(it.Key())
-		if err != nil {
-			return err
-		}
-		ts, err := getTombstone(snap, e.Tenant, e.Key)
-		if err != nil {
-			return err
-		}
-		if ts == nil || ts.ExpiresAt != e.ExpiresAt {
-			return fmt.Errorf("%w: tombstone index entry %q/%q at %s has no matching tombstone", ErrCorrupt, e.Tenant, e.Key, e.ExpiresAt)
-		}
-	}
-	if err := it.Error(); err != nil {
 		return err
 	}
 	if tombs != entries {
