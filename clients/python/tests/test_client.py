@@ -64,6 +64,13 @@ class LowLevel(unittest.TestCase):
         r3 = c.reserve(TENANT, k3, "t", fingerprint=fp)
         self.assertEqual(c.release(TENANT, k3, fp, r3["fence"]), {"released": True})
         self.assertIsNone(c.get(TENANT, k3))
+        # What the release left: the key's tombstone, its history ended by the release.
+        tomb = c.released(TENANT, k3)
+        assert tomb is not None
+        self.assertEqual([e["event"] for e in tomb["history"]], ["execute", "release"])
+        self.assertEqual((tomb["tool"], tomb["effect_fingerprint"]), ("t", fp))
+        self.assertIsNone(c.released(TENANT, k))  # a key that holds a record
+        self.assertIsNone(c.released(TENANT, k + "/never"))
 
         page = c.list(TENANT, prefix=k, limit=10)
         self.assertEqual([x["idempotency_key"] for x in page["records"]], [k, k2])

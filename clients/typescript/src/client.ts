@@ -4,12 +4,12 @@
 // (unavailable, outcome_unknown, a transport failure). The tool-call loop is in
 // idempotent.ts.
 
-import { ApiError, ApprovalMismatchError, ApprovalNotPendingError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
+import { ApiError, type ApiErrorDetails, ApprovalMismatchError, ApprovalNotPendingError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
 import { ATTR, failSpan, SPAN_KIND_CLIENT, traceHeaders, type Attributes, type Tracer } from "./telemetry.js";
 import { fetchSend, nodeSend, type HttpResponse, type Send, type TlsOptions } from "./transport.js";
 import type {
   ApprovalRule, ApprovalsOptions, ApprovalsResult, ClusterInfo, CommitRequest, DecideApprovalRequest, DoubtRequest, FailRequest, GetOptions, HeartbeatRequest, ListOptions, ListResult,
-  Receipt, Record as IdemkvRecord, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult, ResolveRequest,
+  Receipt, Record as IdemkvRecord, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult, ResolveRequest, Tombstone,
 } from "./types.js";
 import { abortReason, backoff, linkedController, newAttemptId, sleep } from "./util.js";
 
@@ -424,6 +424,20 @@ export class Client {
    * Reads a record; with waitMs it long-polls until the record is not pending (or the
    * wait ends). An absent record throws ApiError with code not_found.
    */
+  /**
+   * What a release (or a resolve as not executed) left of a key: its tombstone, with the
+   * history that event ended; undefined when the key holds a record or nothing is left.
+   */
+  async released(tenant: string, key: string, options: Omit<GetOptions, "history" | "waitMs"> & CallOptions = {}): Promise<Tombstone | undefined> {
+    try {
+      await this.get(tenant, key, { ...options, history: true });
+    } catch (err) {
+      if (err instanceof ApiError && err.code === "not_found") return err.details.released;
+      throw err;
+    }
+    return undefined;
+  }
+
   async get(tenant: string, key: string, options: GetOptions & CallOptions = {}): Promise<IdemkvRecord> {
     const q = new URLSearchParams();
     if (options.waitMs !== undefined && options.waitMs > 0) q.set("wait_ms", String(Math.round(options.waitMs)));
@@ -574,12 +588,13 @@ function describe(err: unknown): string {
 /** Turns an error answer into the ApiError the server meant. */
 function decodeError(status: number, text: string): ApiError {
   try {
-    const body = JSON.parse(text) as { error?: { code?: string; message?: string; field?: string } };
+    const body = JSON.parse(text) as { error?: { code?: string; message?: string; field?: string; details?: unknown } };
     const e = body.error;
     if (e !== undefined && typeof e.code === "string" && e.code !== "") {
       const code = (e.code in WIRE_CODES ? e.code : "internal") as WireCode;
-      const opts: { status: number; field?: string } = { status };
+      const opts: { status: number; field?: string; details?: ApiErrorDetails } = { status };
       if (e.field !== undefined && e.field !== "") opts.field = e.field;
+      if (typeof e.details === "object" && e.details !== null && !Array.isArray(e.details)) opts.details = e.details as ApiErrorDetails;
       return new ApiError(code, `idemkv: ${e.code}: ${e.message ?? ""}${e.field ? ` (field ${e.field})` : ""}`, opts);
     }
   } catch {

@@ -9,7 +9,7 @@
 //     in_doubt, store_unavailable, approval_pending. A denied approval is a stored
 //     failure: ApprovalDeniedError, a StoredFailureError with code approval_denied.
 
-import type { Approval, Conflict, Decision, Receipt, Record as IdemkvRecord } from "./types.js";
+import type { Approval, Conflict, Decision, Receipt, Record as IdemkvRecord, Tombstone } from "./types.js";
 
 /** The wire codes of idemkv's error answers, with their HTTP statuses. */
 export const WIRE_CODES = {
@@ -34,6 +34,11 @@ export type WireCode = keyof typeof WIRE_CODES;
  * failure (refused connection, reset, timeout, a proxy's 502/503/504) has code
  * "unavailable": nothing came back, and every idemkv request is safe to repeat.
  */
+/** The error body's details (docs/protocol.md, "Errors"). */
+export interface ApiErrorDetails {
+  released?: Tombstone;
+}
+
 export class ApiError extends Error {
   /** The wire code ("fenced", "unavailable", ...). */
   readonly code: WireCode;
@@ -41,12 +46,15 @@ export class ApiError extends Error {
   readonly status: number;
   /** For invalid_argument: the JSON field at fault. */
   readonly field: string | undefined;
-  constructor(code: WireCode, message: string, options: { status?: number; field?: string; cause?: unknown } = {}) {
+  /** What the answer adds for some codes: for the not_found of a history read of a released key, its tombstone. */
+  readonly details: ApiErrorDetails;
+  constructor(code: WireCode, message: string, options: { status?: number; field?: string; details?: ApiErrorDetails; cause?: unknown } = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = "ApiError";
     this.code = code;
     this.status = options.status ?? WIRE_CODES[code];
     this.field = options.field;
+    this.details = options.details ?? {};
   }
 }
 

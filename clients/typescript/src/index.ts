@@ -24,7 +24,7 @@ export {
   APPROVAL_DENIED, ApiError, ApprovalDeniedError, ApprovalMismatchError, ApprovalNotPendingError, ApprovalPendingError, ConflictError, DEFAULT_FAILURE_CODE, IdemkvError, InDoubtError, isRetryable, notExecuted, NotExecutedError,
   NotExecutedMark, OutcomeUnknownError, permanent, PermanentError, StoredFailureError, StoreUnavailableError, WIRE_CODES,
 } from "./errors.js";
-export type { ErrorKind, IdemkvErrorDetails, WireCode } from "./errors.js";
+export type { ApiErrorDetails, ErrorKind, IdemkvErrorDetails, WireCode } from "./errors.js";
 export { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, sum, FingerprintError, FINGERPRINT_PREFIX, MAX_DEPTH } from "./jcs.js";
 export type { JsonValue } from "./jcs.js";
 export type { TlsOptions } from "./transport.js";
@@ -33,5 +33,5 @@ export type { Attributes, AttributeValue, Span, SpanContext, SpanOptions, Tracer
 export type {
   Approval, ApprovalAsk, ApprovalRule, ApprovalsOptions, ApprovalsResult, ApprovalState, DecideApprovalRequest, ClusterInfo, ClusterNode, CommitRequest, Conflict, Consistency, Decision, DoubtRequest, ErrorInfo, FailRequest, GetOptions,
   HeartbeatRequest, ListOptions, ListResult, Receipt, Record, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult,
-  ResolveRequest, Status, StoredReceipt,
+  ResolveRequest, Status, StoredReceipt, Tombstone,
 } from "./types.js";

@@ -66,6 +66,21 @@ export interface HistoryEvent {
   detail?: string;
 }
 
+/**
+ * What a release (or a resolve as not executed) left of a key: its history, ended by
+ * that event, kept until the record would have expired (docs/protocol.md, "Released keys").
+ */
+export interface Tombstone {
+  tenant: string;
+  idempotency_key: string;
+  tool: string;
+  effect_fingerprint: string;
+  released_at: string;
+  expires_at: string;
+  history: HistoryEvent[];
+  history_dropped: number;
+}
+
 /** Where a conflicting effect differs from the stored one; absent means the member is absent. */
 export interface DiffEntry {
   path: string;

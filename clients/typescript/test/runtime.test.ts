@@ -194,9 +194,14 @@ describe("error classes (point 7)", () => {
       return { id: "LIN-3" };
     }, { client, tenant: TENANT, tool: "create_ticket", key: () => key, notExecutedOn: [ConnectionRefused] });
     await assert.rejects(create({ title: "x" }), NotExecutedError);
+    // What the release left: the key's history, ended by the release.
+    const tomb = await client.released(TENANT, key);
+    assert.deepEqual(tomb?.history.map((e) => e.event), ["execute", "release"]);
+    assert.equal(tomb?.tool, "create_ticket");
     const start = Date.now();
     assert.deepEqual(await create({ title: "x" }), { id: "LIN-3" });
     assert.ok(Date.now() - start < 5000, "the retry waited out the 30 s lease: the key was not released");
+    assert.equal(await client.released(TENANT, key), undefined, "a key that holds a record again has no tombstone");
 
     const pkey = newKey("cls-perm");
     let pcalls = 0;

@@ -261,7 +261,9 @@ def read_answer(status: int, data: bytes) -> Any:
     try:
         err = json.loads(data)["error"]
         if isinstance(err, dict) and err.get("code"):
-            raise APIError(str(err["code"]), str(err.get("message", "")), status=status, field=str(err.get("field", "")))
+            details = err.get("details")
+            raise APIError(str(err["code"]), str(err.get("message", "")), status=status, field=str(err.get("field", "")),
+                           details=details if isinstance(details, dict) else None)
     except (ValueError, KeyError, TypeError):
         pass
     # Not idemkv's answer: a proxy in between. Gateways that could not reach a node

@@ -294,6 +294,19 @@ class AsyncClient:
                 return None
             raise
 
+    async def released(self, tenant: str, key: str, consistency: Optional[str] = None) -> Optional[dict[str, Any]]:
+        """What is left of a key whose record was released or resolved not executed: its
+        tombstone (tool, fingerprint, released_at, expires_at, history), or None when the
+        key holds a record or nothing is left of it."""
+        try:
+            await self._call(_core.get_call(tenant, key, None, consistency, True))
+        except APIError as e:
+            if e.code == "not_found":
+                t = e.details.get("released")
+                return t if isinstance(t, dict) else None
+            raise
+        return None
+
     async def list(self, tenant: str, **kw: Any) -> dict[str, Any]:
         return await self._call(_core.list_call(tenant, **kw))  # type: ignore[no-any-return]
 

@@ -258,6 +258,19 @@ class Client:
                 return None
             raise
 
+    def released(self, tenant: str, key: str, consistency: Optional[str] = None) -> Optional[dict[str, Any]]:
+        """What is left of a key whose record was released or resolved not executed: its
+        tombstone (tool, fingerprint, released_at, expires_at, history), or None when the
+        key holds a record or nothing is left of it."""
+        try:
+            self._call(_core.get_call(tenant, key, None, consistency, True))
+        except APIError as e:
+            if e.code == "not_found":
+                t = e.details.get("released")
+                return t if isinstance(t, dict) else None
+            raise
+        return None
+
     def list(self, tenant: str, **kw: Any) -> dict[str, Any]:
         """One page of a tenant's records: prefix, status, limit, after, in_doubt."""
         return self._call(_core.list_call(tenant, **kw))  # type: ignore[no-any-return]

@@ -227,13 +227,17 @@ KINDS: tuple[str, ...] = (
 class APIError(Exception):
     """An answer of the server with a wire code (docs/protocol.md, "Errors")."""
 
-    def __init__(self, code: str, message: str, *, status: int = 0, field: str = "") -> None:
+    def __init__(self, code: str, message: str, *, status: int = 0, field: str = "",
+                 details: Optional[dict[str, Any]] = None) -> None:
         text = f"idemkv: {code}: {message}" + (f" (field {field})" if field else "")
         super().__init__(text)
         self.code = code
         self.message = message
         self.status = status
         self.field = field
+        # What the answer adds for some codes: for the not_found of a history read of a
+        # released key, {"released": the tombstone} (docs/protocol.md, "Released keys").
+        self.details = details or {}
 
     @property
     def retryable(self) -> bool:
