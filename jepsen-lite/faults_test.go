@@ -36,8 +36,11 @@ func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
 		// A node restarted with its clock hours fast that wins the first election
 		// stamps with its wall clock until it applies a live entry: its first stamp
 		// moves the state machine clock by hours, expiring a live lease and a record
-		// committed seconds before (issue 22, point 1).
-		{testhooks.UnanchoredStamps, []string{nemesis.FamilyClockRestart}, 30 * time.Second,
+		// committed seconds before (issue 22, point 1). A third of the restarts shift the
+		// clock back, which the sabotage survives, and the shifted node does not always
+		// lead first: 45 s gives about five restarts, where 30 s gave three and once, in a
+		// loaded run, all three escaped.
+		{testhooks.UnanchoredStamps, []string{nemesis.FamilyClockRestart}, 45 * time.Second,
 			[]string{nemesis.FindingClockRestartExpired, "early-recover", "lease-cut-short", "double-effect"}},
 		// The Raft listener's old policy (one cap of 64 pending handshakes, the newest
 		// refused, 10 s each) lets idle sockets from a stranger keep the survivors of a
@@ -54,14 +57,14 @@ func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
 				cfg.Time = c.time
 			})
 			if !errors.Is(err, errAnomalies) {
-				t.Fatalf("the run was not judged invalid: %v", err)
+				t.Fatalf("the run was not judged invalid: %v (faults %+v)", err, s.FaultLog)
 			}
 			caught := false
 			for _, k := range c.want {
 				caught = caught || s.Anomalies[k] > 0
 			}
 			if !caught {
-				t.Fatalf("anomalies %v hold none of %v (faults %v)", s.Anomalies, c.want, s.FaultLog)
+				t.Fatalf("anomalies %v hold none of %v (faults %+v)", s.Anomalies, c.want, s.FaultLog)
 			}
 			t.Logf("caught: %v", s.Anomalies)
 		})
