@@ -2,15 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemkv/idemkv"
-	"github.com/idemkv/idemkv/client"
-	"github.com/idemkv/idemkv/internal/testcluster"
 )
 
 // TestApprovalsCommands: an admin sets a rule with idemkv approvals rule, an approver
@@ -18,15 +15,7 @@ import (
 // approval id and the fingerprint ls showed; a decision naming another effect is
 // refused and changes nothing (issue 25, point 4).
 func TestApprovalsCommands(t *testing.T) {
-	c := testcluster.Start(t, 1)
-	ep := c.Endpoint(0)
-	cl, err := client.New(client.Config{Endpoints: []string{ep}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ep, cl, ctx := oneNode(t)
 
 	if _, err := cli(t, "approvals", "rule", "set", "--endpoint", ep, "--tenant", "shop", "--tool", "refund", "--ttl", "1h"); err != nil {
 		t.Fatal(err)

@@ -76,15 +76,7 @@ func TestGetHistoryNamesTheResolver(t *testing.T) {
 // released prints the history it left (the execute and the release) and fails with
 // not_found; idemkv get alone fails the same way and prints nothing.
 func TestGetHistoryOfAReleasedKey(t *testing.T) {
-	c := testcluster.Start(t, 1)
-	ep := c.Endpoint(0)
-	cl, err := client.New(client.Config{Endpoints: []string{ep}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ep, cl, ctx := oneNode(t)
 	res, err := cl.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "acme", Key: "conv_6:email", Tool: "send_email", Actor: "agent-4", Fingerprint: "sha256:06"})
 	if err != nil {
 		t.Fatal(err)

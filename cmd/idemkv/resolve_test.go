@@ -19,15 +19,7 @@ import (
 // TestLsInDoubtAndResolve: an operator lists the in-doubt records of a tenant and
 // settles them by key, with no fence or fingerprint to copy (issue 14, point 3).
 func TestLsInDoubtAndResolve(t *testing.T) {
-	c := testcluster.Start(t, 1)
-	ep := c.Endpoint(0)
-	cl, err := client.New(client.Config{Endpoints: []string{ep}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
+	ep, cl, ctx := oneNode(t)
 
 	// Two crashed calls of a tool without a probe, each retried once: in doubt.
 	inDoubt := func(key string) {
@@ -229,4 +221,20 @@ func TestLsInDoubtEveryTenant(t *testing.T) {
 	if rest := ls("--token", adminToken); !slices.Equal(names(rest), []string{want[0], want[2]}) {
 		t.Fatalf("after resolving acme's: %v", names(rest))
 	}
+}
+
+// oneNode starts a single-node cluster for a CLI test and returns its endpoint, a client
+// of it and a context that ends with the test (at most 60 s).
+func oneNode(t *testing.T) (string, *client.Client, context.Context) {
+	t.Helper()
+	c := testcluster.Start(t, 1)
+	ep := c.Endpoint(0)
+	cl, err := client.New(client.Config{Endpoints: []string{ep}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ep, cl, ctx
 }
