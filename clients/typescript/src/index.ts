@@ -31,7 +31,7 @@ export type { TlsOptions } from "./transport.js";
 export { SCOPE_NAME } from "./telemetry.js";
 export type { Attributes, AttributeValue, Span, SpanContext, SpanOptions, Tracer } from "./telemetry.js";
 export type {
-  Approval, ApprovalAsk, ApprovalRule, ApprovalsOptions, ApprovalsResult, ApprovalState, DecideApprovalRequest, ClusterInfo, ClusterNode, CommitRequest, Conflict, Consistency, Decision, DoubtRequest, ErrorInfo, FailRequest, GetOptions,
+  Approval, ApprovalAsk, ApprovalRule, ApprovalsOptions, ApprovalsResult, ApprovalState, DecideApprovalRequest, ClockInfo, ClusterInfo, ClusterNode, CommitRequest, Conflict, Consistency, Decision, DoubtRequest, ErrorInfo, FailRequest, GetOptions,
   HeartbeatRequest, ListOptions, ListResult, Receipt, Record, ReleaseRequest, ReleaseResult, ReserveRequest, ReserveResult,
   ResolveRequest, Status, StoredReceipt, Tombstone,
 } from "./types.js";

@@ -287,6 +287,20 @@ export interface ClusterNode {
   api_addr: string;
   suffrage: string;
   state: string;
+  /** Whether the answering leader reaches it, and when it last heard from it. */
+  reachable?: boolean;
+  last_contact?: string;
+  /** The highest data format the node advertised that it reads (docs/operations.md, "Upgrading"). */
+  format?: number;
+}
+
+/** The answering node's clock against the state machine's (docs/protocol.md, "Followers"). */
+export interface ClockInfo {
+  anchored: boolean;
+  offset_ms?: number;
+  measured_ago_ms?: number;
+  local_answers: boolean;
+  local_answers_off?: string;
 }
 
 export interface ClusterInfo {
@@ -295,4 +309,7 @@ export interface ClusterInfo {
   term: number;
   commit_index: number;
   applied_index: number;
+  /** The cluster's data format: what every member reads. */
+  format?: number;
+  clock?: ClockInfo;
 }

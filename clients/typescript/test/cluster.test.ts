@@ -28,6 +28,10 @@ describe("three-node cluster", () => {
     const c = new Client({ endpoints: [follower.api_addr] });
     const info = await c.cluster();
     assert.equal(info.nodes.length, 3);
+    // Every member of this build reads data format 3, so the cluster's is 3.
+    assert.equal(info.format, 3);
+    assert.deepEqual(info.nodes.map((n) => n.format), [3, 3, 3]);
+    assert.equal(typeof info.clock?.anchored, "boolean");
     await c.list(TENANT);
     assert.equal(c.leader, `http://${info.leader.api_addr}`);
     assert.notEqual(c.leader, `http://${follower.api_addr}`);
