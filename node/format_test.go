@@ -136,19 +136,8 @@ func TestVersionGateKeepsAMixedClusterUp(t *testing.T) {
 	// n1 away long enough to be sent a snapshot of the upgraded leader's store.
 	lagApplied := c.Node(0).AppliedIndex()
 	c.Stop(0)
-	for i := range 60 {
-		k := fmt.Sprintf("filler-%d", i)
-		if err := c.OnLeader(func(n *node.Node) error { _, err := n.Reserve(ctx, reserveReq(k, "a-"+k, "sha256:f")); return err }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ln := c.Node(c.LeaderIndex(t))
-	if err := ln.Snapshot(); err != nil {
-		t.Fatal(err)
-	}
-	if first, err := ln.FirstLogIndex(); err != nil || first <= lagApplied+1 {
-		t.Fatalf("the leader's log starts at %d (%v), n1 applied %d: it would not need a snapshot", first, err, lagApplied)
-	}
+	writeFillers(t, c, ctx, 60)
+	ln := snapshotPast(t, c, lagApplied)
 	sent := ln.RaftStats()["last_snapshot_index"]
 	c.Restart(0)
 	c.WaitConverged() // equal state hashes: n1, which could not read a history, was sent none

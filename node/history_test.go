@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,12 +63,7 @@ func TestHistorySurvivesLeaderChangeAndSnapshotInstall(t *testing.T) {
 	lagger := (leader + 1) % 3
 	lagApplied := c.Node(lagger).AppliedIndex()
 	c.Stop(lagger)
-	for i := range 60 {
-		k := fmt.Sprintf("filler-%d", i)
-		if err := c.OnLeader(func(n *node.Node) error { _, err := n.Reserve(ctx, reserveReq(k, "a-"+k, "sha256:f")); return err }); err != nil {
-			t.Fatal(err)
-		}
-	}
+	writeFillers(t, c, ctx, 60)
 	if err := c.OnLeader(func(n *node.Node) error {
 		_, err := n.Resolve(ctx, &idemkv.ResolveRequest{Tenant: "acme", Key: key, Fingerprint: fp, Outcome: idemkv.ResolveCommitted,
 			RemoteSystem: "stripe", RemoteID: "re_17", By: "oncall-ana (admin)"})
@@ -75,13 +71,7 @@ func TestHistorySurvivesLeaderChangeAndSnapshotInstall(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	ln := c.Node(c.LeaderIndex(t))
-	if err := ln.Snapshot(); err != nil {
-		t.Fatal(err)
-	}
-	if first, err := ln.FirstLogIndex(); err != nil || first <= lagApplied+1 {
-		t.Fatalf("the leader's log starts at %d (%v), the lagger applied %d: it would not need a snapshot", first, err, lagApplied)
-	}
+	snapshotPast(t, c, lagApplied)
 	c.Restart(lagger)
 	c.WaitConverged()
 
@@ -237,4 +227,31 @@ func TestConflictExplainsItself(t *testing.T) {
 	if code != http.StatusOK || bytes.Contains(raw, []byte("4111")) || !bytes.Contains(raw, []byte(`"effect_mask":["/card/number"]`)) {
 		t.Fatalf("GET of the masked record: %d %s", code, raw)
 	}
+}
+
+// writeFillers commits n reserves of keys filler-0… through the leader, so that a
+// snapshot taken next compacts the log past a node that is away.
+func writeFillers(t *testing.T, c *testcluster.Cluster, ctx context.Context, n int) {
+	t.Helper()
+	for i := range n {
+		k := fmt.Sprintf("filler-%d", i)
+		if err := c.OnLeader(func(n *node.Node) error { _, err := n.Reserve(ctx, reserveReq(k, "a-"+k, "sha256:f")); return err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// snapshotPast snapshots the leader and checks that its log now starts past applied+1,
+// so that a node that applied only up to applied must be sent the snapshot; it returns
+// the leader.
+func snapshotPast(t *testing.T, c *testcluster.Cluster, applied uint64) *node.Node {
+	t.Helper()
+	ln := c.Node(c.LeaderIndex(t))
+	if err := ln.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if first, err := ln.FirstLogIndex(); err != nil || first <= applied+1 {
+		t.Fatalf("the leader's log starts at %d (%v), the node away applied %d: it would not need a snapshot", first, err, applied)
+	}
+	return ln
 }

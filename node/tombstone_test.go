@@ -44,19 +44,8 @@ func TestReleasedHistoryIsTheSameOnEveryNode(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 30 {
-		k := fmt.Sprintf("filler-%d", i)
-		if err := c.OnLeader(func(n *node.Node) error { _, err := n.Reserve(ctx, reserveReq(k, "a-"+k, "sha256:f")); return err }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ln := c.Node(c.LeaderIndex(t))
-	if err := ln.Snapshot(); err != nil {
-		t.Fatal(err)
-	}
-	if first, err := ln.FirstLogIndex(); err != nil || first <= awayApplied+1 {
-		t.Fatalf("the leader's log starts at %d (%v), the follower away applied %d: it would not need a snapshot", first, err, awayApplied)
-	}
+	writeFillers(t, c, ctx, 30)
+	snapshotPast(t, c, awayApplied)
 	c.Restart(away)
 	c.WaitConverged()
 
