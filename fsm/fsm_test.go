@@ -373,20 +373,7 @@ func TestSweepIsBoundedAndReportsMore(t *testing.T) {
 	if n, oldest := h.f.Backlog(now); n != 5 || oldest != t0+60_000 {
 		t.Fatalf("backlog = %d, oldest %s; want 5, %s", n, oldest, t0+60_000)
 	}
-	sweep := &Command{Op: OpSweep, Now: now, Sweep: &SweepArgs{Limit: 2}}
-	for i, want := range []struct {
-		swept int
-		more  bool
-	}{{2, true}, {2, true}, {1, false}, {0, false}} {
-		rs := h.apply(sweep)
-		mustOK(t, rs...)
-		if rs[0].Swept != want.swept || rs[0].More != want.more {
-			t.Errorf("sweep %d: swept %d more %v, want %d %v", i, rs[0].Swept, rs[0].More, want.swept, want.more)
-		}
-		if err := h.f.CheckExpiryIndex(); err != nil {
-			t.Fatalf("after sweep %d: %v", i, err)
-		}
-	}
+	sweepInTurns(t, h, now, 2, []sweptWant{{2, true}, {2, true}, {1, false}, {0, false}})
 	if n, _ := h.f.Backlog(now); n != 0 {
 		t.Errorf("backlog after sweeping = %d", n)
 	}
@@ -859,5 +846,28 @@ func TestSweepRechecksRecords(t *testing.T) {
 	}
 	if err := h.f.CheckExpiryIndex(); err != nil {
 		t.Errorf("stray entry left behind: %v", err)
+	}
+}
+
+// sweptWant is what one sweep should answer.
+type sweptWant struct {
+	swept int
+	more  bool
+}
+
+// sweepInTurns applies sweeps of at most limit at now, one per want, checking each
+// answer and the expiry index after it.
+func sweepInTurns(t *testing.T, h *harness, now idemkv.Timestamp, limit int, wants []sweptWant) {
+	t.Helper()
+	sweep := &Command{Op: OpSweep, Now: now, Sweep: &SweepArgs{Limit: limit}}
+	for i, want := range wants {
+		rs := h.apply(sweep)
+		mustOK(t, rs...)
+		if rs[0].Swept != want.swept || rs[0].More != want.more {
+			t.Errorf("sweep %d: swept %d more %v, want %d %v", i, rs[0].Swept, rs[0].More, want.swept, want.more)
+		}
+		if err := h.f.CheckExpiryIndex(); err != nil {
+			t.Fatalf("after sweep %d: %v", i, err)
+		}
 	}
 }

@@ -245,20 +245,7 @@ func TestSweepSharesItsLimitWithTombstones(t *testing.T) {
 		mustOK(t, h.apply(releaseCmd(t0+1, fmt.Sprintf("rel-%d", i), rs[2*i+1].Reserve.Fence))...)
 	}
 	now := t0 + 70_000
-	sweep := &Command{Op: OpSweep, Now: now, Sweep: &SweepArgs{Limit: 2}}
-	for i, want := range []struct {
-		swept int
-		more  bool
-	}{{2, true}, {2, true}, {2, false}, {0, false}} {
-		rs := h.apply(sweep)
-		mustOK(t, rs...)
-		if rs[0].Swept != want.swept || rs[0].More != want.more {
-			t.Errorf("sweep %d: swept %d more %v, want %d %v", i, rs[0].Swept, rs[0].More, want.swept, want.more)
-		}
-		if err := h.f.CheckExpiryIndex(); err != nil {
-			t.Fatalf("after sweep %d: %v", i, err)
-		}
-	}
+	sweepInTurns(t, h, now, 2, []sweptWant{{2, true}, {2, true}, {2, false}, {0, false}})
 }
 
 // TestSnapshotCarriesTombstones: a snapshot restored elsewhere holds the same
