@@ -349,6 +349,7 @@ func measure(ctx context.Context, o options, logger *slog.Logger, j job, profile
 	if cpu.ok {
 		p.CPU = cpu.figure(rep.Ops)
 	}
+	p.DriverCPU = cpu.driverFigure(rep.Ops)
 	if stages.err != nil {
 		logger.Warn("no stage breakdown", "system", j.sys.Name, "err", stages.err)
 	} else if stages.ok {

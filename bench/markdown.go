@@ -50,16 +50,16 @@ func markdown(r *Results) string {
 			continue
 		}
 		fmt.Fprintf(&b, "\n### %s\n\n%s\n\nNew operations (reserve → commit):\n\n", p.title, p.durability)
-		b.WriteString("| clients | system | ops/s | p50 ms | p99 ms | reserve p50 ms | CPU s / 1k ops | idemkv ÷ peer |\n|---:|---|---:|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| clients | system | ops/s | p50 ms | p99 ms | reserve p50 ms | CPU s / 1k ops | driver CPU s / 1k ops | idemkv ÷ peer |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range clientCounts(r.New) {
 			peer := find(r.New, p.peer, c)
 			for _, s := range idem {
 				if pt := find(r.New, s.Name, c); pt != nil {
-					fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | %s |\n", c, s.Label, pt.OpsPerSec, pt.P50, pt.P99, pt.ReserveP50, cpuCell(pt), ratio(pt, peer))
+					fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | %s | %s |\n", c, s.Label, pt.OpsPerSec, pt.P50, pt.P99, pt.ReserveP50, cpuCell(pt), driverCell(pt), ratio(pt, peer))
 				}
 			}
 			if peer != nil {
-				fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | — |\n", c, label(p.peer), peer.OpsPerSec, peer.P50, peer.P99, peer.ReserveP50, cpuCell(peer))
+				fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | %s | — |\n", c, label(p.peer), peer.OpsPerSec, peer.P50, peer.P99, peer.ReserveP50, cpuCell(peer), driverCell(peer))
 			}
 		}
 		var peerReplay *Point
@@ -72,15 +72,15 @@ func markdown(r *Results) string {
 		for _, s := range idem {
 			for i := range r.Replay {
 				if pt := &r.Replay[i]; pt.System == s.Name {
-					rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | %s |\n", s.Label, routeText(p, pt.Route), pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99, cpuCell(pt), ratio(pt, peerReplay)))
+					rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | %s | %s |\n", s.Label, routeText(p, pt.Route), pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99, cpuCell(pt), driverCell(pt), ratio(pt, peerReplay)))
 				}
 			}
 		}
 		if peerReplay != nil {
-			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | — |\n", label(p.peer), routeText(p, ""), peerReplay.Concurrency, peerReplay.OpsPerSec, peerReplay.P50, peerReplay.P99, cpuCell(peerReplay)))
+			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | %s | — |\n", label(p.peer), routeText(p, ""), peerReplay.Concurrency, peerReplay.OpsPerSec, peerReplay.P50, peerReplay.P99, cpuCell(peerReplay), driverCell(peerReplay)))
 		}
 		if len(rows) > 0 {
-			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
+			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops | driver CPU s / 1k ops | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 			b.WriteString(strings.Join(rows, ""))
 		}
 		stageTable(&b, r, slices.DeleteFunc(slices.Clone(idem), func(s SystemInfo) bool { return staged[s.Name] }), find(r.New, p.peer, 1))
@@ -213,6 +213,14 @@ func cpuCell(p *Point) string {
 		return "—"
 	}
 	return fmt.Sprintf("%.3f", p.CPU.PerKOps)
+}
+
+// driverCell is the driver's own CPU seconds per thousand operations of a point.
+func driverCell(p *Point) string {
+	if p == nil || p.DriverCPU == nil {
+		return "—"
+	}
+	return fmt.Sprintf("%.3f", p.DriverCPU.PerKOps)
 }
 
 // stageTable writes, for each idemkv system with a one-client breakdown, where a

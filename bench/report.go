@@ -72,6 +72,9 @@ type Point struct {
 	// CPU is what the system's processes spent while the point was measured (run
 	// with --cpu-pids).
 	CPU *CPU `json:"cpu,omitempty"`
+	// DriverCPU is what the driver itself spent meanwhile: the load generator, which
+	// shares the machine's cores with the system.
+	DriverCPU *CPU `json:"driver_cpu,omitempty"`
 	// Stages is where a write's time went on idemkv's leader (one-client points of
 	// new operations).
 	Stages *Stages `json:"stages,omitempty"`

@@ -1,12 +1,9 @@
 package loadgen
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -40,7 +37,7 @@ type HTTPConfig struct {
 // nothing.
 type HTTPTarget struct {
 	cfg    HTTPConfig
-	http   *http.Client
+	wire   *wire
 	base   atomic.Pointer[string] // base URL of the node requests go to
 	next   atomic.Uint32          // endpoint to try when the current one fails
 	closed atomic.Bool
@@ -65,22 +62,14 @@ func NewHTTPTarget(ctx context.Context, cfg HTTPConfig) (*HTTPTarget, error) {
 	for i, e := range cfg.Endpoints {
 		cfg.Endpoints[i] = baseURL(e)
 	}
-	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        cfg.Conns,
-		MaxIdleConnsPerHost: cfg.Conns,
-		IdleConnTimeout:     90 * time.Second,
-		// Compression would cost both ends CPU that etcd and PostgreSQL do not pay.
-		DisableCompression: true,
-	}
-	t := &HTTPTarget{cfg: cfg, http: &http.Client{Transport: tr, Timeout: cfg.Timeout}}
+	t := &HTTPTarget{cfg: cfg, wire: newWire(cfg.Token, cfg.Timeout, cfg.Conns)}
 	t.base.Store(&cfg.Endpoints[0])
 	find := t.findLeader
 	if cfg.Pinned {
 		find = t.checkNodes
 	}
 	if err := find(ctx); err != nil {
-		tr.CloseIdleConnections()
+		t.wire.close()
 		return nil, err
 	}
 	return t, nil
@@ -99,7 +88,7 @@ func (t *HTTPTarget) findLeader(ctx context.Context) error {
 	var last error
 	for _, ep := range t.cfg.Endpoints {
 		var info idemkv.ClusterInfo
-		err := t.do(ctx, http.MethodGet, ep+"/v1/cluster", nil, &info)
+		err := t.do(ctx, http.MethodGet, ep, "/v1/cluster", nil, &info)
 		if err != nil {
 			last = err
 			continue
@@ -119,7 +108,7 @@ func (t *HTTPTarget) findLeader(ctx context.Context) error {
 func (t *HTTPTarget) checkNodes(ctx context.Context) error {
 	for _, ep := range t.cfg.Endpoints {
 		var info idemkv.ClusterInfo
-		if err := t.do(ctx, http.MethodGet, ep+"/v1/cluster", nil, &info); err != nil {
+		if err := t.do(ctx, http.MethodGet, ep, "/v1/cluster", nil, &info); err != nil {
 			return fmt.Errorf("loadgen: %s: %w", ep, err)
 		}
 		if info.Leader.APIAddr == "" {
@@ -132,9 +121,36 @@ func (t *HTTPTarget) checkNodes(ctx context.Context) error {
 // Leader returns the base URL requests go to (when Pinned, the leader last named).
 func (t *HTTPTarget) Leader() string { return *t.base.Load() }
 
+// answerFields is an answer of which the driver decodes a few top-level members
+// (see members).
+type answerFields interface {
+	field(name, value []byte) error
+}
+
 type reserveAnswer struct {
 	Decision idemkv.Decision `json:"decision"`
 	Fence    uint64          `json:"fence"`
+}
+
+func (a *reserveAnswer) field(name, value []byte) error {
+	switch string(name) {
+	case "decision":
+		return json.Unmarshal(value, &a.Decision)
+	case "fence":
+		return json.Unmarshal(value, &a.Fence)
+	}
+	return nil
+}
+
+type commitAnswer struct {
+	Status idemkv.Status `json:"status"`
+}
+
+func (a *commitAnswer) field(name, value []byte) error {
+	if string(name) == "status" {
+		return json.Unmarshal(value, &a.Status)
+	}
+	return nil
 }
 
 // Reserve implements Target.
@@ -152,9 +168,7 @@ func (t *HTTPTarget) Reserve(ctx context.Context, r *Reserve) (Reservation, erro
 func (t *HTTPTarget) Commit(ctx context.Context, c *Commit) error {
 	req := idemkv.CommitRequest{Tenant: t.cfg.Tenant, Key: c.Key, Fingerprint: c.Fingerprint,
 		Fence: c.Reservation.Fence, RemoteSystem: c.RemoteSystem, RemoteID: c.RemoteID}
-	var ans struct {
-		Status idemkv.Status `json:"status"`
-	}
+	var ans commitAnswer
 	if err := t.write(ctx, "/v1/commit", &req, &ans); err != nil {
 		return err
 	}
@@ -167,7 +181,7 @@ func (t *HTTPTarget) Commit(ctx context.Context, c *Commit) error {
 // Close implements Target.
 func (t *HTTPTarget) Close() error {
 	if t.closed.CompareAndSwap(false, true) {
-		t.http.CloseIdleConnections()
+		t.wire.close()
 	}
 	return nil
 }
@@ -181,10 +195,10 @@ func (t *HTTPTarget) write(ctx context.Context, path string, body, into any) err
 		return idemkv.Errorf(idemkv.ErrInternal, "encode %s: %v", path, err)
 	}
 	if t.cfg.Pinned {
-		return t.do(ctx, http.MethodPost, t.pinned(ctx)+path, b, into)
+		return t.do(ctx, http.MethodPost, t.pinned(ctx), path, b, into)
 	}
 	cur := t.base.Load()
-	err = t.do(ctx, http.MethodPost, *cur+path, b, into)
+	err = t.do(ctx, http.MethodPost, *cur, path, b, into)
 	if err != nil && idemkv.CodeOf(err) == idemkv.CodeUnavailable && ctx.Err() == nil {
 		n := t.next.Add(1)
 		ep := t.cfg.Endpoints[int(n)%len(t.cfg.Endpoints)]
@@ -203,48 +217,44 @@ func (t *HTTPTarget) pinned(ctx context.Context) string {
 	return eps[w%len(eps)]
 }
 
-func (t *HTTPTarget) do(ctx context.Context, method, url string, body []byte, into any) error {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+func (t *HTTPTarget) do(ctx context.Context, method, base, path string, body []byte, into any) error {
+	ans, err := t.wire.do(ctx, method, base, path, body)
 	if err != nil {
-		return idemkv.Errorf(idemkv.ErrInvalidArgument, "request %s: %v", url, err)
+		return idemkv.Errorf(idemkv.ErrUnavailable, "%s %s%s: %v", method, base, path, err)
 	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if t.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+t.cfg.Token)
-	}
-	resp, err := t.http.Do(req)
-	if err != nil {
-		return idemkv.Errorf(idemkv.ErrUnavailable, "%s %s: %v", method, url, err)
-	}
-	defer func() {
-		// Draining lets the connection go back to the pool for the worker's next call.
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-	}()
-	if leader := resp.Header.Get(idemkv.HeaderLeader); leader != "" && !strings.HasSuffix(*t.base.Load(), leader) {
-		l := baseURL(leader)
+	if ans.leader != "" && !strings.HasSuffix(*t.base.Load(), ans.leader) {
+		l := baseURL(ans.leader)
 		t.base.Store(&l)
 	}
-	if resp.StatusCode/100 != 2 {
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		e := idemkv.ParseErrorBody(data)
+	if ans.status/100 != 2 {
+		e := idemkv.ParseErrorBody(ans.body)
 		if e == nil {
 			code := idemkv.CodeInternal
-			if resp.StatusCode == http.StatusServiceUnavailable {
+			if ans.status == http.StatusServiceUnavailable {
 				code = idemkv.CodeUnavailable
 			}
-			return &idemkv.Error{Code: code, Message: fmt.Sprintf("%s %s: HTTP %d", method, url, resp.StatusCode)}
+			return &idemkv.Error{Code: code, Message: fmt.Sprintf("%s %s%s: HTTP %d", method, base, path, ans.status)}
 		}
 		return e
 	}
-	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
-		return idemkv.Errorf(idemkv.ErrInternal, "%s %s: decode answer: %v", method, url, err)
+	if err := decodeAnswer(ans.body, into); err != nil {
+		return idemkv.Errorf(idemkv.ErrInternal, "%s %s%s: decode answer: %v", method, base, path, err)
 	}
 	return nil
+}
+
+func decodeAnswer(body []byte, into any) error {
+	a, ok := into.(answerFields)
+	if !ok {
+		return json.Unmarshal(body, into)
+	}
+	var err error
+	if merr := members(body, func(name, value []byte) {
+		if err == nil {
+			err = a.field(name, value)
+		}
+	}); merr != nil {
+		return merr
+	}
+	return err
 }

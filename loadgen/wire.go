@@ -1,0 +1,311 @@
+package loadgen
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemkv/idemkv"
+)
+
+// wire is the driver's HTTP/1.1 client: keep-alive connections to each node, a request
+// written and its answer read on the calling worker's goroutine, one connection per
+// request in flight.
+//
+// net/http's Transport hands every request to a writer and a reader goroutine per
+// connection and back: three wake-ups per request, which cost the driver about as much
+// CPU as the node spent answering a replay. The driver shares the machine's cores with
+// the system it measures, so what the driver spends the system cannot. pgx drives
+// PostgreSQL the same way this does: the query written and its answer read on the
+// caller's goroutine. The answer is still parsed by net/http (http.ReadResponse):
+// status, headers, Content-Length or chunked bodies, Connection: close.
+type wire struct {
+	token   string
+	timeout time.Duration
+	idle    int // connections kept per node
+
+	mu    sync.Mutex
+	nodes map[string]*wireNode // base URL → its connections
+	tls   *tls.Config
+}
+
+type wireNode struct {
+	scheme, host string // host:port, and the Host header
+	idle         chan *wireConn
+}
+
+type wireConn struct {
+	c   net.Conn
+	r   *bufio.Reader
+	buf []byte
+}
+
+func newWire(token string, timeout time.Duration, idle int) *wire {
+	return &wire{token: token, timeout: timeout, idle: idle, nodes: make(map[string]*wireNode), tls: &tls.Config{}}
+}
+
+func (w *wire) node(base string) (*wireNode, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n, ok := w.nodes[base]; ok {
+		return n, nil
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("endpoint %q is not http://host:port or https://host:port", base)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
+	}
+	n := &wireNode{scheme: u.Scheme, host: host, idle: make(chan *wireConn, w.idle)}
+	w.nodes[base] = n
+	return n, nil
+}
+
+func (w *wire) dial(ctx context.Context, n *wireNode) (*wireConn, error) {
+	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	var c net.Conn
+	var err error
+	if n.scheme == "https" {
+		td := &tls.Dialer{NetDialer: d, Config: w.tls}
+		c, err = td.DialContext(ctx, "tcp", n.host)
+	} else {
+		c, err = d.DialContext(ctx, "tcp", n.host)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &wireConn{c: c, r: bufio.NewReaderSize(c, 16<<10)}, nil
+}
+
+// maxAnswerBytes bounds an answer the driver reads: a record with the largest result
+// and its history is far below it.
+const maxAnswerBytes = 4 << 20
+
+// answer is what do returns of a response: its status, the leader it names, its body.
+type answer struct {
+	status int
+	leader string
+	body   []byte
+}
+
+// do sends one request to the node at base and reads its answer. A connection that
+// fails, or that the server closes, is not used again.
+func (w *wire) do(ctx context.Context, method, base, path string, body []byte) (answer, error) {
+	n, err := w.node(base)
+	if err != nil {
+		return answer{}, err
+	}
+	var c *wireConn
+	select {
+	case c = <-n.idle:
+	default:
+		if c, err = w.dial(ctx, n); err != nil {
+			return answer{}, err
+		}
+	}
+	deadline := time.Now().Add(w.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	ans, keep, err := c.roundTrip(ctx, deadline, method, n.host, path, w.token, body)
+	if err != nil || !keep {
+		_ = c.c.Close()
+		return ans, err
+	}
+	select {
+	case n.idle <- c:
+	default:
+		_ = c.c.Close()
+	}
+	return ans, nil
+}
+
+func (c *wireConn) roundTrip(ctx context.Context, deadline time.Time, method, host, path, token string, body []byte) (answer, bool, error) {
+	if err := c.c.SetDeadline(deadline); err != nil {
+		return answer{}, false, err
+	}
+	// A context cancelled mid-request (the run ending) ends it at once.
+	stop := context.AfterFunc(ctx, func() { _ = c.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	b := append(c.buf[:0], method...)
+	b = append(b, ' ')
+	b = append(b, path...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, host...)
+	b = append(b, "\r\nUser-Agent: idemkv-bench\r\n"...)
+	if body != nil {
+		b = append(b, "Content-Type: application/json\r\nContent-Length: "...)
+		b = strconv.AppendInt(b, int64(len(body)), 10)
+		b = append(b, "\r\n"...)
+	}
+	if token != "" {
+		b = append(b, "Authorization: Bearer "...)
+		b = append(b, token...)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "\r\n"...)
+	b = append(b, body...)
+	c.buf = b
+	if _, err := c.c.Write(b); err != nil {
+		return answer{}, false, err
+	}
+	resp, err := http.ReadResponse(c.r, &http.Request{Method: method})
+	if err != nil {
+		return answer{}, false, err
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswerBytes+1))
+	_ = resp.Body.Close()
+	if err != nil {
+		return answer{}, false, err
+	}
+	if len(data) > maxAnswerBytes {
+		return answer{}, false, fmt.Errorf("an answer of more than %d bytes", maxAnswerBytes)
+	}
+	ans := answer{status: resp.StatusCode, leader: resp.Header.Get(idemkv.HeaderLeader), body: data}
+	return ans, !resp.Close && ctx.Err() == nil, nil
+}
+
+// close closes every idle connection.
+func (w *wire) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, n := range w.nodes {
+		for {
+			select {
+			case c := <-n.idle:
+				_ = c.c.Close()
+				continue
+			default:
+			}
+			break
+		}
+	}
+}
+
+// members calls fn with the name and the raw value of each member of the JSON object
+// in data, in order, without decoding the values: the driver reads two or three
+// fields of answers that carry a whole record, and encoding/json.Unmarshal would
+// check and walk all of it (a fifth of the driver's CPU under replays). Names are
+// compared as they appear, without unescaping: the server writes them plainly.
+func members(data []byte, fn func(name, value []byte)) error {
+	i := skipSpace(data, 0)
+	if i >= len(data) || data[i] != '{' {
+		return fmt.Errorf("an answer that is not a JSON object")
+	}
+	i = skipSpace(data, i+1)
+	if i < len(data) && data[i] == '}' {
+		return nil
+	}
+	for {
+		if i >= len(data) || data[i] != '"' {
+			return fmt.Errorf("a member name expected at byte %d of the answer", i)
+		}
+		end, err := skipValue(data, i)
+		if err != nil {
+			return err
+		}
+		name := data[i+1 : end-1]
+		i = skipSpace(data, end)
+		if i >= len(data) || data[i] != ':' {
+			return fmt.Errorf("':' expected at byte %d of the answer", i)
+		}
+		i = skipSpace(data, i+1)
+		end, err = skipValue(data, i)
+		if err != nil {
+			return err
+		}
+		fn(name, data[i:end])
+		i = skipSpace(data, end)
+		switch {
+		case i < len(data) && data[i] == ',':
+			i = skipSpace(data, i+1)
+		case i < len(data) && data[i] == '}':
+			return nil
+		default:
+			return fmt.Errorf("',' or '}' expected at byte %d of the answer", i)
+		}
+	}
+}
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\n' || data[i] == '\r' || data[i] == '\t') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the JSON value that starts at data[i]. Within objects
+// and arrays it follows strings (and their escapes) and brackets, not the grammar: the
+// values it skips are the server's, and those the driver reads are decoded by
+// encoding/json, which checks them.
+func skipValue(data []byte, i int) (int, error) {
+	if i >= len(data) {
+		return 0, errAnswerEnds
+	}
+	switch data[i] {
+	case '"':
+		return skipString(data, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(data); j++ {
+			switch data[j] {
+			case '"':
+				end, err := skipString(data, j)
+				if err != nil {
+					return 0, err
+				}
+				j = end - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1, nil
+				}
+			}
+		}
+		return 0, errAnswerEnds
+	}
+	j := i // a number, true, false or null
+	for j < len(data) && !endsScalar(data[j]) {
+		j++
+	}
+	if j == i {
+		return 0, fmt.Errorf("a value expected at byte %d of the answer", i)
+	}
+	return j, nil
+}
+
+func endsScalar(c byte) bool {
+	switch c {
+	case ',', '}', ']', ' ', '\t', '\r', '\n':
+		return true
+	}
+	return false
+}
+
+// skipString returns the end of the JSON string that starts at data[i].
+func skipString(data []byte, i int) (int, error) {
+	for j := i + 1; j < len(data); j++ {
+		switch data[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1, nil
+		}
+	}
+	return 0, errAnswerEnds
+}
+
+var errAnswerEnds = errors.New("an answer that ends inside a value")
