@@ -3,26 +3,35 @@ package storage
 import "sync"
 
 // recentRecords holds the stored values of the records the state machine wrote or
-// read last, so that the reads which follow a write almost at once (the commit after a
-// reserve, a retried reserve, a get of a fresh receipt) cost a map lookup instead of a
-// walk down Pebble's memtables. Under load those walks were the largest single CPU cost
-// of every node: a point lookup descends a skiplist per memtable, missing the CPU
-// cache at almost every step.
+// read last, and of those a reader looked up, so that the reads which follow a write
+// almost at once (the commit after a reserve, a retried reserve, a get of a fresh
+// receipt) and the retries of an operation cost a map lookup instead of a walk down
+// Pebble's memtables. Under load those walks were the largest single CPU cost of every
+// node: a point lookup descends a skiplist per memtable, missing the CPU cache at
+// almost every step, and one that ends in a miss (every new key) walks them all.
 //
-// Only the state machine's batches fill it, and the state machine is the store's only
-// writer, so a value it holds is always the committed one: a batch puts what it read
-// (nothing can have changed it since) and, once its commit is in Pebble, what it wrote
-// or deleted. Readers on other goroutines only look. Between a batch's Pebble commit
-// and its update here a reader can still get the value from before the batch, which
-// is the state at the applied index the state machine still announces.
+// It holds absence too: a nil value says the key has no record. A new reserve is
+// looked up by the node's API before it is proposed and again by the state machine as
+// it applies it; the second look finds the first's answer here.
+//
+// The state machine is the store's only writer, so what its batches put is always the
+// committed state: a batch puts what it read (nothing can have changed it since) and,
+// once its commit is in Pebble, what it wrote or deleted. A reader on another goroutine
+// may have read Pebble before a batch committed and hold the value from before it, so
+// it puts what it read only if no batch updated the cache since it began (fill, with
+// the generation it took before reading). Between a batch's Pebble commit and its
+// update here a reader can still get the value from before the batch, which is the
+// state at the applied index the state machine still announces.
 //
 // Eviction is first in, first out: the working set is the records touched in the last
 // few seconds, which is what insertion order approximates.
 type recentRecords struct {
 	mu   sync.RWMutex
-	vals map[string][]byte // record key → stored value
+	vals map[string][]byte // record key → stored value (nil: no record)
 	ring []string          // keys in insertion order; ring[next] is evicted next
 	next int
+	// gen counts the updates and clears: a reader's fill is void if it moved.
+	gen uint64
 }
 
 // recentCapacity bounds the records held; a variable so tests can make eviction
@@ -40,8 +49,8 @@ func newRecentRecords(capacity int) *recentRecords {
 	return &recentRecords{vals: make(map[string][]byte, capacity), ring: make([]string, capacity)}
 }
 
-// get returns the value of record key k, and whether it is held. The value must not
-// be modified.
+// get returns the value of record key k (nil: the key has no record), and whether it
+// is held. The value must not be modified.
 func (c *recentRecords) get(k []byte) ([]byte, bool) {
 	c.mu.RLock()
 	v, ok := c.vals[string(k)]
@@ -72,18 +81,40 @@ func (c *recentRecords) putLocked(k string, v []byte) {
 	c.vals[k] = v
 }
 
-// update applies a committed batch's writes: a nil value is a deletion.
+// generation is what a reader takes before it reads Pebble, to fill with after.
+func (c *recentRecords) generation() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.gen
+}
+
+// fill holds v (nil: absent), which a reader read from Pebble after it took gen, unless
+// a batch updated the cache since: its value might be older than the batch's.
+func (c *recentRecords) fill(k string, v []byte, gen uint64) {
+	if len(v) > recentMaxValue {
+		return
+	}
+	c.mu.Lock()
+	if c.gen == gen {
+		c.putLocked(k, v)
+	}
+	c.mu.Unlock()
+}
+
+// update applies a committed batch's writes: a nil value is a deletion, after which
+// the key is known to have no record.
 func (c *recentRecords) update(writes map[string][]byte) {
 	if len(writes) == 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	for k, v := range writes {
-		if v == nil || len(v) > recentMaxValue {
-			// Deleted, or too big to hold: forget any older copy. The ring keeps
-			// the key until its slot comes round; the slot then deletes nothing or,
-			// if k was held again since, the newer copy (early).
+		if len(v) > recentMaxValue {
+			// Too big to hold: forget any older copy. The ring keeps the key
+			// until its slot comes round; the slot then deletes nothing or, if k
+			// was held again since, the newer copy (early).
 			delete(c.vals, k)
 			continue
 		}
@@ -95,6 +126,7 @@ func (c *recentRecords) update(writes map[string][]byte) {
 func (c *recentRecords) clear() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.gen++
 	clear(c.vals)
 	clear(c.ring)
 	c.next = 0

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemkv/idemkv"
@@ -223,5 +225,58 @@ func TestRecordCountSurvivesReopenAndIsRebuiltWhenMissing(t *testing.T) {
 	}
 	if err := s.CheckExpiryIndex(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadersNeverFillAnOlderValue: readers on other goroutines fill the cache with
+// what they read from Pebble, while the state machine commits newer values of the same
+// keys. A reader that read a value before a commit must not put it back after the
+// commit updated the cache: every read that begins after a commit returned must see
+// that commit's value or a newer one, never an older one, and never "no record" for a
+// key that has one.
+func TestReadersNeverFillAnOlderValue(t *testing.T) {
+	defer func(c int) { recentCapacity = c }(recentCapacity)
+	// Two slots for three keys: reads keep missing, so readers keep filling.
+	recentCapacity = 2
+	s := openStore(t, t.TempDir())
+	keys := []string{"a", "b", "c"}
+	var published [3]atomic.Uint64 // the fence last committed, per key
+	var stop atomic.Bool
+	var stale atomic.Value
+	var wg sync.WaitGroup
+	for r := range 4 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				k := (i + r) % len(keys)
+				want := published[k].Load()
+				got, err := s.Record("acme", keys[k])
+				if err != nil {
+					stale.Store(err.Error())
+					return
+				}
+				if want > 0 && (got == nil || got.Fence < want) {
+					stale.Store(fmt.Sprintf("key %s: read %+v after fence %d was committed", keys[k], got, want))
+					return
+				}
+			}
+		})
+	}
+	for fence := uint64(1); fence <= 3000 && stale.Load() == nil; fence++ {
+		k := int(fence) % len(keys)
+		b := s.NewBatch()
+		r := rec("acme", keys[k], ts)
+		r.Fence = fence
+		if err := b.PutRecord(r); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		published[k].Store(fence)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if msg := stale.Load(); msg != nil {
+		t.Fatal(msg)
 	}
 }

@@ -90,7 +90,7 @@ func stateOf(t *testing.T, s *Store) storeState {
 		t.Fatal(err)
 	}
 	defer s.mu.RUnlock()
-	if st.recordsCounted, err = countRecords(db); err != nil {
+	if st.recordsCounted, err = countKeys(db, prefixRecord); err != nil {
 		t.Fatal(err)
 	}
 	return st

@@ -38,6 +38,9 @@ type Store struct {
 	rules  ruleCache
 	// records is the number of stored records, as m/records holds it.
 	records atomic.Int64
+	// tombs is the number of stored tombstones, counted at open and kept in step by
+	// the batches: while it is 0, a reserve of a new key needs no tombstone look-up.
+	tombs atomic.Int64
 
 	// mu guards db: readers hold it shared while they use db, a restore exclusively
 	// while it swaps the directory under it. db is nil once closed, or when a restore
@@ -146,14 +149,19 @@ func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 // included. It costs nothing: batches keep it in step with the records they write.
 func (s *Store) RecordCount() int64 { return s.records.Load() }
 
-// loadRecordCount sets the record count from the database (s.db, not yet shared or
-// held exclusively).
+// loadRecordCount sets the record and tombstone counts from the database (s.db, not
+// yet shared or held exclusively).
 func (s *Store) loadRecordCount() error {
 	n, err := ensureRecordCount(s.db, s.logger)
 	if err != nil {
 		return err
 	}
+	tombs, err := countKeys(s.db, prefixTomb)
+	if err != nil {
+		return err
+	}
 	s.records.Store(n)
+	s.tombs.Store(tombs)
 	return nil
 }
 
@@ -171,7 +179,7 @@ func ensureRecordCount(db *pebble.DB, logger *slog.Logger) (int64, error) {
 	if v != nil {
 		return 0, fmt.Errorf("%w: record count of %d bytes", ErrCorrupt, len(v))
 	}
-	n, err := countRecords(db)
+	n, err := countKeys(db, prefixRecord)
 	if err != nil {
 		return 0, err
 	}
@@ -184,17 +192,18 @@ func ensureRecordCount(db *pebble.DB, logger *slog.Logger) (int64, error) {
 	return n, nil
 }
 
-func countRecords(r pebble.Reader) (int64, error) {
-	it, err := r.NewIter(prefixIter(prefixRecord))
+// countKeys counts the keys under prefix.
+func countKeys(r pebble.Reader, prefix string) (int64, error) {
+	it, err := r.NewIter(prefixIter(prefix))
 	if err != nil {
-		return 0, fmt.Errorf("storage: count records: %w", err)
+		return 0, fmt.Errorf("storage: count %s: %w", prefix, err)
 	}
 	var n int64
 	for it.First(); it.Valid(); it.Next() {
 		n++
 	}
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return 0, fmt.Errorf("storage: count records: %w", err)
+		return 0, fmt.Errorf("storage: count %s: %w", prefix, err)
 	}
 	return n, nil
 }
@@ -245,15 +254,24 @@ func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
 		return nil, err
 	}
 	k := recordKey(tenant, key)
-	if v, ok := s.recent.get(k); ok {
-		return decodeRecord(tenant, key, v)
+	v, ok := s.recent.get(k)
+	if !ok {
+		gen := s.recent.generation()
+		db, err := s.open()
+		if err != nil {
+			return nil, err
+		}
+		v, err = getValue(db, k)
+		s.mu.RUnlock()
+		if err != nil {
+			return nil, err
+		}
+		s.recent.fill(string(k), v, gen)
 	}
-	db, err := s.open()
-	if err != nil {
-		return nil, err
+	if v == nil {
+		return nil, nil
 	}
-	defer s.mu.RUnlock()
-	return getRecord(db, tenant, key)
+	return decodeRecord(tenant, key, v)
 }
 
 // ScanRecords calls fn for the records of tenant whose key starts with prefix and is
@@ -533,8 +551,9 @@ type Batch struct {
 	// memtables that ends in a miss. Nothing but this batch writes the store while it
 	// is open, and its own writes are in writes, which is read first.
 	absent map[string]struct{}
-	// added is how many records this batch created less how many it deleted.
-	added int64
+	// added is how many records this batch created less how many it deleted;
+	// tombsAdded the same of tombstones.
+	added, tombsAdded int64
 }
 
 type knownExpiry struct {
@@ -579,8 +598,8 @@ func (b *Batch) Record(tenant, key string) (*idemkv.Record, error) {
 
 // value returns the stored value of record key k as this batch sees it, or nil: its
 // own write first, then the store's recent records, then Pebble. What it reads from
-// Pebble is the committed value (the state machine is the only writer), so it becomes
-// a recent record at once.
+// Pebble is the committed value, present or absent (the state machine is the only
+// writer), so it becomes a recent record at once.
 func (b *Batch) value(k []byte) ([]byte, error) {
 	if v, ok := b.writes[string(k)]; ok {
 		return v, nil
@@ -592,17 +611,17 @@ func (b *Batch) value(k []byte) ([]byte, error) {
 		return v, nil
 	}
 	v, err := getValue(b.b, k)
-	switch {
-	case err != nil:
-	case v != nil:
-		b.s.recent.put(string(k), v)
-	default:
+	if err != nil {
+		return nil, err
+	}
+	b.s.recent.put(string(k), v)
+	if v == nil {
 		if b.absent == nil {
 			b.absent = make(map[string]struct{})
 		}
 		b.absent[string(k)] = struct{}{}
 	}
-	return v, err
+	return v, nil
 }
 
 // storedExpiry returns where the index entry of record key k is, if it has one.
@@ -741,6 +760,7 @@ func (b *Batch) Commit() error {
 		return fmt.Errorf("storage: commit: %w", err)
 	}
 	b.s.records.Store(count)
+	b.s.tombs.Add(b.tombsAdded)
 	b.s.recent.update(b.writes)
 	b.s.rules.update(b.ruleWrites)
 	return b.Close()

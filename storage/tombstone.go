@@ -21,6 +21,9 @@ import (
 // Tombstone returns the tombstone of (tenant, key), or nil if there is none. Expiry is
 // not applied here, as Record does not apply it.
 func (s *Store) Tombstone(tenant, key string) (*idemkv.Tombstone, error) {
+	if s.tombs.Load() == 0 {
+		return nil, s.Failure()
+	}
 	db, err := s.open()
 	if err != nil {
 		return nil, err
@@ -39,7 +42,17 @@ func getTombstone(r pebble.Reader, tenant, key string) (*idemkv.Tombstone, error
 
 // Tombstone returns the tombstone of (tenant, key) as the batch sees it, or nil.
 func (b *Batch) Tombstone(tenant, key string) (*idemkv.Tombstone, error) {
+	if !b.mayHoldTombstones() {
+		return nil, nil
+	}
 	return getTombstone(b.b, tenant, key)
+}
+
+// mayHoldTombstones is false when the store as this batch sees it holds no tombstone:
+// most stores never release a key, and every reserve of a new key would otherwise
+// look its tombstone up, a walk down Pebble's memtables that ends in a miss.
+func (b *Batch) mayHoldTombstones() bool {
+	return b.s.tombs.Load()+b.tombsAdded > 0
 }
 
 // PutTombstone stores t and its expiry index entry, replacing any tombstone of the key.
@@ -47,6 +60,9 @@ func (b *Batch) PutTombstone(t *idemkv.Tombstone) error {
 	old, err := b.Tombstone(t.Tenant, t.Key)
 	if err != nil {
 		return err
+	}
+	if old == nil {
+		b.tombsAdded++
 	}
 	if old != nil && old.ExpiresAt != t.ExpiresAt {
 		if err := b.b.Delete(tombExpiry.key(old.ExpiresAt, t.Tenant, t.Key), nil); err != nil {
@@ -64,6 +80,9 @@ func (b *Batch) PutTombstone(t *idemkv.Tombstone) error {
 // DeleteTombstone removes the tombstone of (tenant, key) and its index entry. It
 // reports whether there was one.
 func (b *Batch) DeleteTombstone(tenant, key string) (bool, error) {
+	if !b.mayHoldTombstones() {
+		return false, nil
+	}
 	v, err := getValue(b.b, tombKey(tenant, key))
 	if err != nil || v == nil {
 		return false, err
@@ -72,6 +91,7 @@ func (b *Batch) DeleteTombstone(tenant, key string) (bool, error) {
 		return false, fmt.Errorf("%w: bad tombstone header of %q/%q", ErrCorrupt, tenant, key)
 	}
 	at := idemkv.Timestamp(binary.BigEndian.Uint64(v[1:9]))
+	b.tombsAdded--
 	return true, errors.Join(b.b.Delete(tombExpiry.key(at, tenant, key), nil), b.b.Delete(tombKey(tenant, key), nil))
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"reflect"
 	"testing"
@@ -253,5 +254,83 @@ func TestTombstoneCost(t *testing.T) {
 		uv, uk, fv, fk, len(full.History))
 	if uv > 300 || fv > recentMaxValue/2 {
 		t.Fatalf("a tombstone costs %d bytes with two events, %d with a full history", uv, fv)
+	}
+}
+
+// TestTombstoneCountKeepsLookupsExact: tombstone look-ups are skipped while the store
+// holds none, so the count must follow every put, replacement and deletion, within a
+// batch, across discarded batches, a reopen and a restore. Random batches over a few
+// keys check every look-up (the batch's, the store's) against Pebble itself.
+func TestTombstoneCountKeepsLookupsExact(t *testing.T) {
+	dir := t.TempDir()
+	s, closeNow := openClosable(t, dir)
+	rng := rand.New(rand.NewPCG(3, 4))
+	keys := []string{"a", "b", "c"}
+	tenant := typicalTombstone("a", ts).Tenant
+	check := func(step string, got *idemkv.Tombstone, err error, k string) {
+		t.Helper()
+		want, werr := getTombstone(s.db, tenant, k)
+		if err != nil || werr != nil || !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: tombstone of %s read %+v (%v), Pebble holds %+v (%v)", step, k, got, err, want, werr)
+		}
+	}
+	for round := range 300 {
+		b := s.NewBatch()
+		for range 1 + rng.IntN(4) {
+			k := keys[rng.IntN(len(keys))]
+			got, err := b.Tombstone(tenant, k)
+			want, werr := getTombstone(b.b, tenant, k)
+			if err != nil || werr != nil || !reflect.DeepEqual(got, want) {
+				t.Fatalf("round %d: the batch read %+v (%v) for %s, it holds %+v (%v)", round, got, err, k, want, werr)
+			}
+			if rng.IntN(3) == 0 {
+				if _, err := b.DeleteTombstone(tenant, k); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			if err := b.PutTombstone(typicalTombstone(k, ts+idemkv.Timestamp(rng.IntN(3)))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rng.IntN(5) == 0 {
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := b.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := countKeys(s.db, prefixTomb); err != nil || n != s.tombs.Load() {
+			t.Fatalf("round %d: %d tombstones counted, %d stored (%v)", round, s.tombs.Load(), n, err)
+		}
+		for _, k := range keys {
+			got, err := s.Tombstone(tenant, k)
+			check(fmt.Sprintf("round %d", round), got, err, k)
+		}
+	}
+	// Leave one tombstone, then reopen: the count is taken from the store.
+	commitBatch(t, s, func(b *Batch) error {
+		for _, k := range keys {
+			if _, err := b.DeleteTombstone(tenant, k); err != nil {
+				return err
+			}
+		}
+		return errors.Join(b.PutTombstone(typicalTombstone("b", ts)), b.SetApplied(5, 1))
+	})
+	data := snapshotOf(t, s)
+	closeNow()
+	s = openStore(t, dir)
+	if got, err := s.Tombstone(tenant, "b"); err != nil || got == nil || s.tombs.Load() != 1 {
+		t.Fatalf("after a reopen: %+v (%v), count %d", got, err, s.tombs.Load())
+	}
+	// A restore into a store that held none must count what it received.
+	dst := openStore(t, t.TempDir())
+	if err := dst.Restore(bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	b := dst.NewBatch()
+	defer b.Close()
+	if got, err := b.Tombstone(tenant, "b"); err != nil || got == nil {
+		t.Fatalf("after a restore: %+v (%v), count %d", got, err, dst.tombs.Load())
 	}
 }
