@@ -48,6 +48,14 @@ func tooLarge(n int64) error {
 // Its errors are invalid_argument naming the field at fault wherever it can be known.
 // Every request body goes through it, so it alone owns what a body may be.
 func decodeJSON(body []byte, v any) error {
+	if fastDecode(body, v) {
+		return nil
+	}
+	return decodeGeneral(body, v)
+}
+
+// decodeGeneral is decodeJSON for any body: the checks of scanBody, then encoding/json.
+func decodeGeneral(body []byte, v any) error {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return idemkv.Invalid("", "the request body must be a JSON object")
 	}
