@@ -70,6 +70,11 @@ func (ts Timestamp) MarshalText() ([]byte, error) {
 	return ts.appendText(make([]byte, 0, len(TimeFormat))), nil
 }
 
+// AppendText appends what MarshalText writes (encoding.TextAppender).
+func (ts Timestamp) AppendText(b []byte) ([]byte, error) {
+	return ts.appendText(b), nil
+}
+
 // UnmarshalText reads what MarshalText writes, or any RFC 3339 time.
 func (ts *Timestamp) UnmarshalText(b []byte) error {
 	t, err := time.Parse(time.RFC3339Nano, string(b))

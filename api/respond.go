@@ -83,9 +83,12 @@ func writeJSON(log *slog.Logger, w http.ResponseWriter, r *http.Request, status 
 	// clean 500 instead of half a body behind a 200. The Encoder writes what
 	// json.Marshal does, newline added, into a pooled buffer: Marshal's copy of its
 	// result and the append of the newline were two allocations of the whole answer.
+	// The answers of writes are appended directly (appendAnswer), the same bytes.
 	buf := answerBuffers.Get().(*bytes.Buffer)
 	defer putAnswerBuffer(buf)
-	if err := json.NewEncoder(buf).Encode(v); err != nil {
+	if b, ok := appendAnswer(buf.AvailableBuffer(), v); ok {
+		buf.Write(append(b, '\n'))
+	} else if err := json.NewEncoder(buf).Encode(v); err != nil {
 		writeError(log, w, r, fmt.Errorf("api: encoding the answer: %w", err))
 		return
 	}
