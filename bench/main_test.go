@@ -301,8 +301,60 @@ func TestReportMergesParts(t *testing.T) {
 	if !strings.Contains(stdout.String(), "### 1 idemkv node vs 1 PostgreSQL") {
 		t.Errorf("stdout lacks the tables:\n%s", stdout.String())
 	}
-	if err := runReport(t.Context(), []string{"--out", dir, files[0], files[0]}, io.Discard, io.Discard); err == nil {
-		t.Error("a system measured twice was merged")
+	if err := runReport(t.Context(), []string{"--out", dir, files[0], files[0], files[1]}, io.Discard, io.Discard); err == nil {
+		t.Error("a system measured twice was merged with one measured once")
+	}
+}
+
+// TestReportTakesTheMedianRound: with every system measured in three rounds, each
+// point is its median round, every round's throughput is kept, and the ratios divide
+// the medians.
+func TestReportTakesTheMedianRound(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for round, scale := range []float64{1.0, 0.5, 2.0} {
+		part := results()
+		for i := range part.New {
+			part.New[i].OpsPerSec *= scale
+			part.New[i].P50 = float64(round)
+		}
+		for i := range part.Replay {
+			part.Replay[i].OpsPerSec *= scale
+		}
+		files = append(files, filepath.Join(dir, fmt.Sprint("round", round, ".json")))
+		if err := writeJSON(files[round], part); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := runReport(t.Context(), append([]string{"--out", dir}, files...), io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Results
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := results()
+	if got.Rounds != 3 || len(got.New) != len(want.New) || len(got.Replay) != len(want.Replay) {
+		t.Fatalf("%d rounds, %d new points, %d replays", got.Rounds, len(got.New), len(got.Replay))
+	}
+	for i, p := range got.New {
+		if p.OpsPerSec != want.New[i].OpsPerSec || p.P50 != 0 || len(p.Rounds) != 3 || p.Rounds[1].OpsPerSec != want.New[i].OpsPerSec/2 {
+			t.Fatalf("point %d: %.0f ops/s, p50 %v (the round's), rounds %+v; want the first round's %.0f", i, p.OpsPerSec, p.P50, p.Rounds, want.New[i].OpsPerSec)
+		}
+	}
+	if !slices.Equal(got.Targets, verdicts(want)) {
+		t.Errorf("targets of the median rounds differ:\n%v\nwant\n%v", got.Targets, verdicts(want))
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row := "| 64 | idemkv, 3 nodes, bolt log | 3000 (3000, 1500, 6000) |"; !strings.Contains(string(md), row) {
+		t.Errorf("results.md lacks %q:\n%s", row, md)
 	}
 }
 

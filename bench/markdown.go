@@ -17,6 +17,9 @@ func markdown(r *Results) string {
 		fmt.Fprintf(&b, ", load average %s at the start and %s at the end", r.LoadAtStart, r.LoadAtEnd)
 	}
 	b.WriteString(".\n")
+	if r.Rounds > 1 {
+		fmt.Fprintf(&b, "Every system was measured in %d rounds, one system at a time, the rounds one after another: each point is its system's round of median throughput, with every round's throughput in brackets, and idemkv ÷ peer divides the medians.\n", r.Rounds)
+	}
 	if r.PGReplication != nil {
 		var sb []string
 		for _, s := range r.PGReplication.Standbys {
@@ -55,11 +58,11 @@ func markdown(r *Results) string {
 			peer := find(r.New, p.peer, c)
 			for _, s := range idem {
 				if pt := find(r.New, s.Name, c); pt != nil {
-					fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | %s | %s |\n", c, s.Label, pt.OpsPerSec, pt.P50, pt.P99, pt.ReserveP50, cpuCell(pt), driverCell(pt), ratio(pt, peer))
+					fmt.Fprintf(&b, "| %d | %s | %s | %.2f | %.2f | %.2f | %s | %s | %s |\n", c, s.Label, opsCell(pt), pt.P50, pt.P99, pt.ReserveP50, cpuCell(pt), driverCell(pt), ratio(pt, peer))
 				}
 			}
 			if peer != nil {
-				fmt.Fprintf(&b, "| %d | %s | %.0f | %.2f | %.2f | %.2f | %s | %s | — |\n", c, label(p.peer), peer.OpsPerSec, peer.P50, peer.P99, peer.ReserveP50, cpuCell(peer), driverCell(peer))
+				fmt.Fprintf(&b, "| %d | %s | %s | %.2f | %.2f | %.2f | %s | %s | — |\n", c, label(p.peer), opsCell(peer), peer.P50, peer.P99, peer.ReserveP50, cpuCell(peer), driverCell(peer))
 			}
 		}
 		var peerReplay *Point
@@ -72,12 +75,12 @@ func markdown(r *Results) string {
 		for _, s := range idem {
 			for i := range r.Replay {
 				if pt := &r.Replay[i]; pt.System == s.Name {
-					rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | %s | %s |\n", s.Label, routeText(p, pt.Route), pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99, cpuCell(pt), driverCell(pt), ratio(pt, peerReplay)))
+					rows = append(rows, fmt.Sprintf("| %s | %s | %d | %s | %.2f | %.2f | %s | %s | %s |\n", s.Label, routeText(p, pt.Route), pt.Concurrency, opsCell(pt), pt.P50, pt.P99, cpuCell(pt), driverCell(pt), ratio(pt, peerReplay)))
 				}
 			}
 		}
 		if peerReplay != nil {
-			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.2f | %.2f | %s | %s | — |\n", label(p.peer), routeText(p, ""), peerReplay.Concurrency, peerReplay.OpsPerSec, peerReplay.P50, peerReplay.P99, cpuCell(peerReplay), driverCell(peerReplay)))
+			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %s | %.2f | %.2f | %s | %s | — |\n", label(p.peer), routeText(p, ""), peerReplay.Concurrency, opsCell(peerReplay), peerReplay.P50, peerReplay.P99, cpuCell(peerReplay), driverCell(peerReplay)))
 		}
 		if len(rows) > 0 {
 			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops | driver CPU s / 1k ops | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -213,6 +216,18 @@ func cpuCell(p *Point) string {
 		return "—"
 	}
 	return fmt.Sprintf("%.3f", p.CPU.PerKOps)
+}
+
+// opsCell is a point's throughput, and each round's when it had more than one.
+func opsCell(p *Point) string {
+	if len(p.Rounds) < 2 {
+		return fmt.Sprintf("%.0f", p.OpsPerSec)
+	}
+	each := make([]string, len(p.Rounds))
+	for i, r := range p.Rounds {
+		each[i] = fmt.Sprintf("%.0f", r.OpsPerSec)
+	}
+	return fmt.Sprintf("%.0f (%s)", p.OpsPerSec, strings.Join(each, ", "))
 }
 
 // driverCell is the driver's own CPU seconds per thousand operations of a point.

@@ -37,8 +37,17 @@ type Results struct {
 	Replay        []Point        `json:"replays,omitempty"`
 	Scale         []Point        `json:"scale,omitempty"`
 	Targets       []Verdict      `json:"targets"`
+	// Rounds is how many times every system was measured (run.sh's ROUNDS): each
+	// point is then its system's median round.
+	Rounds int `json:"rounds,omitempty"`
 	// Profiles are the CPU profiles --profile took.
 	Profiles []string `json:"profiles,omitempty"`
+}
+
+// Round is one round's figures of a point measured in several.
+type Round struct {
+	OpsPerSec  float64 `json:"ops_per_sec"`
+	CPUPerKOps float64 `json:"cpu_s_per_1k_ops,omitempty"`
 }
 
 // SystemInfo names a system of the run.
@@ -75,6 +84,9 @@ type Point struct {
 	// DriverCPU is what the driver itself spent meanwhile: the load generator, which
 	// shares the machine's cores with the system.
 	DriverCPU *CPU `json:"driver_cpu,omitempty"`
+	// Rounds holds every round's figures when the run measured each system more than
+	// once; the point itself is the median round.
+	Rounds []Round `json:"rounds,omitempty"`
 	// Stages is where a write's time went on idemkv's leader (one-client points of
 	// new operations).
 	Stages *Stages `json:"stages,omitempty"`
@@ -160,19 +172,22 @@ func runReport(_ context.Context, args []string, stdout, _ io.Writer) error {
 }
 
 // merge puts parts together in their order: the first's start, settings and fsync
-// probe, the last's load at the end, every system and point.
+// probe, the last's load at the end, every system and point. A system that several
+// parts measured was measured in several rounds (run.sh's ROUNDS): every system must
+// then have the same number of rounds, and each of its points becomes the median
+// round's (medianRounds).
 func merge(parts []*Results) (*Results, error) {
 	r := *parts[0]
 	r.Systems, r.New, r.Replay, r.Scale, r.Profiles = nil, nil, nil, nil, nil
+	rounds := map[string]int{}
 	for _, p := range parts {
 		if p.Duration != r.Duration || p.Warmup != r.Warmup {
 			return nil, fmt.Errorf("parts measured %s after %s of warm-up and %s after %s", r.Duration, r.Warmup, p.Duration, p.Warmup)
 		}
 		for _, s := range p.Systems {
-			if slices.ContainsFunc(r.Systems, func(o SystemInfo) bool { return o.Name == s.Name }) {
-				return nil, fmt.Errorf("two parts measured %s", s.Name)
+			if rounds[s.Name]++; rounds[s.Name] == 1 {
+				r.Systems = append(r.Systems, s)
 			}
-			r.Systems = append(r.Systems, s)
 		}
 		r.New = append(r.New, p.New...)
 		r.Replay = append(r.Replay, p.Replay...)
@@ -183,7 +198,61 @@ func merge(parts []*Results) (*Results, error) {
 		r.Profiles = append(r.Profiles, p.Profiles...)
 		r.LoadAtEnd = p.LoadAtEnd
 	}
+	r.Rounds = 1
+	for name, n := range rounds {
+		if n != rounds[r.Systems[0].Name] {
+			return nil, fmt.Errorf("%s was measured in %d rounds, %s in %d", name, n, r.Systems[0].Name, rounds[r.Systems[0].Name])
+		}
+		r.Rounds = n
+	}
+	if r.Rounds > 1 {
+		r.New, r.Replay = medianRounds(r.New), medianRounds(r.Replay)
+	}
 	return &r, nil
+}
+
+// medianRounds replaces the rounds of each point (same system, workload, clients and
+// route) by the round with the median throughput (the lower of the two middle ones
+// for an even count), which keeps every round's throughput and CPU in Rounds. A point
+// is one round's whole, so that its latencies, CPU and stages belong together.
+func medianRounds(points []Point) []Point {
+	type key struct {
+		system, workload, route string
+		clients                 int
+	}
+	var order []key
+	byKey := map[key][]Point{}
+	for _, p := range points {
+		k := key{p.System, p.Workload, p.Route, p.Concurrency}
+		if _, ok := byKey[k]; !ok {
+			order = append(order, k)
+		}
+		byKey[k] = append(byKey[k], p)
+	}
+	out := make([]Point, 0, len(order))
+	for _, k := range order {
+		rounds := byKey[k]
+		each := make([]Round, len(rounds))
+		for i, p := range rounds {
+			each[i] = Round{OpsPerSec: p.OpsPerSec, CPUPerKOps: p.CPU.perKOps()}
+		}
+		sorted := slices.Clone(rounds)
+		slices.SortStableFunc(sorted, func(a, b Point) int { return cmpFloat(a.OpsPerSec, b.OpsPerSec) })
+		m := sorted[(len(sorted)-1)/2]
+		m.Rounds = each
+		out = append(out, m)
+	}
+	return out
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 // verdicts holds the measured run against the targets of the issue. They are printed,

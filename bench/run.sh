@@ -21,7 +21,8 @@
 #                                   cluster restored from a seeded backup (see README.md)
 #
 # Environment: IDEMKV_BIN (an idemkv binary to measure instead of building this
-# checkout's), RAFT_LOGS (idemkv's Raft log backends to run, each passed to `idemkv
+# checkout's), ROUNDS (measure every system this many times, in turn; each point is then
+# the median round, default 1), RAFT_LOGS (idemkv's Raft log backends to run, each passed to `idemkv
 # serve --raft-log`; default "bolt wal", or bolt alone, without the flag, when the
 # binary has no --raft-log), BENCH_DIR (data dirs; default a fresh dir under /var/tmp,
 # removed at exit unless KEEP=1), BENCH_OUT (results; default bench/results),
@@ -571,12 +572,20 @@ compare)
 	pg_setup
 	parts=()
 	read -ra backends <<<"$RAFT_LOGS"
-	systems_total=$((2 * ${#backends[@]} + 3))
-	for be in $RAFT_LOGS; do alone idemkv_alone 3 "$be"; done
-	alone postgres_sync_alone
-	for be in $RAFT_LOGS; do alone idemkv_alone 1 "$be"; done
-	alone postgres_alone
-	alone etcd_alone
+	rounds=${ROUNDS:-1}
+	systems_total=$(((2 * ${#backends[@]} + 3) * rounds))
+	for round in $(seq "$rounds"); do
+		if [ "$round" -gt 1 ]; then
+			# Every round starts each system afresh, as the first did.
+			rm -rf "$dir"/pg "$dir"/pg-primary "$dir"/pg-s1 "$dir"/pg-s2 "$dir"/etcd-e* "$dir"/idemkv[13]-*
+		fi
+		[ "$rounds" = 1 ] || log "round $round of $rounds"
+		for be in $RAFT_LOGS; do alone idemkv_alone 3 "$be"; done
+		alone postgres_sync_alone
+		for be in $RAFT_LOGS; do alone idemkv_alone 1 "$be"; done
+		alone postgres_alone
+		alone etcd_alone
+	done
 	"$dir/bench" report --out "$out" "${parts[@]}"
 	log "load average after measuring: $(uptime | sed 's/.*load average: //')"
 	log "comparison took $(since "$started"); results in $out/results.md, results.json and throughput.png"

@@ -330,7 +330,11 @@ func (r *runner) phase(ctx context.Context, workers []*worker, d time.Duration, 
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	// The window is the phase's duration at most: what finished after it is not
+	// counted (one), and waiting for the operations cut off at its end (they end as
+	// soon as their worker runs again, which on a loaded machine takes a while) is
+	// not part of it.
+	elapsed := min(time.Since(start), d)
 	stopProgress()
 	return elapsed
 }
@@ -359,11 +363,11 @@ func (r *runner) one(ctx context.Context, w *worker) {
 			AttemptID: attemptID(r.cfg.RunID, w)})
 	}
 	took := time.Since(t0)
+	if ended(ctx) {
+		// The phase ended under the operation: neither a result nor a failure.
+		return
+	}
 	if err != nil {
-		if ended(ctx) {
-			// The phase ended under the operation: neither a result nor a failure.
-			return
-		}
 		w.stats[kind].fail(err)
 		r.failed.Add(1)
 		return

@@ -131,13 +131,19 @@ func (w *wire) do(ctx context.Context, method, base, path string, body []byte) (
 	return ans, nil
 }
 
-func (c *wireConn) roundTrip(ctx context.Context, deadline time.Time, method, host, path, token string, body []byte) (answer, bool, error) {
+func (c *wireConn) roundTrip(ctx context.Context, deadline time.Time, method, host, path, token string, body []byte) (ans answer, keep bool, err error) {
 	if err := c.c.SetDeadline(deadline); err != nil {
 		return answer{}, false, err
 	}
-	// A context cancelled mid-request (the run ending) ends it at once.
+	// A context cancelled mid-request (an interrupted run) ends it at once; its
+	// deadline ends it at the socket already. A connection whose cut-off may still
+	// come is not used again.
 	stop := context.AfterFunc(ctx, func() { _ = c.c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	defer func() {
+		if !stop() {
+			keep = false
+		}
+	}()
 
 	b := append(c.buf[:0], method...)
 	b = append(b, ' ')
@@ -173,7 +179,7 @@ func (c *wireConn) roundTrip(ctx context.Context, deadline time.Time, method, ho
 	if len(data) > maxAnswerBytes {
 		return answer{}, false, fmt.Errorf("an answer of more than %d bytes", maxAnswerBytes)
 	}
-	ans := answer{status: resp.StatusCode, leader: resp.Header.Get(idemkv.HeaderLeader), body: data}
+	ans = answer{status: resp.StatusCode, leader: resp.Header.Get(idemkv.HeaderLeader), body: data}
 	return ans, !resp.Close && ctx.Err() == nil, nil
 }
 

@@ -172,3 +172,38 @@ func TestWireTimesOut(t *testing.T) {
 		t.Errorf("%d broken connections kept", n)
 	}
 }
+
+// A phase ends on time even when the store does not answer: the requests in flight
+// are cut off at once, as net/http's were, and not counted.
+func TestWireEndsWithThePhase(t *testing.T) {
+	hang := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/cluster" {
+			fmt.Fprintf(w, `{"leader":{"id":"n1","api_addr":%q}}`, r.Host)
+			return
+		}
+		select { // a store that hangs
+		case <-r.Context().Done():
+		case <-hang:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(hang) })
+	tgt, err := NewHTTPTarget(t.Context(), HTTPConfig{Endpoints: []string{srv.URL}, Tenant: "acme", Conns: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tgt.Close() })
+	start := time.Now()
+	rep, err := Run(t.Context(), Config{Target: tgt, Name: "idemkv", Concurrency: 64, Duration: 300 * time.Millisecond,
+		Warmup: -1, Mix: Mix{New: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 1500*time.Millisecond || rep.Elapsed > 0.3 {
+		t.Errorf("a 300 ms phase took %v, and measured %v s", d, rep.Elapsed)
+	}
+	if rep.Ops != 0 {
+		t.Errorf("%d operations counted against a store that never answered", rep.Ops)
+	}
+}
