@@ -308,3 +308,23 @@ func TestSetupOTLP(t *testing.T) {
 		t.Fatalf("the collector never received the span (%d requests)", len(reqs))
 	}
 }
+
+// TestUntracedOnlyWhileNothingIsSetUp: requests skip spans only while both globals are
+// OpenTelemetry's defaults; a provider or a propagator of one's own turns spans on.
+func TestUntracedOnlyWhileNothingIsSetUp(t *testing.T) {
+	withGlobals(t)
+	otel.SetTracerProvider(defaultTracerProvider)
+	otel.SetTextMapPropagator(defaultPropagator)
+	if !untraced() {
+		t.Fatal("the defaults count as set up")
+	}
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	if untraced() {
+		t.Fatal("a propagator of its own (a trace to pass on) counts as nothing set up")
+	}
+	otel.SetTextMapPropagator(defaultPropagator)
+	otel.SetTracerProvider(sdktrace.NewTracerProvider())
+	if untraced() {
+		t.Fatal("a tracer provider of its own counts as nothing set up")
+	}
+}
