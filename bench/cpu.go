@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // userHZ is the unit of the CPU times in /proc/<pid>/stat: USER_HZ, which Linux fixes
@@ -215,4 +217,43 @@ func (w *cpuWindow) figure(ops uint64) *CPU {
 		c.PerKOps = c.Seconds / float64(ops) * 1000
 	}
 	return c
+}
+
+// idleCores is the CPU use, in cores, under which a system counts as idle: an idle
+// three-node idemkv cluster's heartbeats and clock ticks take 5-10% of a core, etcd's
+// about 3%, PostgreSQL's servers less.
+const idleCores = 0.2
+
+// settle waits, at most o.settleMax, until the system's processes (o.cpuPids) use
+// under idleCores over a second, and returns how long it waited. A point measures its
+// own work then, not the memtable flushes and compactions (idemkv, etcd) or the
+// checkpoints and vacuums (PostgreSQL) that the writes of the point before it left:
+// those ran during whichever point came next, a replay point after 256 clients of
+// writes most of all. Without --cpu-pids it does not wait.
+func settle(ctx context.Context, o options) (time.Duration, error) {
+	if len(o.cpuPids) == 0 || o.settleMax <= 0 {
+		return 0, nil
+	}
+	start := time.Now()
+	prev, err := systemCPU(o.procDir, o.cpuPids)
+	if err != nil {
+		return 0, err
+	}
+	for time.Since(start) < o.settleMax {
+		t0 := time.Now()
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(time.Second):
+		}
+		cur, err := systemCPU(o.procDir, o.cpuPids)
+		if err != nil {
+			return 0, err
+		}
+		if (cur.seconds-prev.seconds)/time.Since(t0).Seconds() < idleCores {
+			break
+		}
+		prev = cur
+	}
+	return time.Since(start), nil
 }

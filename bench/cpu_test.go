@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // writeStat writes a /proc/<pid>/stat under dir with the given parent and CPU ticks
@@ -90,5 +92,52 @@ func TestParseFlagsCPUPidsNeedOneSystem(t *testing.T) {
 	}
 	if _, err := parseFlags([]string{"--pg", "postgres://x", "--cpu-pids", "12,x"}); err == nil {
 		t.Errorf("a pid that is no number accepted")
+	}
+}
+
+// settle waits while the system is busy (a core's worth of ticks a second, as a
+// compaction takes) and returns once a second passes with almost none; it never waits
+// past its bound, and without --cpu-pids it does not wait at all.
+func TestSettleWaitsForTheSystemToGoIdle(t *testing.T) {
+	dir := t.TempDir()
+	writeStat(t, dir, 100, 1, "idemkv", [4]int{0, 0, 0, 0})
+	var busyUntil atomic.Int64
+	busyUntil.Store(time.Now().Add(2500 * time.Millisecond).UnixNano())
+	stat := filepath.Join(dir, "100", "stat")
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticks := 0
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if time.Now().UnixNano() < busyUntil.Load() {
+				ticks += 5 // a whole core: 100 ticks a second
+			}
+			line := fmt.Sprintf("100 (idemkv) S 1 1 1 0 -1 4194560 100 0 0 0 %d 0 0 0 20 0 1 0 100 1000 10\n", ticks)
+			_ = os.WriteFile(stat+".new", []byte(line), 0o644)
+			_ = os.Rename(stat+".new", stat)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	o := options{procDir: dir, cpuPids: []int{100}, settleMax: 10 * time.Second}
+	waited, err := settle(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waited < 2500*time.Millisecond || waited > 6*time.Second {
+		t.Errorf("waited %v for a system busy for 2.5 s", waited)
+	}
+	busyUntil.Store(time.Now().Add(time.Hour).UnixNano())
+	o.settleMax = 2 * time.Second
+	if waited, err := settle(t.Context(), o); err != nil || waited > 4*time.Second {
+		t.Errorf("a system busy for good: waited %v (%v), bound 2 s", waited, err)
+	}
+	if waited, err := settle(t.Context(), options{procDir: dir}); err != nil || waited != 0 {
+		t.Errorf("without --cpu-pids: waited %v (%v)", waited, err)
 	}
 }

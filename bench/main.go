@@ -52,6 +52,8 @@ type options struct {
 	// whose CPU time each point reports per thousand operations.
 	cpuPids []int
 	procDir string
+	// settleMax bounds the wait, before each point, for the system to go idle.
+	settleMax time.Duration
 }
 
 // subcommands run instead of the comparison when named first (`bench seed …`); they
@@ -116,6 +118,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.out, "out", "results", "directory for results.json, results.md and throughput.png")
 	fs.StringVar(&o.part, "part", "", "write the points to this file as JSON instead of writing the results, for `bench report` to gather with other parts")
 	fs.StringVar(&o.tenant, "tenant", "bench", "tenant of every key")
+	fs.DurationVar(&o.settleMax, "settle-max", 30*time.Second, "with --cpu-pids, the longest wait before each point for the system's processes to go idle (under a fifth of a core): the flushes, compactions and checkpoints the previous point left are not this point's (0: no wait)")
 	fs.Var(pidsFlag{&o.cpuPids}, "cpu-pids", "`PIDS` of the processes of the one system measured, comma separated: each point reports the CPU time they and all their descendants spent per thousand operations, from /proc (run.sh passes them)")
 	fs.BoolVar(&o.profile, "profile", false, "after the points, profile the first three-node cluster's leader for 10 s under new operations at --replay-at clients, in a run left out of the tables (needs serve --pprof)")
 	if err := fs.Parse(args); err != nil {
@@ -294,6 +297,10 @@ func loadAverage() string {
 }
 
 func measure(ctx context.Context, o options, logger *slog.Logger, j job, profile bool, res *Results) (Point, error) {
+	settled, err := settle(ctx, o)
+	if err != nil {
+		return Point{}, fmt.Errorf("%s: waiting for the system to go idle: %w", j, err)
+	}
 	tgt, err := openWithRetry(ctx, j.sys, j.clients, j.route)
 	if err != nil {
 		return Point{}, err
@@ -350,6 +357,7 @@ func measure(ctx context.Context, o options, logger *slog.Logger, j job, profile
 		p.CPU = cpu.figure(rep.Ops)
 	}
 	p.DriverCPU = cpu.driverFigure(rep.Ops)
+	p.SettledAfter = settled.Seconds()
 	if stages.err != nil {
 		logger.Warn("no stage breakdown", "system", j.sys.Name, "err", stages.err)
 	} else if stages.ok {

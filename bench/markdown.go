@@ -17,6 +17,9 @@ func markdown(r *Results) string {
 		fmt.Fprintf(&b, ", load average %s at the start and %s at the end", r.LoadAtStart, r.LoadAtEnd)
 	}
 	b.WriteString(".\n")
+	if settled := maxSettle(r); settled > 0 {
+		fmt.Fprintf(&b, "Before each point the system was left to go idle (under a fifth of a core: the flushes, compactions and checkpoints of the point before it done), %.0f s at most.\n", settled)
+	}
 	if r.Rounds > 1 {
 		fmt.Fprintf(&b, "Every system was measured in %d rounds, one system at a time, the rounds one after another: each point is its system's round of median throughput, with every round's throughput in brackets, and idemkv ÷ peer divides the medians.\n", r.Rounds)
 	}
@@ -216,6 +219,17 @@ func cpuCell(p *Point) string {
 		return "—"
 	}
 	return fmt.Sprintf("%.3f", p.CPU.PerKOps)
+}
+
+// maxSettle is the longest wait of any point for its system to go idle, in seconds.
+func maxSettle(r *Results) float64 {
+	m := 0.0
+	for _, pts := range [][]Point{r.New, r.Replay} {
+		for _, p := range pts {
+			m = max(m, p.SettledAfter)
+		}
+	}
+	return m
 }
 
 // opsCell is a point's throughput, and each round's when it had more than one.

@@ -81,6 +81,9 @@ type Point struct {
 	// CPU is what the system's processes spent while the point was measured (run
 	// with --cpu-pids).
 	CPU *CPU `json:"cpu,omitempty"`
+	// SettledAfter is how long the point waited for the system to go idle first
+	// (settle).
+	SettledAfter float64 `json:"settled_after_s,omitempty"`
 	// DriverCPU is what the driver itself spent meanwhile: the load generator, which
 	// shares the machine's cores with the system.
 	DriverCPU *CPU `json:"driver_cpu,omitempty"`
