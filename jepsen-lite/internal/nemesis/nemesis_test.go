@@ -1,6 +1,7 @@
 package nemesis
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -102,6 +103,14 @@ func TestPartitionAssertsItsEffect(t *testing.T) {
 	err = n.holdCut(t.Context(), 300*time.Millisecond, cut01, func() { c.SetLinks([]int{0}, []int{1}, proxy.Setting{Mode: proxy.Cut}) })
 	if err != nil {
 		t.Fatalf("a cut that dropped traffic failed: %v", err)
+	}
+
+	// The run ends during the hold: nothing could be dropped, and that is no failure.
+	ended, cancel := context.WithCancel(t.Context())
+	cancel()
+	err = n.holdCut(ended, 300*time.Millisecond, between([]int{1}, []int{2}), func() { c.SetLinks([]int{1}, []int{2}, proxy.Setting{Mode: proxy.Cut}) })
+	if err != nil {
+		t.Fatalf("a cut that the end of the run cut short failed: %v", err)
 	}
 
 	// It cut more than it names.
