@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/jsonscan"
 )
 
 // fastDecode decodes the bodies that reserves and commits almost always are, and
@@ -101,27 +102,15 @@ const fastMaxMembers = 16
 
 // fastObject walks the object that is the whole of body (but for whitespace) and calls
 // member with each member's name and raw value, in order; it fails on anything but
-// one well-formed object of distinct names, or when member fails.
+// one well-formed object of at most fastMaxMembers distinct names, or when member
+// fails.
 func fastObject(body []byte, member func(name, value []byte) bool) bool {
 	var names [fastMaxMembers][]byte
 	n := 0
-	i := fastSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		return false
-	}
-	i = fastSpace(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		return fastSpace(body, i+1) == len(body)
-	}
-	for {
-		if i >= len(body) || body[i] != '"' || n == fastMaxMembers {
+	return jsonscan.Object(body, func(name, value []byte) bool {
+		if n == fastMaxMembers {
 			return false
 		}
-		end := fastStringEnd(body, i)
-		if end < 0 {
-			return false
-		}
-		name := body[i+1 : end-1]
 		for _, seen := range names[:n] {
 			if bytes.Equal(seen, name) {
 				return false
@@ -129,85 +118,8 @@ func fastObject(body []byte, member func(name, value []byte) bool) bool {
 		}
 		names[n] = name
 		n++
-		if i = fastSpace(body, end); i >= len(body) || body[i] != ':' {
-			return false
-		}
-		i = fastSpace(body, i+1)
-		end = fastValueEnd(body, i)
-		if end < 0 || !member(name, body[i:end]) {
-			return false
-		}
-		i = fastSpace(body, end)
-		switch {
-		case i < len(body) && body[i] == ',':
-			i = fastSpace(body, i+1)
-		case i < len(body) && body[i] == '}':
-			return fastSpace(body, i+1) == len(body)
-		default:
-			return false
-		}
-	}
-}
-
-func fastSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\r' || b[i] == '\t') {
-		i++
-	}
-	return i
-}
-
-// fastStringEnd returns the end of the string that opens at b[i] (no escapes: the
-// body has no backslash), or -1 if it never closes or holds a control character.
-func fastStringEnd(b []byte, i int) int {
-	for j := i + 1; j < len(b); j++ {
-		switch c := b[j]; {
-		case c == '"':
-			return j + 1
-		case c < 0x20:
-			return -1
-		}
-	}
-	return -1
-}
-
-// fastValueEnd returns the end of the value that starts at b[i], or -1. It finds the
-// extent only; what a value must be is checked by the member's decoder (fastRaw checks
-// a whole nested value with json.Valid).
-func fastValueEnd(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
-		return fastStringEnd(b, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(b); j++ {
-			switch b[j] {
-			case '"':
-				end := fastStringEnd(b, j)
-				if end < 0 {
-					return -1
-				}
-				j = end - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return j + 1
-				}
-			}
-		}
-		return -1
-	}
-	j := i
-	for j < len(b) && b[j] != ',' && b[j] != '}' && b[j] != ']' && b[j] != ' ' && b[j] != '\n' && b[j] != '\r' && b[j] != '\t' {
-		j++
-	}
-	if j == i {
-		return -1
-	}
-	return j
+		return member(name, value)
+	})
 }
 
 func fastString(val []byte, into *string) bool {
@@ -267,7 +179,7 @@ func fastBool(val []byte, into *bool) bool {
 }
 
 // fastRaw takes a raw member (an effect, a result) that is valid JSON and not null, as
-// encoding/json would copy it.
+// encoding/json would copy it: jsonscan found only its extent.
 func fastRaw(val []byte, into *json.RawMessage) bool {
 	if string(val) == "null" || !json.Valid(val) {
 		return false

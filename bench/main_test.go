@@ -277,14 +277,7 @@ func TestReportMergesParts(t *testing.T) {
 	if err := runReport(t.Context(), append([]string{"--out", dir}, files...), &stdout, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got Results
-	if err := json.Unmarshal(b, &got); err != nil {
-		t.Fatal(err)
-	}
+	got := readResults(t, dir)
 	if len(got.Systems) != 7 || len(got.New) != len(all.New) || len(got.Replay) != len(all.Replay) ||
 		got.LoadAtStart != "0" || got.LoadAtEnd != "6" || got.PGReplication == nil {
 		t.Errorf("merged %d systems, %d new points, %d replays, load %s → %s, replication %v",
@@ -329,14 +322,7 @@ func TestReportTakesTheMedianRound(t *testing.T) {
 	if err := runReport(t.Context(), append([]string{"--out", dir}, files...), io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got Results
-	if err := json.Unmarshal(b, &got); err != nil {
-		t.Fatal(err)
-	}
+	got := readResults(t, dir)
 	want := results()
 	if got.Rounds != 3 || len(got.New) != len(want.New) || len(got.Replay) != len(want.Replay) {
 		t.Fatalf("%d rounds, %d new points, %d replays", got.Rounds, len(got.New), len(got.Replay))
@@ -356,6 +342,20 @@ func TestReportTakesTheMedianRound(t *testing.T) {
 	if row := "| 64 | idemkv, 3 nodes, bolt log | 3000 (3000, 1500, 6000) |"; !strings.Contains(string(md), row) {
 		t.Errorf("results.md lacks %q:\n%s", row, md)
 	}
+}
+
+// readResults reads the results.json that bench report wrote into dir.
+func readResults(t *testing.T, dir string) Results {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Results
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func TestReplicationNeedsTwoStandbysInQuorum(t *testing.T) {

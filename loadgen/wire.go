@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/jsonscan"
 )
 
 // wire is the driver's HTTP/1.1 client: keep-alive connections to each node, a request
@@ -206,112 +207,13 @@ func (w *wire) close() {
 // check and walk all of it (a fifth of the driver's CPU under replays). Names are
 // compared as they appear, without unescaping: the server writes them plainly.
 func members(data []byte, fn func(name, value []byte)) error {
-	i := skipSpace(data, 0)
-	if i >= len(data) || data[i] != '{' {
-		return fmt.Errorf("an answer that is not a JSON object")
-	}
-	i = skipSpace(data, i+1)
-	if i < len(data) && data[i] == '}' {
-		return nil
-	}
-	for {
-		if i >= len(data) || data[i] != '"' {
-			return fmt.Errorf("a member name expected at byte %d of the answer", i)
-		}
-		end, err := skipValue(data, i)
-		if err != nil {
-			return err
-		}
-		name := data[i+1 : end-1]
-		i = skipSpace(data, end)
-		if i >= len(data) || data[i] != ':' {
-			return fmt.Errorf("':' expected at byte %d of the answer", i)
-		}
-		i = skipSpace(data, i+1)
-		end, err = skipValue(data, i)
-		if err != nil {
-			return err
-		}
-		fn(name, data[i:end])
-		i = skipSpace(data, end)
-		switch {
-		case i < len(data) && data[i] == ',':
-			i = skipSpace(data, i+1)
-		case i < len(data) && data[i] == '}':
-			return nil
-		default:
-			return fmt.Errorf("',' or '}' expected at byte %d of the answer", i)
-		}
-	}
-}
-
-func skipSpace(data []byte, i int) int {
-	for i < len(data) && (data[i] == ' ' || data[i] == '\n' || data[i] == '\r' || data[i] == '\t') {
-		i++
-	}
-	return i
-}
-
-// skipValue returns the end of the JSON value that starts at data[i]. Within objects
-// and arrays it follows strings (and their escapes) and brackets, not the grammar: the
-// values it skips are the server's, and those the driver reads are decoded by
-// encoding/json, which checks them.
-func skipValue(data []byte, i int) (int, error) {
-	if i >= len(data) {
-		return 0, errAnswerEnds
-	}
-	switch data[i] {
-	case '"':
-		return skipString(data, i)
-	case '{', '[':
-		depth := 0
-		for j := i; j < len(data); j++ {
-			switch data[j] {
-			case '"':
-				end, err := skipString(data, j)
-				if err != nil {
-					return 0, err
-				}
-				j = end - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return j + 1, nil
-				}
-			}
-		}
-		return 0, errAnswerEnds
-	}
-	j := i // a number, true, false or null
-	for j < len(data) && !endsScalar(data[j]) {
-		j++
-	}
-	if j == i {
-		return 0, fmt.Errorf("a value expected at byte %d of the answer", i)
-	}
-	return j, nil
-}
-
-func endsScalar(c byte) bool {
-	switch c {
-	case ',', '}', ']', ' ', '\t', '\r', '\n':
+	if !jsonscan.Object(data, func(name, value []byte) bool {
+		fn(name, value)
 		return true
+	}) {
+		return errNotAnObject
 	}
-	return false
+	return nil
 }
 
-// skipString returns the end of the JSON string that starts at data[i].
-func skipString(data []byte, i int) (int, error) {
-	for j := i + 1; j < len(data); j++ {
-		switch data[j] {
-		case '\\':
-			j++
-		case '"':
-			return j + 1, nil
-		}
-	}
-	return 0, errAnswerEnds
-}
-
-var errAnswerEnds = errors.New("an answer that ends inside a value")
+var errNotAnObject = errors.New("an answer that is not one JSON object")
