@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -202,11 +203,13 @@ func merge(parts []*Results) (*Results, error) {
 		r.LoadAtEnd = p.LoadAtEnd
 	}
 	r.Rounds = 1
+	if len(r.Systems) > 0 {
+		r.Rounds = rounds[r.Systems[0].Name]
+	}
 	for name, n := range rounds {
-		if n != rounds[r.Systems[0].Name] {
-			return nil, fmt.Errorf("%s was measured in %d rounds, %s in %d", name, n, r.Systems[0].Name, rounds[r.Systems[0].Name])
+		if n != r.Rounds {
+			return nil, fmt.Errorf("%s was measured in %d rounds, %s in %d", name, n, r.Systems[0].Name, r.Rounds)
 		}
-		r.Rounds = n
 	}
 	if r.Rounds > 1 {
 		r.New, r.Replay = medianRounds(r.New), medianRounds(r.Replay)
@@ -240,22 +243,12 @@ func medianRounds(points []Point) []Point {
 			each[i] = Round{OpsPerSec: p.OpsPerSec, CPUPerKOps: p.CPU.perKOps()}
 		}
 		sorted := slices.Clone(rounds)
-		slices.SortStableFunc(sorted, func(a, b Point) int { return cmpFloat(a.OpsPerSec, b.OpsPerSec) })
+		slices.SortStableFunc(sorted, func(a, b Point) int { return cmp.Compare(a.OpsPerSec, b.OpsPerSec) })
 		m := sorted[(len(sorted)-1)/2]
 		m.Rounds = each
 		out = append(out, m)
 	}
 	return out
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // verdicts holds the measured run against the targets of the issue. They are printed,

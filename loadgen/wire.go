@@ -36,7 +36,6 @@ type wire struct {
 
 	mu    sync.Mutex
 	nodes map[string]*wireNode // base URL → its connections
-	tls   *tls.Config
 }
 
 type wireNode struct {
@@ -45,13 +44,19 @@ type wireNode struct {
 }
 
 type wireConn struct {
-	c   net.Conn
-	r   *bufio.Reader
-	buf []byte
+	c         net.Conn
+	r         *bufio.Reader
+	buf       []byte
+	idleSince time.Time
 }
 
+// maxIdle is how long a kept connection may wait for its next request: below the
+// server's idle timeout (two minutes), so that no request is written to a connection
+// the server is closing, as net/http's Transport kept its idle ones 90 s.
+const maxIdle = 90 * time.Second
+
 func newWire(token string, timeout time.Duration, idle int) *wire {
-	return &wire{token: token, timeout: timeout, idle: idle, nodes: make(map[string]*wireNode), tls: &tls.Config{}}
+	return &wire{token: token, timeout: timeout, idle: idle, nodes: make(map[string]*wireNode)}
 }
 
 func (w *wire) node(base string) (*wireNode, error) {
@@ -78,7 +83,7 @@ func (w *wire) dial(ctx context.Context, n *wireNode) (*wireConn, error) {
 	var c net.Conn
 	var err error
 	if n.scheme == "https" {
-		td := &tls.Dialer{NetDialer: d, Config: w.tls}
+		td := &tls.Dialer{NetDialer: d} // the system's roots, the endpoint's host name
 		c, err = td.DialContext(ctx, "tcp", n.host)
 	} else {
 		c, err = d.DialContext(ctx, "tcp", n.host)
@@ -107,10 +112,8 @@ func (w *wire) do(ctx context.Context, method, base, path string, body []byte) (
 	if err != nil {
 		return answer{}, err
 	}
-	var c *wireConn
-	select {
-	case c = <-n.idle:
-	default:
+	c := n.take()
+	if c == nil {
 		if c, err = w.dial(ctx, n); err != nil {
 			return answer{}, err
 		}
@@ -124,12 +127,29 @@ func (w *wire) do(ctx context.Context, method, base, path string, body []byte) (
 		_ = c.c.Close()
 		return ans, err
 	}
+	c.idleSince = time.Now()
 	select {
 	case n.idle <- c:
 	default:
 		_ = c.c.Close()
 	}
 	return ans, nil
+}
+
+// take returns a kept connection that has not waited longer than maxIdle, or nil;
+// it closes the ones that have.
+func (n *wireNode) take() *wireConn {
+	for {
+		select {
+		case c := <-n.idle:
+			if time.Since(c.idleSince) < maxIdle {
+				return c
+			}
+			_ = c.c.Close()
+		default:
+			return nil
+		}
+	}
 }
 
 func (c *wireConn) roundTrip(ctx context.Context, deadline time.Time, method, host, path, token string, body []byte) (ans answer, keep bool, err error) {
@@ -189,14 +209,8 @@ func (w *wire) close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, n := range w.nodes {
-		for {
-			select {
-			case c := <-n.idle:
-				_ = c.c.Close()
-				continue
-			default:
-			}
-			break
+		for c := n.take(); c != nil; c = n.take() {
+			_ = c.c.Close()
 		}
 	}
 }

@@ -207,3 +207,23 @@ func TestWireEndsWithThePhase(t *testing.T) {
 		t.Errorf("%d operations counted against a store that never answered", rep.Ops)
 	}
 }
+
+// A kept connection that waited longer than maxIdle is closed instead of reused: the
+// server may be closing it (its idle timeout is two minutes).
+func TestWireDropsConnectionsIdleTooLong(t *testing.T) {
+	n := &wireNode{idle: make(chan *wireConn, 2)}
+	stale, staleEnd := net.Pipe()
+	fresh, freshEnd := net.Pipe()
+	t.Cleanup(func() { _, _, _, _ = stale.Close(), staleEnd.Close(), fresh.Close(), freshEnd.Close() })
+	n.idle <- &wireConn{c: stale, idleSince: time.Now().Add(-maxIdle - time.Second)}
+	n.idle <- &wireConn{c: fresh, idleSince: time.Now()}
+	if c := n.take(); c == nil || c.c != fresh {
+		t.Fatalf("took %+v, want the fresh connection", c)
+	}
+	if _, err := stale.Write([]byte("x")); err == nil {
+		t.Error("the stale connection is still open")
+	}
+	if c := n.take(); c != nil {
+		t.Fatalf("took %+v from an empty pool", c)
+	}
+}

@@ -21,14 +21,14 @@ import (
 // Tombstone returns the tombstone of (tenant, key), or nil if there is none. Expiry is
 // not applied here, as Record does not apply it.
 func (s *Store) Tombstone(tenant, key string) (*idemkv.Tombstone, error) {
-	if s.tombs.Load() == 0 {
-		return nil, s.Failure()
-	}
 	db, err := s.open()
 	if err != nil {
 		return nil, err
 	}
 	defer s.mu.RUnlock()
+	if s.tombs.Load() == 0 {
+		return nil, nil
+	}
 	return getTombstone(db, tenant, key)
 }
 
