@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -16,20 +17,52 @@ import (
 // ScopeName is the instrumentation scope of idemkv's server spans.
 const ScopeName = "github.com/idemkv/idemkv/telemetry"
 
-// OpenTelemetry's own global tracer provider and propagator, before anything replaces
-// them: while both are still in place nothing records a span and no trace crosses the
-// wire (the default propagator extracts nothing), so a request needs no span at all.
-var (
-	defaultTracerProvider = otel.GetTracerProvider()
-	defaultPropagator     = otel.GetTextMapPropagator()
-)
+// OpenTelemetry's own global tracer provider, before anything replaces it: while it is
+// still in place no span records.
+var defaultTracerProvider = otel.GetTracerProvider()
 
-// untraced reports whether tracing was never set up (Setup, or a test's own provider
-// or propagator). Comparing with the defaults cannot panic: their dynamic types are
-// pointers, and interfaces of different dynamic types compare unequal.
-func untraced() bool {
-	return otel.GetTracerProvider() == defaultTracerProvider && otel.GetTextMapPropagator() == defaultPropagator
+// untraced reports whether a request with headers h needs no span: no tracer provider
+// was set up (Setup installs one only when an exporter is configured, so a plain
+// `idemkv serve` has none), so no span would record, and h carries none of the
+// propagator's headers, so there is no trace to carry on to a leader this node forwards
+// to. The span would be neither recording nor valid, which the middleware passes over
+// anyway; skipping it saves extracting nothing and starting a span on every request.
+// Comparing with the default provider cannot panic: its dynamic type is a pointer, and
+// interfaces of different dynamic types compare unequal.
+func untraced(h http.Header) bool {
+	if otel.GetTracerProvider() != defaultTracerProvider {
+		return false
+	}
+	p := otel.GetTextMapPropagator()
+	var fields []string
+	if own, ok := p.(*propagator); ok {
+		fields = own.fields
+	} else {
+		fields = p.Fields()
+	}
+	for name := range h {
+		for _, f := range fields {
+			if strings.EqualFold(name, f) {
+				return false
+			}
+		}
+	}
+	return true
 }
+
+// propagator is the propagator Setup installs, with the names of the headers it reads
+// listed once, not on every request (untraced).
+type propagator struct {
+	propagation.TextMapPropagator
+	fields []string
+}
+
+func newPropagator(p propagation.TextMapPropagator) *propagator {
+	return &propagator{TextMapPropagator: p, fields: p.Fields()}
+}
+
+// Fields returns a copy: the caller may keep or change it.
+func (p *propagator) Fields() []string { return slices.Clone(p.fields) }
 
 // HTTPMiddleware starts a server span per request, as a child of the W3C traceparent
 // the caller sent, and names it after the route pattern ("POST /v1/reserve"), never the
@@ -40,11 +73,11 @@ func untraced() bool {
 //
 // Health probes (/healthz, /readyz) get no span: a load balancer probing every second
 // would otherwise fill the trace store with them. Nor does any request while tracing
-// was never set up (untraced): extracting nothing and starting a span that records
-// nothing cost a replay 2-3% of its CPU.
+// records no span and the request carries no trace (untraced): extracting nothing and
+// starting a span that records nothing cost a replay 2-3% of its CPU.
 func HTTPMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || untraced() {
+		if r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || untraced(r.Header) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -56,8 +56,8 @@ var ErrConfig = errors.New("telemetry: unsupported configuration")
 //
 // The shutdown function flushes pending spans; call it before the process exits.
 func Setup(ctx context.Context, service string) (shutdown func(context.Context) error, err error) {
-	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(
-		propagation.TraceContext{}, propagation.Baggage{}))
+	otel.SetTextMapPropagator(newPropagator(propagation.NewCompositeTextMapPropagator(
+		propagation.TraceContext{}, propagation.Baggage{})))
 	noop := func(context.Context) error { return nil }
 	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
 		return noop, nil

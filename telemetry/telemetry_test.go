@@ -309,22 +309,78 @@ func TestSetupOTLP(t *testing.T) {
 	}
 }
 
-// TestUntracedOnlyWhileNothingIsSetUp: requests skip spans only while both globals are
-// OpenTelemetry's defaults; a provider or a propagator of one's own turns spans on.
+// TestUntracedOnlyWhileNothingIsSetUp: a request skips its span only while no tracer
+// provider is set up and it carries none of the propagator's headers. The case that
+// matters is a plain `idemkv serve`: Setup installs the W3C propagator and, without an
+// exporter, no provider; its requests skipped nothing until untraced looked at the
+// request's headers rather than at whether any propagator had been installed.
 func TestUntracedOnlyWhileNothingIsSetUp(t *testing.T) {
 	withGlobals(t)
-	otel.SetTracerProvider(defaultTracerProvider)
-	otel.SetTextMapPropagator(defaultPropagator)
-	if !untraced() {
-		t.Fatal("the defaults count as set up")
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	if otel.GetTracerProvider() != defaultTracerProvider {
+		otel.SetTracerProvider(defaultTracerProvider)
 	}
-	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
-	if untraced() {
-		t.Fatal("a propagator of its own (a trace to pass on) counts as nothing set up")
+	if _, err := Setup(context.Background(), "idemkv"); err != nil {
+		t.Fatal(err)
 	}
-	otel.SetTextMapPropagator(defaultPropagator)
+	plain := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer x"}}
+	if !untraced(plain) {
+		t.Fatal("Setup without an exporter: a request that carries no trace still starts a span")
+	}
+	for _, name := range []string{"Traceparent", "traceparent", "Tracestate", "Baggage"} {
+		h := plain.Clone()
+		h[name] = []string{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+		if untraced(h) {
+			t.Errorf("a request with a %s header counts as carrying no trace", name)
+		}
+	}
+
+	// A propagator of another kind (not Setup's): its own header names count.
+	otel.SetTextMapPropagator(propagation.Baggage{})
+	if !untraced(http.Header{"Traceparent": {"x"}}) {
+		t.Error("a header the propagator does not read counts as a trace")
+	}
+	if untraced(http.Header{"Baggage": {"k=v"}}) {
+		t.Error("a header the propagator reads counts as no trace")
+	}
+
 	otel.SetTracerProvider(sdktrace.NewTracerProvider())
-	if untraced() {
+	if untraced(plain) {
 		t.Fatal("a tracer provider of its own counts as nothing set up")
+	}
+}
+
+// TestForwardedTraceContinuesWithoutAProvider: with Setup's propagator and no
+// provider (no exporter here), a request that carries a traceparent still gets the
+// caller's trace in its context, for a follower to pass on to the leader; one that
+// carries none gets no span context at all.
+func TestForwardedTraceContinuesWithoutAProvider(t *testing.T) {
+	withGlobals(t)
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	if otel.GetTracerProvider() != defaultTracerProvider {
+		otel.SetTracerProvider(defaultTracerProvider)
+	}
+	if _, err := Setup(context.Background(), "idemkv"); err != nil {
+		t.Fatal(err)
+	}
+	var got trace.SpanContext
+	h := HTTPMiddleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = trace.SpanContextFromContext(r.Context())
+	}))
+	const parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	req := httptest.NewRequest(http.MethodPost, "/v1/reserve", nil)
+	req.Header.Set("traceparent", parent)
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if !got.IsValid() || got.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+		t.Fatalf("span context %v: the caller's trace was not carried on", got)
+	}
+	got = trace.SpanContext{}
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/v1/reserve", nil))
+	if got.IsValid() {
+		t.Fatalf("span context %v for a request that carried no trace", got)
 	}
 }
