@@ -47,6 +47,10 @@ type Config struct {
 	// log verifier (verify.go; default DefaultRaftLogVerifyInterval). Negative turns the
 	// verifier off: no checkpoints, and no verifier in front of the log store.
 	RaftLogVerifyInterval time.Duration
+	// RaftLogVerifyEntries bounds a checkpoint's range: the leader appends one sooner
+	// than RaftLogVerifyInterval once this many entries followed its last (default
+	// DefaultRaftLogVerifyEntries).
+	RaftLogVerifyEntries int
 	// RaftAddr is the address the Raft transport listens on.
 	RaftAddr string
 	// RaftAdvertise is the address peers dial; default RaftAddr.
@@ -166,6 +170,7 @@ func DefaultConfig() Config {
 		MaxAppendEntries:      512,
 		RaftWALSegmentBytes:   DefaultRaftWALSegmentBytes,
 		RaftLogVerifyInterval: DefaultRaftLogVerifyInterval,
+		RaftLogVerifyEntries:  DefaultRaftLogVerifyEntries,
 		ApplyTimeout:          10 * time.Second,
 		ClockTick:             DefaultClockTick,
 		LocalAnswerMargin:     LocalAnswerMargin,
@@ -199,6 +204,9 @@ func (c *Config) withDefaults() {
 	setDur(&c.ClockTick, d.ClockTick)
 	setDur(&c.LocalAnswerMargin, d.LocalAnswerMargin)
 	setDur(&c.RaftLogVerifyInterval, DefaultRaftLogVerifyInterval)
+	if c.RaftLogVerifyEntries <= 0 {
+		c.RaftLogVerifyEntries = DefaultRaftLogVerifyEntries
+	}
 	setDur(&c.RaftHandshakeTimeout, d.RaftHandshakeTimeout)
 	setDur(&c.RaftIdleTimeout, d.RaftIdleTimeout)
 	if c.RaftMaxPending == 0 {

@@ -73,6 +73,7 @@ asks the cluster to add it and retries until it is in.
 	f.StringVar(&o.node.RaftLog, "raft-log", "", raftLogUsage)
 	f.IntVar(&o.node.RaftWALSegmentBytes, "raft-wal-segment-bytes", o.node.RaftWALSegmentBytes, "size of the wal backend's segment files; compaction frees the log's disk space a segment at a time")
 	f.DurationVar(&o.node.RaftLogVerifyInterval, "raft-log-verify-interval", o.node.RaftLogVerifyInterval, "how often the leader asks every node to check its Raft log against the leader's checksum (raft-wal's verifier); negative turns it off")
+	f.IntVar(&o.node.RaftLogVerifyEntries, "raft-log-verify-entries", o.node.RaftLogVerifyEntries, "most Raft log entries one check covers: the leader asks sooner than --raft-log-verify-interval once this many followed its last checkpoint, so no node reads back a long range at once")
 	f.StringVar(&o.httpAddr, "http-addr", o.node.APIAddr, "address the HTTP API listens on")
 	f.StringVar(&o.node.RaftAddr, "raft-addr", o.node.RaftAddr, "address Raft listens on")
 	f.StringVar(&o.advertiseHTTP, "advertise-http-addr", "", "API address clients and peers use to reach this node (default --http-addr)")
