@@ -309,12 +309,10 @@ func TestSetupOTLP(t *testing.T) {
 	}
 }
 
-// TestUntracedOnlyWhileNothingIsSetUp: a request skips its span only while no tracer
-// provider is set up and it carries none of the propagator's headers. The case that
-// matters is a plain `idemkv serve`: Setup installs the W3C propagator and, without an
-// exporter, no provider; its requests skipped nothing until untraced looked at the
-// request's headers rather than at whether any propagator had been installed.
-func TestUntracedOnlyWhileNothingIsSetUp(t *testing.T) {
+// setUpAsServe sets the globals up as a plain `idemkv serve` has them: Setup with no
+// exporter configured, so the W3C propagator and OpenTelemetry's own provider.
+func setUpAsServe(t *testing.T) {
+	t.Helper()
 	withGlobals(t)
 	t.Setenv("OTEL_TRACES_EXPORTER", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
@@ -325,6 +323,15 @@ func TestUntracedOnlyWhileNothingIsSetUp(t *testing.T) {
 	if _, err := Setup(context.Background(), "idemkv"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestUntracedOnlyWhileNothingIsSetUp: a request skips its span only while no tracer
+// provider is set up and it carries none of the propagator's headers. The case that
+// matters is a plain `idemkv serve`: Setup installs the W3C propagator and, without an
+// exporter, no provider; its requests skipped nothing until untraced looked at the
+// request's headers rather than at whether any propagator had been installed.
+func TestUntracedOnlyWhileNothingIsSetUp(t *testing.T) {
+	setUpAsServe(t)
 	plain := http.Header{"Content-Type": {"application/json"}, "Authorization": {"Bearer x"}}
 	if !untraced(plain) {
 		t.Fatal("Setup without an exporter: a request that carries no trace still starts a span")
@@ -357,16 +364,7 @@ func TestUntracedOnlyWhileNothingIsSetUp(t *testing.T) {
 // caller's trace in its context, for a follower to pass on to the leader; one that
 // carries none gets no span context at all.
 func TestForwardedTraceContinuesWithoutAProvider(t *testing.T) {
-	withGlobals(t)
-	t.Setenv("OTEL_TRACES_EXPORTER", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-	if otel.GetTracerProvider() != defaultTracerProvider {
-		otel.SetTracerProvider(defaultTracerProvider)
-	}
-	if _, err := Setup(context.Background(), "idemkv"); err != nil {
-		t.Fatal(err)
-	}
+	setUpAsServe(t)
 	var got trace.SpanContext
 	h := HTTPMiddleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got = trace.SpanContextFromContext(r.Context())
