@@ -2,7 +2,6 @@ package telemetry
 
 import (
 	"net/http"
-	"slices"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -61,9 +60,6 @@ func newPropagator(p propagation.TextMapPropagator) *propagator {
 	return &propagator{TextMapPropagator: p, fields: p.Fields()}
 }
 
-// Fields returns a copy: the caller may keep or change it.
-func (p *propagator) Fields() []string { return slices.Clone(p.fields) }
-
 // HTTPMiddleware starts a server span per request, as a child of the W3C traceparent
 // the caller sent, and names it after the route pattern ("POST /v1/reserve"), never the
 // raw path, so that span names do not carry tenants or keys.
@@ -72,8 +68,8 @@ func (p *propagator) Fields() []string { return slices.Clone(p.fields) }
 // arrives, so it may be installed before Setup runs.
 //
 // Health probes (/healthz, /readyz) get no span: a load balancer probing every second
-// would otherwise fill the trace store with them. Nor does any request while tracing
-// records no span and the request carries no trace (untraced): extracting nothing and
+// would otherwise fill the trace store with them. Nor does a request that no span of
+// this node would record and that carries no trace (untraced): extracting nothing and
 // starting a span that records nothing cost a replay 2-3% of its CPU.
 func HTTPMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
