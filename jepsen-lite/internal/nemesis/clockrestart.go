@@ -53,10 +53,10 @@ func (n *Nemesis) clockRestart(ctx, heal context.Context, hold time.Duration, pa
 	fp := strings.Repeat("e", 64)
 	lease := idemkv.ReserveRequest{Tenant: probeTenant, Key: leaseKey, Tool: "probe", Fingerprint: fp,
 		AttemptID: "holder-" + leaseKey, LeaseTTLMs: 60_000, TTLMs: 3_600_000}
-	if err := n.probeReserveOnce(ctx, lease, idemkv.DecisionExecute); err != nil {
+	if err := n.probeReserveOnce(heal, lease, idemkv.DecisionExecute); err != nil {
 		return "", fmt.Errorf("nemesis: lease probe: %w", err)
 	}
-	if err := n.probeCommit(ctx, keptKey, fp); err != nil {
+	if err := n.probeCommit(heal, keptKey, fp); err != nil {
 		return "", fmt.Errorf("nemesis: kept probe: %w", err)
 	}
 	env := fmt.Sprintf("%s=%s", testhooks.EnvClockOffset, shift)

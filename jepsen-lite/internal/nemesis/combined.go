@@ -22,7 +22,7 @@ import (
 //   - partition+clock: the leader's clock is offset while the cluster is split in
 //     halves, so the stamps come from whichever side leads.
 func (n *Nemesis) combined(ctx, heal context.Context, kind string, hold time.Duration) (string, error) {
-	l, err := n.leader(ctx)
+	l, err := n.leader(heal)
 	if err != nil {
 		return "", err
 	}
@@ -86,7 +86,7 @@ func (n *Nemesis) combined(ctx, heal context.Context, kind string, hold time.Dur
 			offset = time.Duration(2+n.r.IntN(13)) * time.Second
 		}
 		ms := offset.Milliseconds()
-		st, err := n.c.SetHooks(ctx, l, testhooks.StateUpdate{ClockOffsetMs: &ms})
+		st, err := n.c.SetHooks(heal, l, testhooks.StateUpdate{ClockOffsetMs: &ms})
 		if err == nil && st.ClockOffsetMs != ms {
 			err = fmt.Errorf("nemesis: %s reports clock offset %d ms, set %d", n.id(l), st.ClockOffsetMs, ms)
 		}

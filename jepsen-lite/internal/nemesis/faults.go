@@ -296,11 +296,11 @@ func storageFault(fault string) func(n *Nemesis, ctx, heal context.Context, hold
 	return func(n *Nemesis, ctx, heal context.Context, hold time.Duration) (string, error) {
 		victim := n.r.IntN(n.c.Size())
 		if n.r.IntN(2) == 0 {
-			if l, err := n.leader(ctx); err == nil {
+			if l, err := n.leader(heal); err == nil {
 				victim = l
 			}
 		}
-		if _, err := n.c.SetFaults(ctx, victim, []string{fault}); err != nil {
+		if _, err := n.c.SetFaults(heal, victim, []string{fault}); err != nil {
 			return "", err
 		}
 		sleep(ctx, hold)
@@ -344,12 +344,12 @@ func (n *Nemesis) clearFault(ctx context.Context, i int, fault string) (string, 
 // snapshot read on it failing midway, lets the install fail for the hold, then lets
 // it succeed.
 func (n *Nemesis) snapshotInstallFails(ctx, heal context.Context, hold time.Duration) (string, error) {
-	l, err := n.leader(ctx)
+	l, err := n.leader(heal)
 	if err != nil {
 		return "", err
 	}
 	victim := n.others(l)[n.r.IntN(n.c.Size()-1)]
-	if _, err := n.c.SetFaults(ctx, victim, []string{testhooks.FaultSnapshotRestore}); err != nil {
+	if _, err := n.c.SetFaults(heal, victim, []string{testhooks.FaultSnapshotRestore}); err != nil {
 		return "", err
 	}
 	iso, isoErr := n.isolateUntilSnapshot(ctx, heal, hold, victim)
@@ -372,7 +372,7 @@ func (n *Nemesis) snapshotInstallFails(ctx, heal context.Context, hold time.Dura
 func (n *Nemesis) clockJump(ctx, heal context.Context, hold time.Duration) (string, error) {
 	victim := n.r.IntN(n.c.Size())
 	if n.r.IntN(3) > 0 {
-		if l, err := n.leader(ctx); err == nil {
+		if l, err := n.leader(heal); err == nil {
 			victim = l
 		}
 	}
@@ -380,7 +380,7 @@ func (n *Nemesis) clockJump(ctx, heal context.Context, hold time.Duration) (stri
 	back := -time.Duration(2+n.r.IntN(4)) * time.Minute
 	for _, off := range []time.Duration{fwd, back} {
 		ms := off.Milliseconds()
-		if _, err := n.c.SetHooks(ctx, victim, testhooks.StateUpdate{ClockOffsetMs: &ms}); err != nil {
+		if _, err := n.c.SetHooks(heal, victim, testhooks.StateUpdate{ClockOffsetMs: &ms}); err != nil {
 			return "", errors.Join(err, n.resetClocks(heal))
 		}
 		sleep(ctx, hold/2)

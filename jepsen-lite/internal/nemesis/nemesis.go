@@ -182,8 +182,10 @@ func (n *Nemesis) inject(ctx context.Context, family string) {
 	n.current = kind
 	n.mu.Unlock()
 	n.log.Info("nemesis: inject", "kind", kind)
-	// Faults are held even when the run ends meanwhile, only shorter; the heal
-	// always runs, on a context of its own.
+	// Faults are held even when the run ends meanwhile, only shorter: ctx only cuts
+	// holds short, and every step of a fault begun (finding the leader, setting a
+	// hook, the later steps, probes, the heal) runs on heal, a context of its own, so
+	// the run's end is never a step that failed.
 	hold := n.jitter(n.cfg.Hold)
 	heal := context.WithoutCancel(ctx)
 	detail, err := n.apply(ctx, heal, kind, hold)
@@ -256,7 +258,7 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		return fmt.Sprintf("%s | %s", n.ids(minority), n.ids(majority)), err
 
 	case "partition-leader":
-		l, err := n.leader(ctx)
+		l, err := n.leader(heal)
 		if err != nil {
 			return "", err
 		}
@@ -267,7 +269,7 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		// One node sees both sides; the sides do not see each other. The bridge is
 		// a follower and the leader is on one side: with the leader as the bridge,
 		// only followers that never talk to each other would be cut.
-		l, err := n.leader(ctx)
+		l, err := n.leader(heal)
 		if err != nil {
 			return "", err
 		}
@@ -331,7 +333,7 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		case "kill-one":
 			victims = []int{n.r.IntN(size)}
 		case "kill-leader":
-			l, err := n.leader(ctx)
+			l, err := n.leader(heal)
 			if err != nil {
 				return "", err
 			}
@@ -356,7 +358,7 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		return "SIGKILL " + n.ids(victims), errors.Join(errs...)
 
 	case "pause-leader":
-		l, err := n.leader(ctx)
+		l, err := n.leader(heal)
 		if err != nil {
 			return "", err
 		}
@@ -378,7 +380,7 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		return n.snapshotIsolate(ctx, heal, hold)
 
 	case "clock-skew":
-		l, err := n.leader(ctx)
+		l, err := n.leader(heal)
 		if err != nil {
 			return "", err
 		}
@@ -390,7 +392,7 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 			offset = time.Duration(2+n.r.IntN(13)) * time.Second
 		}
 		ms := offset.Milliseconds()
-		st, err := n.c.SetHooks(ctx, l, testhooks.StateUpdate{ClockOffsetMs: &ms})
+		st, err := n.c.SetHooks(heal, l, testhooks.StateUpdate{ClockOffsetMs: &ms})
 		if err != nil {
 			return "", err
 		}
@@ -423,7 +425,7 @@ func (n *Nemesis) resetClocks(ctx context.Context) error {
 // membership removes a node, wipes it, and adds it back as a new member. It never
 // picks node spare (-1: any node may go).
 func (n *Nemesis) membership(ctx, heal context.Context, spare int) (string, error) {
-	l, err := n.leader(ctx)
+	l, err := n.leader(heal)
 	if err != nil {
 		return "", err
 	}
@@ -515,7 +517,7 @@ func (n *Nemesis) rejoin(ctx context.Context, i int) error {
 // snapshotIsolate cuts a follower off until the others have committed far enough past
 // it that their logs no longer hold what it misses, so it must install a snapshot.
 func (n *Nemesis) snapshotIsolate(ctx, heal context.Context, hold time.Duration) (string, error) {
-	l, err := n.leader(ctx)
+	l, err := n.leader(heal)
 	if err != nil {
 		return "", err
 	}
@@ -527,7 +529,7 @@ func (n *Nemesis) snapshotIsolate(ctx, heal context.Context, hold time.Duration)
 // enough past it that it must install a snapshot, then heals the network.
 func (n *Nemesis) isolateUntilSnapshot(ctx, heal context.Context, hold time.Duration, victim int) (string, error) {
 	var from uint64
-	if info, err := n.c.Info(ctx, victim); err == nil {
+	if info, err := n.c.Info(heal, victim); err == nil {
 		from = info.AppliedIndex
 	}
 	n.c.Partition([][]int{{victim}, n.others(victim)})

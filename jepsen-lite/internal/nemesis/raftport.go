@@ -45,7 +45,7 @@ func init() {
 // with SIGKILL, and requires a new leader within floodElectionLimit; the killed node
 // restarts, and must come back, under the flood.
 func (n *Nemesis) raftPortFlood(ctx, heal context.Context, hold time.Duration) (string, error) {
-	l, err := n.leader(ctx)
+	l, err := n.leader(heal)
 	if err != nil {
 		return "", err
 	}
