@@ -812,6 +812,20 @@ func (f *FSM) Nodes() []idemkv.NodeInfo {
 	return nodes
 }
 
+// APIAddr is the API address node id registered together with Raft address raftAddr,
+// or "" if no registration pairs the two. It copies nothing: followers ask on every
+// request they serve.
+func (f *FSM) APIAddr(id, raftAddr string) string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, n := range f.nodes {
+		if n.ID == id && n.RaftAddr == raftAddr {
+			return n.APIAddr
+		}
+	}
+	return ""
+}
+
 // Advertised is the format node id advertised, FormatApprovals if it never did.
 func (f *FSM) Advertised(id string) int {
 	f.mu.RLock()

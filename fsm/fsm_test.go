@@ -498,6 +498,14 @@ func TestNodesAndChanged(t *testing.T) {
 	if got := h.f.Nodes(); !reflect.DeepEqual(got, want) {
 		t.Errorf("nodes = %+v, want %+v", got, want)
 	}
+	// APIAddr pairs an ID with the Raft address registered with it, and nothing else.
+	for _, c := range []struct{ id, raft, want string }{
+		{"n1", "r1b", "api-n1"}, {"n1", "r1", ""}, {"n3", "r3", "api-n3"}, {"n2", "r2", ""}, {"n3", "r1b", ""},
+	} {
+		if got := h.f.APIAddr(c.id, c.raft); got != c.want {
+			t.Errorf("APIAddr(%s, %s) = %q, want %q", c.id, c.raft, got, c.want)
+		}
+	}
 	if rs := h.apply(node(OpSetNode, "", "r")); !errors.Is(rs[0].Err, idemkv.ErrInvalidArgument) {
 		t.Errorf("node without id: %+v", rs[0])
 	}

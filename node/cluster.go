@@ -46,12 +46,7 @@ func (n *Node) Leader() (apiAddr string, isLeader bool) {
 	if raftAddr == "" {
 		return "", false
 	}
-	for _, ni := range n.fsm.Nodes() {
-		if ni.ID == string(id) && ni.RaftAddr == string(raftAddr) {
-			return ni.APIAddr, false
-		}
-	}
-	return "", false
+	return n.fsm.APIAddr(string(id), string(raftAddr)), false
 }
 
 // Ready reports nil when a leader is known and this node has applied everything it
