@@ -147,64 +147,37 @@ func TestFaultCaughtByTheRunsEndTakesEveryStep(t *testing.T) {
 	}
 }
 
-// A storage fault that never fired is a harness error when the run went on through its
-// hold, and not when the run's end (which stops the workload) cut the hold short.
-func TestStorageFaultNeverFiredCountsOnlyInAWholeHold(t *testing.T) {
+// A fault whose effect needs the workload is judged only over a whole hold: a storage
+// fault that never fired, or a follower isolated while the others' log never moved past
+// a snapshot's reach, is a harness error when the run went on, and not when the run's end
+// (which stops the workload) cut the hold short.
+func TestEffectOfTheWorkloadJudgedOnlyOverAWholeHold(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
+		family  string
 		runLeft time.Duration
 		hold    time.Duration
 		wantErr string
 	}{
-		{"run ended during the hold", 200 * time.Millisecond, 4 * time.Second, ""},
-		{"whole hold", time.Minute, 400 * time.Millisecond, "never fired"},
+		{"disk-full, run ended during the hold", FamilyStorageDiskFull, 200 * time.Millisecond, 4 * time.Second, ""},
+		{"disk-full, whole hold", FamilyStorageDiskFull, time.Minute, 400 * time.Millisecond, "never fired"},
+		{"isolation, run ended during it", FamilySnapshot, 200 * time.Millisecond, 600 * time.Millisecond, ""},
+		// Waits out the isolation's 30 s limit.
+		{"isolation, run went on", FamilySnapshot, time.Minute, 600 * time.Millisecond, "did not move far enough"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := startFakeCluster(t, &fakeNodes{offsets: map[string][]int64{}})
 			n := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() int64 { return 1 },
-				Hold: tc.hold, Seed: 7}, c)
+				Hold: tc.hold, SnapshotGap: 100, Seed: 7}, c)
 			run, end := context.WithTimeout(t.Context(), tc.runLeft)
 			defer end()
-			n.inject(run, FamilyStorageDiskFull)
+			n.inject(run, tc.family)
 			f := n.Faults()[0]
 			switch {
 			case tc.wantErr == "" && f.Err != "":
-				t.Fatalf("a disk-full whose hold the run's end cut short is a harness error: %s (detail %q)", f.Err, f.Detail)
+				t.Fatalf("a %s that the run's end cut short is a harness error: %s (detail %q)", f.Kind, f.Err, f.Detail)
 			case tc.wantErr != "" && !strings.Contains(f.Err, tc.wantErr):
-				t.Fatalf("a disk-full that never fired through its whole hold: error %q, want %q", f.Err, tc.wantErr)
-			}
-		})
-	}
-}
-
-// A follower isolated until the others' log moves past a snapshot's reach: when the run
-// ends first, the workload stops and the log stays where it is, which is no harness
-// error; while the run goes on, a log that never moves far enough still is one.
-func TestSnapshotIsolationCutShortByTheRunsEnd(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		runLeft time.Duration
-		wantErr string
-	}{
-		{"run ended during the isolation", 200 * time.Millisecond, ""},
-		{"run went on", time.Minute, "did not move far enough"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.wantErr != "" && testing.Short() {
-				t.Skip("waits the isolation's 30 s limit")
-			}
-			c := startFakeCluster(t, &fakeNodes{offsets: map[string][]int64{}})
-			n := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: func() int64 { return 1 },
-				Hold: 600 * time.Millisecond, SnapshotGap: 100, Seed: 7}, c)
-			run, end := context.WithTimeout(t.Context(), tc.runLeft)
-			defer end()
-			n.inject(run, FamilySnapshot)
-			f := n.Faults()[0]
-			switch {
-			case tc.wantErr == "" && f.Err != "":
-				t.Fatalf("an isolation that the run's end cut short is a harness error: %s (detail %q)", f.Err, f.Detail)
-			case tc.wantErr != "" && !strings.Contains(f.Err, tc.wantErr):
-				t.Fatalf("an isolation whose log never moved: error %q, want %q", f.Err, tc.wantErr)
+				t.Fatalf("a %s that had its whole hold: error %q, want %q", f.Kind, f.Err, tc.wantErr)
 			}
 		})
 	}
