@@ -101,6 +101,7 @@ did not apply or showed no effect counts as a harness failure).`,
 	f.DurationVar(&cfg.Recovery.Limit, "recovery", cfg.Recovery.Limit, "write throughput must be back to a quarter of the baseline this long after each heal")
 	f.DurationVar(&cfg.HealLimit, "heal-limit", cfg.HealLimit, "longest wait for a healthy cluster after the final heal (past it: unhealed)")
 	f.DurationVar(&cfg.ConvergeLimit, "converge-limit", cfg.ConvergeLimit, "longest wait for every node to reach the same state (past it: divergence)")
+	f.DurationVar(&cfg.SettleLimit, "settle-limit", cfg.SettleLimit, "longest the agent keys left pending are redelivered after the heal (past it: unsettled)")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the nemesis schedule (0: from the clock)")
 	f.StringVar(&cfg.Binary, "binary", "", "use this idemkv binary (built with -tags idemkv_testhooks) instead of building one")
 	f.StringVar(&cfg.Root, "root", cfg.Root, "module root to build idemkv from")
@@ -121,8 +122,8 @@ func (c *config) validate() error {
 		return errors.New("--out is required")
 	case c.Recovery.Limit <= 0:
 		return errors.New("--recovery must be positive")
-	case c.HealLimit <= 0 || c.ConvergeLimit <= 0:
-		return errors.New("--heal-limit and --converge-limit must be positive")
+	case c.HealLimit <= 0 || c.ConvergeLimit <= 0 || c.SettleLimit <= 0:
+		return errors.New("--heal-limit, --converge-limit and --settle-limit must be positive")
 	}
 	if c.Seed == 0 {
 		c.Seed = uint64(time.Now().UnixNano())

@@ -62,6 +62,10 @@ type config struct {
 	// whose nodes never heal or converge spends both in full before its verdict, so
 	// the sabotage tests, which expect exactly that, keep them short.
 	HealLimit, ConvergeLimit time.Duration
+	// SettleLimit bounds the agent redeliveries after the heal: keys still pending
+	// when it passes are judged unsettled (a lease that never ran out on a healed
+	// cluster), and the run goes on to its verdict.
+	SettleLimit time.Duration
 
 	// Recovery states how fast write throughput must come back after each heal.
 	Recovery progress.Config
@@ -74,7 +78,7 @@ func defaultConfig() config {
 	return config{Nodes: 3, Time: 60 * time.Second, Concurrency: 16, Out: "jepsen-out", Quiet: 5 * time.Second,
 		Hold: 8 * time.Second, Slots: 8, OpTimeout: 3 * time.Second, Root: ".",
 		SnapshotThreshold: 256, TrailingLogs: 128, RaftWALSegmentBytes: 64 << 10,
-		HealLimit: 90 * time.Second, ConvergeLimit: 60 * time.Second, Recovery: progress.DefaultConfig(), Progress: os.Stderr}
+		HealLimit: 90 * time.Second, ConvergeLimit: 60 * time.Second, SettleLimit: 90 * time.Second, Recovery: progress.DefaultConfig(), Progress: os.Stderr}
 }
 
 // summary is summary.json.
@@ -226,7 +230,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	say("settling the agent keys left pending ...")
-	settled, err := agent.Settle(ctx)
+	settled, unsettled, err := agent.Settle(ctx, cfg.SettleLimit)
 	if err != nil {
 		return err
 	}
@@ -251,6 +255,9 @@ func run(ctx context.Context, cfg config) error {
 	sum := summarize(cfg, ops, nem.Faults(), rec.Now())
 	sum.Convergence = conv
 	sum.Settled = settled
+	if unsettled > 0 {
+		sum.add("unsettled", "", fmt.Sprintf("%d agent keys still pending, their leases not run out, %s after the heal's redeliveries began", unsettled, cfg.SettleLimit))
+	}
 	if unhealed != nil {
 		// Judged below with the other anomalies: every fault was off and every process
 		// ran, and the nodes still did not come back.

@@ -404,17 +404,24 @@ func (a *Agent) run(ctx context.Context, cl *client.Client, op AgentOp) (*histor
 // Settle redelivers, after the last heal, the operation of every key whose record is
 // still pending and not in doubt, as a queue keeps redelivering until a worker
 // finishes: so every effect ends with a committed record or one in doubt, and the
-// checker can require exactly that. It returns how many deliveries it made.
-func (a *Agent) Settle(ctx context.Context) (int, error) {
+// checker can require exactly that. It returns how many deliveries it made, and
+// how many keys were still to redeliver when limit passed (0 when it did not).
+//
+// limit bounds the redeliveries, not the reads: a store whose leases never run out
+// (a state machine clock pushed minutes ahead) answers every redelivery in_progress
+// for a whole Deadline, and rounds of them would outlast any run; the keys left
+// pending are then the checker's to judge, with the reads still on ctx.
+func (a *Agent) Settle(ctx context.Context, limit time.Duration) (made, left int, err error) {
 	// The redeliveries meet a healthy downstream, as the cluster is healed: with its
 	// failures left on (15% a call), a key whose three redeliveries each failed ended
 	// pending, an orphan-effect the store had no part in (seen once in CI's 90 s run).
 	a.down.Heal()
-	made := 0
-	for round := 0; round < 3; round++ {
+	sctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for round := 0; ; round++ {
 		recs, err := a.FinalRecords(ctx)
 		if err != nil {
-			return made, err
+			return made, 0, err
 		}
 		var todo []AgentOp
 		a.mu.Lock()
@@ -431,25 +438,34 @@ func (a *Agent) Settle(ctx context.Context) (int, error) {
 			}
 		}
 		a.mu.Unlock()
-		if len(todo) == 0 {
-			return made, nil
+		switch {
+		case len(todo) == 0:
+			return made, 0, nil
+		case sctx.Err() != nil:
+			return made, len(todo), nil
+		case round == 3:
+			// Three rounds made: what is still pending is the checker's to judge.
+			return made, 0, nil
 		}
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, max(1, a.cfg.Workers))
 		for i, op := range todo {
-			wg.Add(1)
 			sem <- struct{}{}
+			if sctx.Err() != nil {
+				<-sem
+				break
+			}
+			wg.Add(1)
+			made++
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
 				process := 300000 + round*len(todo) + i
-				a.deliverAs(ctx, i%max(1, a.cfg.Workers), &process, op, true)
+				a.deliverAs(sctx, i%max(1, a.cfg.Workers), &process, op, true)
 			}()
 		}
 		wg.Wait()
-		made += len(todo)
 	}
-	return made, nil
 }
 
 // FinalRecords reads every agent key after the last heal.
@@ -471,6 +487,9 @@ func (a *Agent) FinalRecords(ctx context.Context) (map[string]*idemkv.Record, er
 			time.Sleep(200 * time.Millisecond)
 		}
 		if !got {
+			if ctx.Err() != nil && last.msg == "" {
+				last.msg = ctx.Err().Error()
+			}
 			return nil, fmt.Errorf("workload: final read of %s never answered: %s", key, last.msg)
 		}
 	}
