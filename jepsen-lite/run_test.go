@@ -49,9 +49,9 @@ func testBinary(t *testing.T) string {
 
 // sabotaged shortens what a sabotaged run waits for: a run that is meant to end
 // unhealed, diverged or unsettled would otherwise spend the full limits of a real run
-// (90 s, 60 s and 90 s) proving it. It also lets the sabotage runs share the machine: they run in
-// parallel (go test's -parallel, GOMAXPROCS by default), after the healthy run, which
-// runs alone so that its progress verdict is not judged beside a neighbour.
+// (90 s, 60 s and 90 s) proving it. It also lets the sabotage runs share the machine:
+// they run in parallel (go test's -parallel, GOMAXPROCS by default), after the healthy
+// run, which runs alone so that its progress verdict is not judged beside a neighbour.
 func sabotaged(t *testing.T, cfg *config) {
 	t.Helper()
 	cfg.HealLimit, cfg.ConvergeLimit, cfg.SettleLimit = 30*time.Second, 20*time.Second, 30*time.Second
