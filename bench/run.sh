@@ -28,7 +28,9 @@
 # removed at exit unless KEEP=1), BENCH_OUT (results; default bench/results),
 # SEED_CACHE (scale's seeded backups, kept across runs; default
 # /var/tmp/idemkv-bench-seeds), SEED_HISTORY (non-empty: seeded records carry the execute
-# and commit events of their history, as records written through this binary's API do).
+# and commit events of their history, as records written through this binary's API do),
+# IDEMKV_GOMAXPROCS (GOMAXPROCS of every idemkv node; default Go's: see the README's
+# Performance section and docs/operations.md).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -263,10 +265,12 @@ start_idemkv() {
 	local base=$((IDEMKV_BASE + 100 * clusters))
 	clusters=$((clusters + 1))
 	if [ "$raft_log_flag" = 1 ]; then flags=(--raft-log "$backend"); fi
+	local procs=()
+	if [ -n "${IDEMKV_GOMAXPROCS:-}" ]; then procs=("GOMAXPROCS=$IDEMKV_GOMAXPROCS"); fi
 	endpoints=""
 	for ((i = 0; i < n; i++)); do
 		local id="n$((i + 1))" http=$((base + 10 * i))
-		"$dir/idemkv" serve --id "$id" --data-dir "$dir/$name-$id" \
+		env "${procs[@]}" "$dir/idemkv" serve --id "$id" --data-dir "$dir/$name-$id" \
 			--http-addr "127.0.0.1:$http" --raft-addr "127.0.0.1:$((http + 1))" \
 			--log-level warn --pprof "${flags[@]}" "${join[@]}" >"$dir/$name-$id.log" 2>&1 &
 		pids+=($!)
@@ -276,7 +280,7 @@ start_idemkv() {
 	done
 	wait_for 60 "the $n voters of $name" bash -c \
 		"[ \$(curl -fsS http://127.0.0.1:$base/v1/cluster | grep -o '\"suffrage\":\"voter\"' | wc -l) = $n ]"
-	log "$name up: $endpoints"
+	log "$name up: $endpoints${IDEMKV_GOMAXPROCS:+ (GOMAXPROCS=$IDEMKV_GOMAXPROCS)}"
 }
 
 # stop_from N stops the processes started since pids held N, and forgets them.
