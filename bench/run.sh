@@ -48,6 +48,16 @@ esac
 
 log() { printf '%s run.sh: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# node_env is the environment every idemkv node starts with (IDEMKV_GOMAXPROCS).
+node_env=()
+if [ -n "${IDEMKV_GOMAXPROCS:-}" ]; then
+	if ! [[ "$IDEMKV_GOMAXPROCS" =~ ^[1-9][0-9]*$ ]]; then
+		log "IDEMKV_GOMAXPROCS='$IDEMKV_GOMAXPROCS': want a positive whole number (Go ignores anything else)"
+		exit 2
+	fi
+	node_env=("GOMAXPROCS=$IDEMKV_GOMAXPROCS")
+fi
+
 as_root() {
 	if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
@@ -265,12 +275,10 @@ start_idemkv() {
 	local base=$((IDEMKV_BASE + 100 * clusters))
 	clusters=$((clusters + 1))
 	if [ "$raft_log_flag" = 1 ]; then flags=(--raft-log "$backend"); fi
-	local procs=()
-	if [ -n "${IDEMKV_GOMAXPROCS:-}" ]; then procs=("GOMAXPROCS=$IDEMKV_GOMAXPROCS"); fi
 	endpoints=""
 	for ((i = 0; i < n; i++)); do
 		local id="n$((i + 1))" http=$((base + 10 * i))
-		env "${procs[@]}" "$dir/idemkv" serve --id "$id" --data-dir "$dir/$name-$id" \
+		env "${node_env[@]}" "$dir/idemkv" serve --id "$id" --data-dir "$dir/$name-$id" \
 			--http-addr "127.0.0.1:$http" --raft-addr "127.0.0.1:$((http + 1))" \
 			--log-level warn --pprof "${flags[@]}" "${join[@]}" >"$dir/$name-$id.log" 2>&1 &
 		pids+=($!)
@@ -280,7 +288,7 @@ start_idemkv() {
 	done
 	wait_for 60 "the $n voters of $name" bash -c \
 		"[ \$(curl -fsS http://127.0.0.1:$base/v1/cluster | grep -o '\"suffrage\":\"voter\"' | wc -l) = $n ]"
-	log "$name up: $endpoints${IDEMKV_GOMAXPROCS:+ (GOMAXPROCS=$IDEMKV_GOMAXPROCS)}"
+	log "$name up: $endpoints${node_env[*]:+ (${node_env[*]})}"
 }
 
 # stop_from N stops the processes started since pids held N, and forgets them.
@@ -390,7 +398,7 @@ stop_nodes() {
 start_node() {
 	local id=$1 i=$2
 	shift 2
-	"$dir/idemkv" serve --id "$id" --data-dir "$nd/$id" \
+	env "${node_env[@]}" "$dir/idemkv" serve --id "$id" --data-dir "$nd/$id" \
 		--http-addr "127.0.0.1:${SCALE_HTTP[$i]}" --raft-addr "127.0.0.1:${SCALE_RAFT[$i]}" \
 		--log-level info "$@" >>"$nd/$id.log" 2>&1 &
 	pids+=($!)
