@@ -67,33 +67,62 @@ type Link struct {
 	closed  bool
 	stats   Stats
 
-	wg sync.WaitGroup
+	// dial opens the connection to the target (net.DialTimeout but in tests).
+	dial func(network, addr string, timeout time.Duration) (net.Conn, error)
+	wg   sync.WaitGroup
 }
 
 type conn struct {
-	client, server net.Conn
-	// tainted is set once the connection dropped bytes; it must not carry traffic again.
+	client net.Conn
+	// tainted is set once the connection dropped bytes; it must not carry traffic
+	// again. Guarded by the link's mu.
 	tainted bool
-	once    sync.Once
+
+	// mu guards server and closed: the link may close the connection (a heal, Close)
+	// while serve is still dialling the target, from another goroutine.
+	mu     sync.Mutex
+	server net.Conn
+	closed bool
 }
 
 func (c *conn) close() {
-	c.once.Do(func() {
-		_ = c.client.Close()
-		if c.server != nil {
-			_ = c.server.Close()
-		}
-	})
+	c.mu.Lock()
+	server, already := c.server, c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if already {
+		return
+	}
+	_ = c.client.Close()
+	if server != nil {
+		_ = server.Close()
+	}
+}
+
+// attach gives c its dialled server side, unless c was closed meanwhile; then the
+// caller closes server.
+func (c *conn) attach(server net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.server = server
+	return true
 }
 
 // Listen starts a link that listens on addr (use 127.0.0.1:0 for any port) and forwards
 // to target.
 func Listen(addr, target string, logger *slog.Logger) (*Link, error) {
+	return listen(addr, target, logger, net.DialTimeout)
+}
+
+func listen(addr, target string, logger *slog.Logger, dial func(string, string, time.Duration) (net.Conn, error)) (*Link, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	l := &Link{ln: ln, target: target, log: logger, conns: map[*conn]struct{}{}}
+	l := &Link{ln: ln, target: target, log: logger, conns: map[*conn]struct{}{}, dial: dial}
 	l.wg.Add(1)
 	go l.accept()
 	return l, nil
@@ -226,17 +255,13 @@ func (l *Link) serve(c *conn) {
 			}
 		}
 	}
-	server, err := net.DialTimeout("tcp", l.target, 5*time.Second)
+	server, err := l.dial("tcp", l.target, 5*time.Second)
 	if err != nil {
 		return
 	}
-	l.mu.Lock()
-	c.server = server
-	// The link may have closed or healed this connection while it was dialing; its
+	// The link may have closed or healed this connection while it was dialling; its
 	// close ran without the server side, so close that here.
-	_, live := l.conns[c]
-	l.mu.Unlock()
-	if !live {
+	if !c.attach(server) {
 		_ = server.Close()
 		return
 	}

@@ -169,3 +169,58 @@ func TestCloseEndsConnections(t *testing.T) {
 		t.Fatal("a closed link still accepts")
 	}
 }
+
+// A heal (or Close) that closes a connection while the link is still dialling its
+// target runs on another goroutine than the dial: the side dialled afterwards must be
+// closed, and, under -race, the two must not touch the connection unsynchronised (CI
+// saw that race once, in a jepsen-lite run whose nemesis healed a partition while Raft
+// reconnected). The dial is held by a sleep, not a channel, so that nothing orders the
+// heal before the dial's end but the connection's own lock.
+func TestHealWhileDialingClosesBothSides(t *testing.T) {
+	target, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { target.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := target.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	dialling := make(chan struct{})
+	slowDial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		close(dialling)
+		time.Sleep(300 * time.Millisecond)
+		return net.DialTimeout(network, addr, timeout)
+	}
+	l, err := listen("127.0.0.1:0", target.Addr().String(), testlog.New(t), slowDial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+
+	c := dial(t, l)
+	<-dialling
+	l.Set(Setting{Mode: Cut})  // taints the connection being dialled
+	l.Set(Setting{Mode: Pass}) // and closes it: its server side does not exist yet
+	_ = c.c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.r.ReadString('\n'); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the healed connection was not closed: %v", err)
+	}
+
+	var server net.Conn
+	select {
+	case server = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the link never dialled its target")
+	}
+	defer server.Close()
+	_ = server.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := server.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("the server side dialled after the heal stayed open: read %d, %v", n, err)
+	}
+	if st := l.Stats(); st.Passed != 0 {
+		t.Fatalf("a healed connection carried %d bytes", st.Passed)
+	}
+}
