@@ -172,10 +172,11 @@ func TestCloseEndsConnections(t *testing.T) {
 
 // A heal (or Close) that closes a connection while the link is still dialling its
 // target runs on another goroutine than the dial: the side dialled afterwards must be
-// closed, and, under -race, the two must not touch the connection unsynchronised (CI
-// saw that race once, in a jepsen-lite run whose nemesis healed a partition while Raft
-// reconnected). The dial is held by a sleep, not a channel, so that nothing orders the
-// heal before the dial's end but the connection's own lock.
+// closed, and, under -race, the two must not touch the connection unsynchronised (the
+// likeliest cause of the race CI's detector reported once in jepsen-lite, whose report
+// kept only the nemesis goroutine's side: its nemesis heals partitions while Raft
+// redials). The dial is held by a sleep, not a channel, so that nothing orders the heal
+// before the dial's end but the connection's own lock.
 func TestHealWhileDialingClosesBothSides(t *testing.T) {
 	target, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
