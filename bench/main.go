@@ -44,10 +44,12 @@ type options struct {
 	scaleAt          int
 	fsyncDir         string
 	fsyncSamples     int
-	out              string
-	part             string
-	tenant           string
-	profile          bool
+	// floors is how long each floor (floor.go) is measured; 0 skips them.
+	floors  time.Duration
+	out     string
+	part    string
+	tenant  string
+	profile bool
 	// cpuPids are the processes of the one system measured (with their descendants),
 	// whose CPU time each point reports per thousand operations.
 	cpuPids []int
@@ -115,6 +117,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.scaleAt, "scale-at", 64, "clients for the scale points")
 	fs.StringVar(&o.fsyncDir, "fsync-dir", "", "directory to measure fsync latency in (the data dirs' disk)")
 	fs.IntVar(&o.fsyncSamples, "fsync-samples", 500, "fsync probe samples")
+	fs.DurationVar(&o.floors, "floors", 2*time.Second, "measure each floor of a lone writer's write for this long before the points, in --fsync-dir: raft-wal's append, hashicorp/raft's Apply on one voter, that Apply behind net/http (0: none)")
 	fs.StringVar(&o.out, "out", "results", "directory for results.json, results.md and throughput.png")
 	fs.StringVar(&o.part, "part", "", "write the points to this file as JSON instead of writing the results, for `bench report` to gather with other parts")
 	fs.StringVar(&o.tenant, "tenant", "bench", "tenant of every key")
@@ -133,6 +136,9 @@ func parseFlags(args []string) (options, error) {
 	}
 	if o.scale, err = ints(*scale); err != nil {
 		return o, fmt.Errorf("--scale: %w", err)
+	}
+	if o.floors < 0 {
+		return o, fmt.Errorf("--floors %s: want a duration of 0 or more", o.floors)
 	}
 	named := len(o.idemkv3) + len(o.idemkv1)
 	for _, s := range []string{o.etcd, o.pg, o.pgSync} {
@@ -221,6 +227,14 @@ func run(ctx context.Context, o options, logger *slog.Logger, stdout io.Writer) 
 	}
 	res.Fsync = fs.Summarize()
 	logger.Info("fsync probe", "p50_ms", res.Fsync.P50, "p99_ms", res.Fsync.P99)
+	if o.floors > 0 {
+		logger.Info("measuring the floors of a write", "each", o.floors)
+		if res.Floors, err = probeFloors(ctx, o.fsyncDir, o.floors); err != nil {
+			return err
+		}
+		logger.Info("floors", "wal_append_p50_ms", res.Floors.Append.P50, "raft_apply_p50_ms", res.Floors.Raft.P50,
+			"http_raft_apply_p50_ms", res.Floors.HTTPRaft.P50)
+	}
 
 	var repl pgReplication
 	syss := systems(o, &repl)

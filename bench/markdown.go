@@ -50,6 +50,7 @@ func markdown(r *Results) string {
 	}
 	// Each idemkv system's stage breakdown is printed once, in its first pairing.
 	staged := map[string]bool{}
+	floored := false // the floors are printed once, in the first one-node pairing
 	for _, p := range pairings {
 		idem := pairingSystems(r, p)
 		if len(idem) == 0 {
@@ -93,6 +94,9 @@ func markdown(r *Results) string {
 		for _, s := range idem {
 			staged[s.Name] = true
 		}
+		if p.nodes == 1 && !floored {
+			floored = floorTable(&b, r, idem, find(r.New, p.peer, 1), label(p.peer))
+		}
 		if vs := verdictsFor(p); len(vs) > 0 {
 			b.WriteString("\nTargets:\n\n")
 			writeVerdicts(&b, vs)
@@ -104,6 +108,15 @@ func markdown(r *Results) string {
 		if s.Nodes == 0 && !slices.ContainsFunc(pairings, func(p pairing) bool { return p.peer == s.Name && len(pairingSystems(r, p)) > 0 }) {
 			unpaired = append(unpaired, s.Name)
 		}
+	}
+	if !floored {
+		var one []SystemInfo
+		for _, s := range r.Systems {
+			if s.Nodes == 1 {
+				one = append(one, s)
+			}
+		}
+		floorTable(&b, r, one, nil, "")
 	}
 	if len(unpaired) > 0 {
 		fmt.Fprintf(&b, "\n### Without an idemkv to compare with\n\n| system | workload | clients | ops/s | p50 ms | p99 ms |\n|---|---|---:|---:|---:|---:|\n")
@@ -310,6 +323,29 @@ func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point) 
 	if peer != nil {
 		fmt.Fprintf(b, "\nThe peer's p50 of a new operation at 1 client: %.3f ms.\n", peer.P50)
 	}
+}
+
+// floorTable writes the floors of a lone writer's write (floor.go) beside the reserve
+// of each one-node idemkv system and of its peer at 1 client, and reports whether
+// there were floors to write.
+func floorTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point, peerLabel string) bool {
+	f := r.Floors
+	if f == nil {
+		return false
+	}
+	fmt.Fprintf(b, "\nFloors of one write by a lone writer on this machine, with nothing of idemkv's in it (measured before the points; a %d-byte entry, a state machine that does nothing), beside the reserve at 1 client (p50 at the client):\n\n| write | p50 ms | mean ms |\n|---|---:|---:|\n", f.EntryBytes)
+	fmt.Fprintf(b, "| raft-wal's append of one entry, until durable | %.3f | %.3f |\n", f.Append.P50, f.Append.Mean)
+	fmt.Fprintf(b, "| hashicorp/raft, one voter on raft-wal: Apply until applied | %.3f | %.3f |\n", f.Raft.P50, f.Raft.Mean)
+	fmt.Fprintf(b, "| that Apply behind net/http: a POST over loopback on a kept connection | %.3f | %.3f |\n", f.HTTPRaft.P50, f.HTTPRaft.Mean)
+	for _, s := range idem {
+		if pt := find(r.New, s.Name, 1); pt != nil {
+			fmt.Fprintf(b, "| %s: a reserve | %.3f | — |\n", s.Label, pt.ReserveP50)
+		}
+	}
+	if peer != nil {
+		fmt.Fprintf(b, "| %s: a reserve | %.3f | — |\n", peerLabel, peer.ReserveP50)
+	}
+	return true
 }
 
 func cell(p *Point, f func(*Point) string) string {

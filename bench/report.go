@@ -27,6 +27,8 @@ type Results struct {
 	Duration string          `json:"duration_per_point"`
 	Warmup   string          `json:"warmup_per_point"`
 	Fsync    loadgen.Summary `json:"fsync"`
+	// Floors are a lone writer's write with nothing of idemkv's in it (floor.go).
+	Floors *Floors `json:"floors,omitempty"`
 	// LoadAtStart and LoadAtEnd are the machine's load averages (1, 5, 15 minutes).
 	LoadAtStart string       `json:"load_average_at_start,omitempty"`
 	LoadAtEnd   string       `json:"load_average_at_end,omitempty"`
@@ -198,6 +200,9 @@ func merge(parts []*Results) (*Results, error) {
 		r.Scale = append(r.Scale, p.Scale...)
 		if p.PGReplication != nil {
 			r.PGReplication = p.PGReplication
+		}
+		if r.Floors == nil {
+			r.Floors = p.Floors
 		}
 		r.Profiles = append(r.Profiles, p.Profiles...)
 		r.LoadAtEnd = p.LoadAtEnd

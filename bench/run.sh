@@ -321,7 +321,10 @@ alone() {
 	local sys_pids
 	sys_pids=$(IFS=,; echo "${pids[*]:n}")
 	log "system $((${#parts[@]} + 1)) of $systems_total: ${flags[*]} (processes $sys_pids and their descendants)"
-	"$dir/bench" "${flags[@]}" --cpu-pids "$sys_pids" --fsync-dir "$dir" --out "$out" --part "$part" "${bench_args[@]}"
+	# The floors of a write (bench --floors) are measured once, by the first part.
+	local floors=()
+	if [ ${#parts[@]} -gt 0 ]; then floors=(--floors 0); fi
+	"$dir/bench" "${flags[@]}" --cpu-pids "$sys_pids" --fsync-dir "$dir" --out "$out" --part "$part" "${floors[@]}" "${bench_args[@]}"
 	parts+=("$part")
 	stop_from "$n"
 }
