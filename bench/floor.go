@@ -9,8 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -24,15 +26,23 @@ import (
 // idemkv's in it, layer by layer, so that a run shows which part of a one-client
 // write is the machine's, which Raft's and which idemkv's: raft-wal's append of one
 // entry until durable; hashicorp/raft on one voter over raft-wal applying it to a
-// state machine that does nothing; and that Apply behind a net/http handler, reached
-// by a POST over loopback on a kept connection. An idemkv write on one node is the
-// last plus idemkv's own work (decoding, checks, look-ups, the state machine's Pebble
-// batch, the answer).
+// state machine that does nothing; that Apply behind a net/http handler, reached by a
+// POST over loopback on a kept connection; the same served by another process; and
+// that on three voters, each its own process.
+// An idemkv write on one node, as the driver times it, is the last plus idemkv's own
+// work (decoding, checks, look-ups, the state machine's Pebble batch, the answer).
 type Floors struct {
 	EntryBytes int             `json:"entry_bytes"`
 	Append     loadgen.Summary `json:"wal_append"`
 	Raft       loadgen.Summary `json:"raft_apply"`
 	HTTPRaft   loadgen.Summary `json:"http_raft_apply"`
+	// HTTPRaftServer is HTTPRaft served by another process, as idemkv's API is to
+	// the driver (absent from runs before it was measured).
+	HTTPRaftServer loadgen.Summary `json:"http_raft_apply_other_process"`
+	// HTTPRaft3 is HTTPRaftServer on three voters, each its own process as idemkv's
+	// three nodes are, sent to the leader: its append, then a follower's, before the
+	// answer.
+	HTTPRaft3 loadgen.Summary `json:"http_raft3_apply"`
 }
 
 // floorEntryBytes is the size of the floors' entries: about an idemkv reserve's
@@ -68,6 +78,12 @@ func probeFloors(ctx context.Context, dir string, d time.Duration) (*Floors, err
 		return nil, fmt.Errorf("floors: raft: %w", err)
 	}
 	if f.HTTPRaft, err = floorHTTP(ctx, r, entry, d); err != nil {
+		return nil, err
+	}
+	if f.HTTPRaftServer, err = floorHTTPVoters(ctx, filepath.Join(tmp, "voter"), 1, entry, d); err != nil {
+		return nil, err
+	}
+	if f.HTTPRaft3, err = floorHTTPVoters(ctx, filepath.Join(tmp, "voters"), 3, entry, d); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -118,6 +134,18 @@ func floorAppend(ctx context.Context, dir string, entry []byte, d time.Duration)
 	return s, nil
 }
 
+// floorRaftConfig is Raft's defaults with idemkv's batching: BatchApplyCh, and up to
+// 512 entries an AppendEntries (node.DefaultConfig's MaxAppendEntries).
+func floorRaftConfig(id raft.ServerID) *raft.Config {
+	conf := raft.DefaultConfig()
+	conf.LocalID = id
+	conf.Logger = hclog.NewNullLogger()
+	conf.BatchApplyCh = true
+	conf.MaxAppendEntries = 512
+	conf.SnapshotThreshold = 1 << 40 // nothing to snapshot
+	return conf
+}
+
 // nopFSM is a state machine that does nothing.
 type nopFSM struct{}
 
@@ -135,11 +163,7 @@ func floorRaft(dir string) (*raft.Raft, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("floors: raft-wal: %w", err)
 	}
-	conf := raft.DefaultConfig()
-	conf.LocalID = "floor"
-	conf.Logger = hclog.NewNullLogger()
-	conf.BatchApplyCh = true
-	conf.SnapshotThreshold = 1 << 40 // nothing to snapshot
+	conf := floorRaftConfig("floor")
 	addr, trans := raft.NewInmemTransport("")
 	r, err := raft.NewRaft(conf, nopFSM{}, w, w, raft.NewInmemSnapshotStore(), trans)
 	if err != nil {
@@ -165,15 +189,16 @@ func floorRaft(dir string) (*raft.Raft, func(), error) {
 	return r, stop, nil
 }
 
-// floorHTTP serves POST /apply with net/http on loopback, its handler applying the body
-// through r, and sends it entry after entry on one kept connection, written and read
-// on the caller's goroutine as the driver sends idemkv's requests.
-func floorHTTP(ctx context.Context, r *raft.Raft, entry []byte, d time.Duration) (loadgen.Summary, error) {
+// floorServe serves POST /apply with net/http on a loopback port, its handler applying
+// the body through r, and GET /leader (200 while r leads, else 503); it returns the
+// address and a stop.
+func floorServe(r *raft.Raft) (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return loadgen.Summary{}, fmt.Errorf("floors: %w", err)
+		return "", nil, fmt.Errorf("floors: %w", err)
 	}
-	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /apply", func(w http.ResponseWriter, req *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, 1<<20))
 		if err == nil {
 			err = r.Apply(body, 0).Error()
@@ -184,16 +209,39 @@ func floorHTTP(ctx context.Context, r *raft.Raft, entry []byte, d time.Duration)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"applied":true}` + "\n"))
-	})}
+	})
+	mux.HandleFunc("GET /leader", func(w http.ResponseWriter, _ *http.Request) {
+		if r.State() != raft.Leader {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
-	defer func() { _ = srv.Close() }()
-	conn, err := net.Dial("tcp", ln.Addr().String())
+	return ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// floorHTTP serves r's Apply with floorServe in this process and measures it with
+// floorPost.
+func floorHTTP(ctx context.Context, r *raft.Raft, entry []byte, d time.Duration) (loadgen.Summary, error) {
+	addr, stop, err := floorServe(r)
+	if err != nil {
+		return loadgen.Summary{}, err
+	}
+	defer stop()
+	return floorPost(ctx, addr, entry, d)
+}
+
+// floorPost sends entry after entry to POST /apply at addr on one kept connection,
+// each written and read on the caller's goroutine as the driver sends idemkv's
+// requests.
+func floorPost(ctx context.Context, addr string, entry []byte, d time.Duration) (loadgen.Summary, error) {
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		return loadgen.Summary{}, fmt.Errorf("floors: %w", err)
 	}
 	defer func() { _ = conn.Close() }()
 	br := bufio.NewReader(conn)
-	request := []byte("POST /apply HTTP/1.1\r\nHost: " + ln.Addr().String() +
+	request := []byte("POST /apply HTTP/1.1\r\nHost: " + addr +
 		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(entry)) + "\r\n\r\n" + string(entry))
 	s, err := floorLoop(ctx, d, func() error {
 		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
@@ -217,4 +265,184 @@ func floorHTTP(ctx context.Context, r *raft.Raft, entry []byte, d time.Duration)
 		return loadgen.Summary{}, fmt.Errorf("floors: http: %w", err)
 	}
 	return s, nil
+}
+
+// floorServerCmd is the command that serves the other-process floor from dir: this
+// program again, as `bench floor-server DIR`. Tests, whose program is a test binary,
+// replace it.
+var floorServerCmd = func(ctx context.Context, dir string) (*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return exec.CommandContext(ctx, exe, "floor-server", dir), nil
+}
+
+// floorVoters starts n voters on raft-wal logs under dir, each its own process running
+// `bench floor-server` (floorServerCmd), makes them one cluster, and waits for its
+// leader. It returns the leader's HTTP address and a stop that ends the processes
+// and reports how they ended.
+func floorVoters(ctx context.Context, dir string, n int) (string, func() error, error) {
+	type voter struct {
+		cmd        *exec.Cmd
+		stdin      io.WriteCloser
+		stderr     *strings.Builder
+		http, raft string
+	}
+	var voters []*voter
+	stop := func() error {
+		var errs []error
+		for _, v := range voters {
+			_ = v.stdin.Close() // the server's end: stdin closed
+		}
+		for _, v := range voters {
+			if err := v.cmd.Wait(); err != nil {
+				errs = append(errs, fmt.Errorf("floors: a voter's process: %w: %s", err, strings.TrimSpace(v.stderr.String())))
+			}
+		}
+		voters = nil
+		return errors.Join(errs...)
+	}
+	fail := func(err error) (string, func() error, error) {
+		return "", nil, errors.Join(err, stop())
+	}
+	for i := range n {
+		cmd, err := floorServerCmd(ctx, filepath.Join(dir, fmt.Sprintf("voter-%d", i+1)))
+		if err != nil {
+			return fail(fmt.Errorf("floors: a voter's process: %w", err))
+		}
+		v := &voter{cmd: cmd, stderr: &strings.Builder{}}
+		cmd.Stderr = v.stderr
+		if v.stdin, err = cmd.StdinPipe(); err != nil {
+			return fail(fmt.Errorf("floors: a voter's process: %w", err))
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return fail(fmt.Errorf("floors: a voter's process: %w", err))
+		}
+		if err := cmd.Start(); err != nil {
+			return fail(fmt.Errorf("floors: a voter's process: %w", err))
+		}
+		voters = append(voters, v)
+		// Its first line names its HTTP and Raft addresses.
+		addrs := make(chan []string, 1)
+		go func() {
+			line, _ := bufio.NewReader(stdout).ReadString('\n')
+			addrs <- strings.Fields(line)
+			_, _ = io.Copy(io.Discard, stdout)
+		}()
+		select {
+		case f := <-addrs:
+			if len(f) != 2 {
+				return fail(fmt.Errorf("floors: a voter's process named no addresses (%q)", f))
+			}
+			v.http, v.raft = f[0], f[1]
+		case <-time.After(30 * time.Second):
+			return fail(errors.New("floors: a voter's process named no addresses within 30 s"))
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		}
+	}
+	var raftAddrs []string
+	for _, v := range voters {
+		raftAddrs = append(raftAddrs, v.raft)
+	}
+	for _, v := range voters {
+		if _, err := fmt.Fprintln(v.stdin, strings.Join(raftAddrs, ",")); err != nil {
+			return fail(fmt.Errorf("floors: a voter's process: %w", err))
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, v := range voters {
+			resp, err := http.Get("http://" + v.http + "/leader")
+			if err == nil {
+				_ = resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return v.http, stop, nil
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("floors: %d voters elected no leader within 30 s", n))
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		}
+	}
+}
+
+// floorHTTPVoters measures Apply behind net/http as floorHTTP does, but on n voters,
+// each its own process (floorVoters), the writes sent to the leader: as the driver
+// sends idemkv's writes to its leader, another process whose threads wake for each
+// request, and for n > 1 one follower's append on the way.
+func floorHTTPVoters(ctx context.Context, dir string, n int, entry []byte, d time.Duration) (loadgen.Summary, error) {
+	leader, stop, err := floorVoters(ctx, dir, n)
+	if err != nil {
+		return loadgen.Summary{}, err
+	}
+	s, err := floorPost(ctx, leader, entry, d)
+	if serr := stop(); err == nil && serr != nil {
+		err = serr
+	}
+	if err != nil {
+		return loadgen.Summary{}, err
+	}
+	return s, nil
+}
+
+// runFloorServer is `bench floor-server DIR`: a voter on a raft-wal log in DIR, with a
+// TCP transport on loopback and hashicorp/raft configured as idemkv configures it
+// (batched applies, pipelined replication off), behind floorServe. It prints its HTTP
+// and Raft addresses on one line, reads the voters' Raft addresses (comma separated)
+// from stdin's first line, bootstraps a cluster of them, and serves until stdin closes.
+func runFloorServer(_ context.Context, args []string, stdout, _ io.Writer) error {
+	if len(args) != 1 {
+		return errors.New("usage: bench floor-server DIR")
+	}
+	dir := args[0]
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("floors: %w", err)
+	}
+	w, err := wal.Open(dir)
+	if err != nil {
+		return fmt.Errorf("floors: raft-wal: %w", err)
+	}
+	defer func() { _ = w.Close() }()
+	trans, err := raft.NewTCPTransportWithConfig("127.0.0.1:0", nil, &raft.NetworkTransportConfig{
+		MaxPool: 5, Timeout: 10 * time.Second, MaxRPCsInFlight: 1, Logger: hclog.NewNullLogger()})
+	if err != nil {
+		return fmt.Errorf("floors: raft transport: %w", err)
+	}
+	conf := floorRaftConfig(raft.ServerID(trans.LocalAddr()))
+	r, err := raft.NewRaft(conf, nopFSM{}, w, w, raft.NewInmemSnapshotStore(), trans)
+	if err != nil {
+		_ = trans.Close()
+		return fmt.Errorf("floors: raft: %w", err)
+	}
+	defer func() { _ = r.Shutdown().Error() }()
+	addr, stop, err := floorServe(r)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if _, err := fmt.Fprintln(stdout, addr, trans.LocalAddr()); err != nil {
+		return err
+	}
+	in := bufio.NewReader(os.Stdin)
+	line, err := in.ReadString('\n')
+	if err != nil {
+		return nil // stopped before the cluster formed
+	}
+	var servers []raft.Server
+	for _, a := range strings.Split(strings.TrimSpace(line), ",") {
+		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(a), Address: raft.ServerAddress(a)})
+	}
+	if err := r.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil {
+		return fmt.Errorf("floors: raft bootstrap: %w", err)
+	}
+	_, _ = io.Copy(io.Discard, in)
+	return nil
 }

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,16 +14,37 @@ import (
 	"github.com/idemkv/idemkv/loadgen"
 )
 
+// floorServerEnv makes the test binary the other-process floor's server: a test
+// binary runs tests, not `bench floor-server`.
+const floorServerEnv = "BENCH_TEST_FLOOR_SERVER"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(floorServerEnv); dir != "" {
+		if err := runFloorServer(context.Background(), []string{dir}, os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "floor server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	floorServerCmd = func(ctx context.Context, dir string) (*exec.Cmd, error) {
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), floorServerEnv+"="+dir)
+		return cmd, nil
+	}
+	os.Exit(m.Run())
+}
+
 // TestProbeFloorsMeasuresEachLayer runs the floors for real, briefly, on this disk:
-// raft-wal on a data dir, a hashicorp/raft voter, a net/http server on loopback. Each
-// layer measured writes and left nothing behind.
+// raft-wal on a data dir, a hashicorp/raft voter, a net/http server on loopback,
+// another process serving the same, and three voters in three processes. Each layer
+// measured writes and left nothing behind: no file, no process.
 func TestProbeFloorsMeasuresEachLayer(t *testing.T) {
 	dir := t.TempDir()
 	f, err := probeFloors(t.Context(), dir, 200*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, s := range map[string]loadgen.Summary{"append": f.Append, "raft": f.Raft, "http": f.HTTPRaft} {
+	for name, s := range map[string]loadgen.Summary{"append": f.Append, "raft": f.Raft, "http": f.HTTPRaft, "http, other process": f.HTTPRaftServer, "three voters": f.HTTPRaft3} {
 		if s.Count == 0 || s.P50 <= 0 || s.Mean <= 0 {
 			t.Errorf("%s floor: %+v", name, s)
 		}
@@ -32,6 +55,27 @@ func TestProbeFloorsMeasuresEachLayer(t *testing.T) {
 	if left, _ := os.ReadDir(dir); len(left) != 0 {
 		t.Errorf("the floors left %v in their directory", left)
 	}
+	if kids := childProcesses(t); len(kids) != 0 {
+		t.Errorf("the floors left processes %v running", kids)
+	}
+}
+
+// childProcesses lists this process's children, from /proc.
+func childProcesses(t *testing.T) []string {
+	t.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", os.Getpid()))
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("no /proc task list: %v", err)
+	}
+	var kids []string
+	for _, p := range tasks {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // a thread that has exited
+		}
+		kids = append(kids, strings.Fields(string(b))...)
+	}
+	return kids
 }
 
 func TestProbeFloorsStopsWithItsContext(t *testing.T) {
@@ -48,9 +92,16 @@ func TestProbeFloorsStopsWithItsContext(t *testing.T) {
 func TestFloorsPrintedOnceBesideTheOneNodeReserves(t *testing.T) {
 	r := results()
 	r.Floors = &Floors{EntryBytes: 400, Append: loadgen.Summary{P50: 0.05, Mean: 0.06},
-		Raft: loadgen.Summary{P50: 0.07, Mean: 0.08}, HTTPRaft: loadgen.Summary{P50: 0.15, Mean: 0.16}}
+		Raft: loadgen.Summary{P50: 0.07, Mean: 0.08}, HTTPRaft: loadgen.Summary{P50: 0.15, Mean: 0.16},
+		HTTPRaftServer: loadgen.Summary{Count: 100, P50: 0.2, Mean: 0.21}, HTTPRaft3: loadgen.Summary{Count: 100, P50: 0.6, Mean: 0.65}}
 	r.Targets = verdicts(r)
 	md := markdown(r)
+	// The three voters' floor: once, in the first three-node pairing (PostgreSQL's).
+	sync := strings.Index(md, "### 3 idemkv nodes vs PostgreSQL primary")
+	at3 := strings.Index(md, "The floor of one write on three voters")
+	if at3 < sync || at3 > strings.Index(md, "### 1 idemkv node vs 1 PostgreSQL") || strings.Count(md, "The floor of one write on three voters") != 1 {
+		t.Fatalf("the three voters' floor at %d, want once after %d and before the one-node pairing:\n%s", at3, sync, md)
+	}
 	single := strings.Index(md, "### 1 idemkv node vs 1 PostgreSQL")
 	etcd := strings.Index(md, "### 3 idemkv nodes vs 3 etcd members")
 	at := strings.Index(md, "Floors of one write by a lone writer")
@@ -61,13 +112,39 @@ func TestFloorsPrintedOnceBesideTheOneNodeReserves(t *testing.T) {
 		"| raft-wal's append of one entry, until durable | 0.050 | 0.060 |",
 		"| hashicorp/raft, one voter on raft-wal: Apply until applied | 0.070 | 0.080 |",
 		"| that Apply behind net/http: a POST over loopback on a kept connection | 0.150 | 0.160 |",
+		"| the same, served by another process (as idemkv's API is to the driver) | 0.200 | 0.210 |",
 		"| idemkv, 1 node, wal log: a reserve | 0.250 | — |",
 		"| PostgreSQL, 1 server: a reserve | 0.250 | — |",
+		// The peer's reserve is above the last floor: the gap is idemkv's.
+		"The reserve of PostgreSQL, 1 server (p50 0.250 ms) is 0.050 ms above the last floor (0.200 ms): all that is left for idemkv's own work on a write (decoding, checks, look-ups, its state machine's Pebble batch, the answer) if it is to match the peer. Each reserve on raft-wal less that floor: idemkv, 1 node, wal log +0.050 ms.",
+		"| hashicorp/raft, three voters: Apply behind net/http, from another process | 0.600 | 0.650 |",
+		// The quorum-sync primary's reserve is below the three voters' floor.
+		"The reserve of PostgreSQL primary + 2 quorum-sync standbys (p50 0.500 ms) takes less than the last floor (0.600 ms)",
+		"That would take a Raft whose leader sends an entry to its followers while it appends it (hashicorp/raft appends first), with fewer goroutine hand-offs on the way. Each reserve on raft-wal less that floor: idemkv, 3 nodes, wal log +0.150 ms.",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q", want)
 		}
 	}
+
+	// A peer whose reserve is under the last floor: no work of idemkv's can close it.
+	under := *r.Floors
+	under.HTTPRaftServer.P50 = 0.3
+	r.Floors = &under
+	if md := markdown(r); !strings.Contains(md, "The reserve of PostgreSQL, 1 server (p50 0.250 ms) takes less than the last floor (0.300 ms)") ||
+		!strings.Contains(md, "That would take a write path without Raft's goroutine hand-offs and net/http's between the request and the fsync. Each reserve on raft-wal less that floor: idemkv, 1 node, wal log -0.050 ms.") {
+		t.Errorf("a peer under the last floor is not said to be:\n%s", md)
+	}
+	// Results from before the other-process floor: no row, no verdict.
+	old := under
+	old.HTTPRaftServer, old.HTTPRaft3 = loadgen.Summary{}, loadgen.Summary{}
+	r.Floors = &old
+	if md := markdown(r); strings.Contains(md, "served by another process") || strings.Contains(md, "last floor") {
+		t.Errorf("results without the other-process floor print one:\n%s", md)
+	}
+	r.Floors = &Floors{EntryBytes: 400, Append: loadgen.Summary{P50: 0.05, Mean: 0.06},
+		Raft: loadgen.Summary{P50: 0.07, Mean: 0.08}, HTTPRaft: loadgen.Summary{P50: 0.15, Mean: 0.16},
+		HTTPRaftServer: loadgen.Summary{Count: 100, P50: 0.2, Mean: 0.21}}
 
 	// Without a peer the floors still print, after the tables.
 	alone := &Results{Floors: r.Floors, Systems: []SystemInfo{{Name: "idemkv-1/wal", Label: "idemkv, 1 node, wal log", Nodes: 1}},

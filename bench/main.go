@@ -65,6 +65,7 @@ var subcommands = map[string]func(ctx context.Context, args []string, stdout, st
 	"scale-point":  runScalePoint,
 	"scale-report": runScaleReport,
 	"report":       runReport,
+	"floor-server": runFloorServer,
 }
 
 func main() {
@@ -233,7 +234,7 @@ func run(ctx context.Context, o options, logger *slog.Logger, stdout io.Writer) 
 			return err
 		}
 		logger.Info("floors", "wal_append_p50_ms", res.Floors.Append.P50, "raft_apply_p50_ms", res.Floors.Raft.P50,
-			"http_raft_apply_p50_ms", res.Floors.HTTPRaft.P50)
+			"http_raft_apply_p50_ms", res.Floors.HTTPRaft.P50, "http_raft_apply_other_process_p50_ms", res.Floors.HTTPRaftServer.P50)
 	}
 
 	var repl pgReplication

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/idemkv/idemkv/loadgen"
 )
 
 // markdown writes results.md: the like-for-like pairings first, each with its
@@ -50,7 +52,9 @@ func markdown(r *Results) string {
 	}
 	// Each idemkv system's stage breakdown is printed once, in its first pairing.
 	staged := map[string]bool{}
-	floored := false // the floors are printed once, in the first one-node pairing
+	// The floors are printed once, in the first one-node pairing; the three voters'
+	// floor in the first three-node one.
+	floored, floored3 := false, false
 	for _, p := range pairings {
 		idem := pairingSystems(r, p)
 		if len(idem) == 0 {
@@ -97,6 +101,9 @@ func markdown(r *Results) string {
 		if p.nodes == 1 && !floored {
 			floored = floorTable(&b, r, idem, find(r.New, p.peer, 1), label(p.peer))
 		}
+		if p.nodes == 3 && !floored3 {
+			floored3 = floor3Table(&b, r, idem, find(r.New, p.peer, 1), label(p.peer))
+		}
 		if vs := verdictsFor(p); len(vs) > 0 {
 			b.WriteString("\nTargets:\n\n")
 			writeVerdicts(&b, vs)
@@ -117,6 +124,15 @@ func markdown(r *Results) string {
 			}
 		}
 		floorTable(&b, r, one, nil, "")
+	}
+	if !floored3 {
+		var three []SystemInfo
+		for _, s := range r.Systems {
+			if s.Nodes == 3 {
+				three = append(three, s)
+			}
+		}
+		floor3Table(&b, r, three, nil, "")
 	}
 	if len(unpaired) > 0 {
 		fmt.Fprintf(&b, "\n### Without an idemkv to compare with\n\n| system | workload | clients | ops/s | p50 ms | p99 ms |\n|---|---|---:|---:|---:|---:|\n")
@@ -337,15 +353,60 @@ func floorTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point, 
 	fmt.Fprintf(b, "| raft-wal's append of one entry, until durable | %.3f | %.3f |\n", f.Append.P50, f.Append.Mean)
 	fmt.Fprintf(b, "| hashicorp/raft, one voter on raft-wal: Apply until applied | %.3f | %.3f |\n", f.Raft.P50, f.Raft.Mean)
 	fmt.Fprintf(b, "| that Apply behind net/http: a POST over loopback on a kept connection | %.3f | %.3f |\n", f.HTTPRaft.P50, f.HTTPRaft.Mean)
+	if f.HTTPRaftServer.Count > 0 {
+		fmt.Fprintf(b, "| the same, served by another process (as idemkv's API is to the driver) | %.3f | %.3f |\n", f.HTTPRaftServer.P50, f.HTTPRaftServer.Mean)
+	}
+	floorReserves(b, r, idem, peer, peerLabel, f.HTTPRaftServer,
+		"a write path without Raft's goroutine hand-offs and net/http's between the request and the fsync")
+	return true
+}
+
+// floor3Table writes the floor of a write on three voters (Floors.HTTPRaft3) beside
+// the reserve of each three-node idemkv system and of its peer at 1 client, and
+// reports whether there was one to write.
+func floor3Table(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point, peerLabel string) bool {
+	f := r.Floors
+	if f == nil || f.HTTPRaft3.Count == 0 {
+		return false
+	}
+	fmt.Fprintf(b, "\nThe floor of one write on three voters, with nothing of idemkv's in it (measured before the points: hashicorp/raft as idemkv configures it on raft-wal, each voter its own process, a state machine that does nothing, a %d-byte entry POSTed to the leader's net/http handler over loopback on a kept connection), beside the reserve at 1 client (p50 at the client):\n\n| write | p50 ms | mean ms |\n|---|---:|---:|\n", f.EntryBytes)
+	fmt.Fprintf(b, "| hashicorp/raft, three voters: Apply behind net/http, from another process | %.3f | %.3f |\n", f.HTTPRaft3.P50, f.HTTPRaft3.Mean)
+	floorReserves(b, r, idem, peer, peerLabel, f.HTTPRaft3,
+		"a Raft whose leader sends an entry to its followers while it appends it (hashicorp/raft appends first), with fewer goroutine hand-offs on the way")
+	return true
+}
+
+// floorReserves ends a floors table with the reserves at 1 client of the idemkv
+// systems and of the peer, and says what the last floor leaves idemkv's own work
+// against the peer: how far the peer's reserve is above it, or that it is below, and
+// then what it would take (takes) to match the peer.
+func floorReserves(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point, peerLabel string, last loadgen.Summary, takes string) {
+	var over []string
 	for _, s := range idem {
 		if pt := find(r.New, s.Name, 1); pt != nil {
 			fmt.Fprintf(b, "| %s: a reserve | %.3f | — |\n", s.Label, pt.ReserveP50)
+			if s.Backend == "wal" && last.Count > 0 { // the floors are raft-wal's
+				over = append(over, fmt.Sprintf("%s %+.3f ms", s.Label, pt.ReserveP50-last.P50))
+			}
 		}
 	}
 	if peer != nil {
 		fmt.Fprintf(b, "| %s: a reserve | %.3f | — |\n", peerLabel, peer.ReserveP50)
 	}
-	return true
+	if last.Count == 0 || peer == nil || peer.ReserveP50 <= 0 {
+		return
+	}
+	less := ""
+	if len(over) > 0 {
+		less = " Each reserve on raft-wal less that floor: " + strings.Join(over, "; ") + "."
+	}
+	if peer.ReserveP50 < last.P50 {
+		fmt.Fprintf(b, "\nThe reserve of %s (p50 %.3f ms) takes less than the last floor (%.3f ms): on this machine a write through hashicorp/raft behind net/http, with nothing of idemkv's in it, is already slower, so no change to idemkv's own work brings its one-client writes level with the peer's. That would take %s.%s\n",
+			peerLabel, peer.ReserveP50, last.P50, takes, less)
+		return
+	}
+	fmt.Fprintf(b, "\nThe reserve of %s (p50 %.3f ms) is %.3f ms above the last floor (%.3f ms): all that is left for idemkv's own work on a write (decoding, checks, look-ups, its state machine's Pebble batch, the answer) if it is to match the peer.%s\n",
+		peerLabel, peer.ReserveP50, peer.ReserveP50-last.P50, last.P50, less)
 }
 
 func cell(p *Point, f func(*Point) string) string {
