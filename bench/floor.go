@@ -32,10 +32,12 @@ import (
 // An idemkv write on one node, as the driver times it, is the last plus idemkv's own
 // work (decoding, checks, look-ups, the state machine's Pebble batch, the answer).
 type Floors struct {
-	EntryBytes int             `json:"entry_bytes"`
-	Append     loadgen.Summary `json:"wal_append"`
-	Raft       loadgen.Summary `json:"raft_apply"`
-	HTTPRaft   loadgen.Summary `json:"http_raft_apply"`
+	EntryBytes int `json:"entry_bytes"`
+	// Rounds is how many rounds' floors these are the median of (0 or 1: one).
+	Rounds   int             `json:"rounds,omitempty"`
+	Append   loadgen.Summary `json:"wal_append"`
+	Raft     loadgen.Summary `json:"raft_apply"`
+	HTTPRaft loadgen.Summary `json:"http_raft_apply"`
 	// HTTPRaftServer is HTTPRaft served by another process, as idemkv's API is to
 	// the driver (absent from runs before it was measured).
 	HTTPRaftServer loadgen.Summary `json:"http_raft_apply_other_process"`

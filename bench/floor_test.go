@@ -178,3 +178,54 @@ func TestFloorsPrintedOnceBesideTheOneNodeReserves(t *testing.T) {
 		t.Errorf("merged floors %+v, want %+v", got.Floors, r.Floors)
 	}
 }
+
+// TestFloorsOfSeveralRoundsAreTheirMedians: run.sh measures the floors at the start of
+// each round; the report keeps, layer by layer, the round of median p50 (a layer no
+// round measured stays empty) and says how many rounds they came from.
+func TestFloorsOfSeveralRoundsAreTheirMedians(t *testing.T) {
+	round := func(p50 float64, three bool) *Floors {
+		f := &Floors{EntryBytes: 400,
+			Append:         loadgen.Summary{Count: 1, P50: p50, Mean: p50 + 0.01},
+			Raft:           loadgen.Summary{Count: 1, P50: 4 - p50, Mean: 1},
+			HTTPRaft:       loadgen.Summary{Count: 1, P50: p50 * 2, Mean: 1},
+			HTTPRaftServer: loadgen.Summary{Count: 1, P50: p50 * 3, Mean: 1}}
+		if three {
+			f.HTTPRaft3 = loadgen.Summary{Count: 1, P50: p50 * 10, Mean: 1}
+		}
+		return f
+	}
+	dir := t.TempDir()
+	var files []string
+	for i, f := range []*Floors{round(3, true), round(1, false), nil, round(2, true)} {
+		part := &Results{Duration: "10s", Warmup: "3s", Floors: f,
+			Systems: []SystemInfo{{Name: "idemkv-1/wal", Label: "idemkv, 1 node, wal log", Nodes: 1, Backend: "wal"}},
+			New:     []Point{{System: "idemkv-1/wal", Workload: "new", Concurrency: 1, OpsPerSec: float64(1000 + i), ReserveP50: 0.3}}}
+		files = append(files, filepath.Join(dir, fmt.Sprintf("part-%d.json", i)))
+		if err := writeJSON(files[i], part); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := runReport(t.Context(), append([]string{"--out", dir}, files...), io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	got := readResults(t, dir).Floors
+	if got == nil {
+		t.Fatal("no floors after the merge")
+	}
+	for name, c := range map[string]struct{ got, want float64 }{
+		"append": {got.Append.P50, 2}, "append's mean": {got.Append.Mean, 2.01}, "raft": {got.Raft.P50, 2},
+		"http": {got.HTTPRaft.P50, 4}, "other process": {got.HTTPRaftServer.P50, 6},
+		// Two rounds measured three voters: the lower of the two.
+		"three voters": {got.HTTPRaft3.P50, 20},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: p50 %v, want %v", name, c.got, c.want)
+		}
+	}
+	if got.Rounds != 3 {
+		t.Errorf("rounds %d, want 3", got.Rounds)
+	}
+	if md, _ := os.ReadFile(filepath.Join(dir, "results.md")); !strings.Contains(string(md), "measured at the start of each of 3 rounds") {
+		t.Errorf("results.md does not say the floors are medians of 3 rounds:\n%s", md)
+	}
+}

@@ -229,12 +229,18 @@ func run(ctx context.Context, o options, logger *slog.Logger, stdout io.Writer) 
 	res.Fsync = fs.Summarize()
 	logger.Info("fsync probe", "p50_ms", res.Fsync.P50, "p99_ms", res.Fsync.P99)
 	if o.floors > 0 {
+		// After the system's own start-up work (a fresh cluster's joins, first
+		// checkpoint, Pebble's first flushes), as a point would be.
+		if _, err := settle(ctx, o); err != nil {
+			return fmt.Errorf("floors: waiting for the system to go idle: %w", err)
+		}
 		logger.Info("measuring the floors of a write", "each", o.floors)
 		if res.Floors, err = probeFloors(ctx, o.fsyncDir, o.floors); err != nil {
 			return err
 		}
 		logger.Info("floors", "wal_append_p50_ms", res.Floors.Append.P50, "raft_apply_p50_ms", res.Floors.Raft.P50,
-			"http_raft_apply_p50_ms", res.Floors.HTTPRaft.P50, "http_raft_apply_other_process_p50_ms", res.Floors.HTTPRaftServer.P50)
+			"http_raft_apply_p50_ms", res.Floors.HTTPRaft.P50, "http_raft_apply_other_process_p50_ms", res.Floors.HTTPRaftServer.P50,
+			"http_raft3_apply_p50_ms", res.Floors.HTTPRaft3.P50)
 	}
 
 	var repl pgReplication

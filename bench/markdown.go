@@ -349,7 +349,7 @@ func floorTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point, 
 	if f == nil {
 		return false
 	}
-	fmt.Fprintf(b, "\nFloors of one write by a lone writer on this machine, with nothing of idemkv's in it (measured before the points; a %d-byte entry, a state machine that does nothing), beside the reserve at 1 client (p50 at the client):\n\n| write | p50 ms | mean ms |\n|---|---:|---:|\n", f.EntryBytes)
+	fmt.Fprintf(b, "\nFloors of one write by a lone writer on this machine, with nothing of idemkv's in it (%s; a %d-byte entry, a state machine that does nothing), beside the reserve at 1 client (p50 at the client):\n\n| write | p50 ms | mean ms |\n|---|---:|---:|\n", floorsWhen(f), f.EntryBytes)
 	fmt.Fprintf(b, "| raft-wal's append of one entry, until durable | %.3f | %.3f |\n", f.Append.P50, f.Append.Mean)
 	fmt.Fprintf(b, "| hashicorp/raft, one voter on raft-wal: Apply until applied | %.3f | %.3f |\n", f.Raft.P50, f.Raft.Mean)
 	fmt.Fprintf(b, "| that Apply behind net/http: a POST over loopback on a kept connection | %.3f | %.3f |\n", f.HTTPRaft.P50, f.HTTPRaft.Mean)
@@ -361,6 +361,14 @@ func floorTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point, 
 	return true
 }
 
+// floorsWhen says when the floors were measured.
+func floorsWhen(f *Floors) string {
+	if f.Rounds > 1 {
+		return fmt.Sprintf("measured at the start of each of %d rounds, once the first system was idle; each row its round of median p50", f.Rounds)
+	}
+	return "measured before the points"
+}
+
 // floor3Table writes the floor of a write on three voters (Floors.HTTPRaft3) beside
 // the reserve of each three-node idemkv system and of its peer at 1 client, and
 // reports whether there was one to write.
@@ -369,7 +377,7 @@ func floor3Table(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point,
 	if f == nil || f.HTTPRaft3.Count == 0 {
 		return false
 	}
-	fmt.Fprintf(b, "\nThe floor of one write on three voters, with nothing of idemkv's in it (measured before the points: hashicorp/raft as idemkv configures it on raft-wal, each voter its own process, a state machine that does nothing, a %d-byte entry POSTed to the leader's net/http handler over loopback on a kept connection), beside the reserve at 1 client (p50 at the client):\n\n| write | p50 ms | mean ms |\n|---|---:|---:|\n", f.EntryBytes)
+	fmt.Fprintf(b, "\nThe floor of one write on three voters, with nothing of idemkv's in it (%s: hashicorp/raft as idemkv configures it on raft-wal, each voter its own process, a state machine that does nothing, a %d-byte entry POSTed to the leader's net/http handler over loopback on a kept connection), beside the reserve at 1 client (p50 at the client):\n\n| write | p50 ms | mean ms |\n|---|---:|---:|\n", floorsWhen(f), f.EntryBytes)
 	fmt.Fprintf(b, "| hashicorp/raft, three voters: Apply behind net/http, from another process | %.3f | %.3f |\n", f.HTTPRaft3.P50, f.HTTPRaft3.Mean)
 	floorReserves(b, r, idem, peer, peerLabel, f.HTTPRaft3,
 		"a Raft whose leader sends an entry to its followers while it appends it (hashicorp/raft appends first), with fewer goroutine hand-offs on the way")

@@ -186,6 +186,7 @@ func merge(parts []*Results) (*Results, error) {
 	r := *parts[0]
 	r.Systems, r.New, r.Replay, r.Scale, r.Profiles = nil, nil, nil, nil, nil
 	rounds := map[string]int{}
+	var floors []*Floors
 	for _, p := range parts {
 		if p.Duration != r.Duration || p.Warmup != r.Warmup {
 			return nil, fmt.Errorf("parts measured %s after %s of warm-up and %s after %s", r.Duration, r.Warmup, p.Duration, p.Warmup)
@@ -201,12 +202,13 @@ func merge(parts []*Results) (*Results, error) {
 		if p.PGReplication != nil {
 			r.PGReplication = p.PGReplication
 		}
-		if r.Floors == nil {
-			r.Floors = p.Floors
+		if p.Floors != nil {
+			floors = append(floors, p.Floors)
 		}
 		r.Profiles = append(r.Profiles, p.Profiles...)
 		r.LoadAtEnd = p.LoadAtEnd
 	}
+	r.Floors = medianFloors(floors)
 	r.Rounds = 1
 	if len(r.Systems) > 0 {
 		r.Rounds = rounds[r.Systems[0].Name]
@@ -477,4 +479,37 @@ func charts(r *Results) []chart.Chart {
 		out = append(out, c)
 	}
 	return out
+}
+
+// medianFloors merges the floors of several rounds (run.sh measures them at the start
+// of each): each layer is the round of median p50, as each point is its system's
+// round of median throughput. nil for none, the one for one.
+func medianFloors(fs []*Floors) *Floors {
+	switch len(fs) {
+	case 0:
+		return nil
+	case 1:
+		return fs[0]
+	}
+	m := &Floors{EntryBytes: fs[0].EntryBytes, Rounds: len(fs)}
+	for _, layer := range []func(*Floors) *loadgen.Summary{
+		func(f *Floors) *loadgen.Summary { return &f.Append },
+		func(f *Floors) *loadgen.Summary { return &f.Raft },
+		func(f *Floors) *loadgen.Summary { return &f.HTTPRaft },
+		func(f *Floors) *loadgen.Summary { return &f.HTTPRaftServer },
+		func(f *Floors) *loadgen.Summary { return &f.HTTPRaft3 },
+	} {
+		var got []loadgen.Summary
+		for _, f := range fs {
+			if s := *layer(f); s.Count > 0 {
+				got = append(got, s)
+			}
+		}
+		if len(got) == 0 {
+			continue
+		}
+		slices.SortFunc(got, func(a, b loadgen.Summary) int { return cmp.Compare(a.P50, b.P50) })
+		*layer(m) = got[(len(got)-1)/2]
+	}
+	return m
 }
