@@ -354,10 +354,12 @@ func floorVoters(ctx context.Context, dir string, n int) (string, func() error, 
 			return fail(fmt.Errorf("floors: a voter's process: %w", err))
 		}
 	}
+	// A voter that stops answering must not hold the wait past its deadline.
+	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		for _, v := range voters {
-			resp, err := http.Get("http://" + v.http + "/leader")
+			resp, err := client.Get("http://" + v.http + "/leader")
 			if err == nil {
 				_ = resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {

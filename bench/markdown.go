@@ -117,22 +117,10 @@ func markdown(r *Results) string {
 		}
 	}
 	if !floored {
-		var one []SystemInfo
-		for _, s := range r.Systems {
-			if s.Nodes == 1 {
-				one = append(one, s)
-			}
-		}
-		floorTable(&b, r, one, nil, "")
+		floorTable(&b, r, systemsOfSize(r, 1), nil, "")
 	}
 	if !floored3 {
-		var three []SystemInfo
-		for _, s := range r.Systems {
-			if s.Nodes == 3 {
-				three = append(three, s)
-			}
-		}
-		floor3Table(&b, r, three, nil, "")
+		floor3Table(&b, r, systemsOfSize(r, 3), nil, "")
 	}
 	if len(unpaired) > 0 {
 		fmt.Fprintf(&b, "\n### Without an idemkv to compare with\n\n| system | workload | clients | ops/s | p50 ms | p99 ms |\n|---|---|---:|---:|---:|---:|\n")

@@ -130,9 +130,14 @@ func pairingSystems(r *Results, p pairing) []SystemInfo {
 	if !slices.ContainsFunc(r.Systems, func(s SystemInfo) bool { return s.Name == p.peer }) {
 		return nil
 	}
+	return systemsOfSize(r, p.nodes)
+}
+
+// systemsOfSize are the idemkv systems of r with n nodes.
+func systemsOfSize(r *Results, n int) []SystemInfo {
 	var out []SystemInfo
 	for _, s := range r.Systems {
-		if s.Nodes == p.nodes {
+		if s.Nodes == n {
 			out = append(out, s)
 		}
 	}
