@@ -36,6 +36,11 @@ type Store struct {
 	logger *slog.Logger
 	recent *recentRecords
 	rules  ruleCache
+	// filter is the record key filter in service (keyfilter.go), nil while none is;
+	// nextFilter the one being built. filterScans counts the goroutines building one.
+	filter      atomic.Pointer[keyFilter]
+	nextFilter  atomic.Pointer[keyFilter]
+	filterScans sync.WaitGroup
 	// records is the number of stored records, as m/records holds it.
 	records atomic.Int64
 	// tombs is the number of stored tombstones, counted at open and kept in step by
@@ -142,6 +147,7 @@ func OpenWith(dir string, logger *slog.Logger, o Options) (*Store, error) {
 	if err := s.loadRecordCount(); err != nil {
 		return nil, errors.Join(err, db.Close())
 	}
+	s.buildFilter(db)
 	return s, nil
 }
 
@@ -211,6 +217,13 @@ func countKeys(r pebble.Reader, prefix string) (int64, error) {
 // Close closes the database. Writes committed without sync that were not made durable
 // by Sync may be lost by a crash, never by Close. Snapshots not yet written fail.
 func (s *Store) Close() error {
+	err := s.closeDB()
+	// The scan of a record key filter ends at its next chunk: its database is gone.
+	s.filterScans.Wait()
+	return err
+}
+
+func (s *Store) closeDB() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
@@ -261,7 +274,9 @@ func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		v, err = getValue(db, k)
+		if s.mayHoldRecord(k) {
+			v, err = getValue(db, k)
+		}
 		s.mu.RUnlock()
 		if err != nil {
 			return nil, err
@@ -610,9 +625,14 @@ func (b *Batch) value(k []byte) ([]byte, error) {
 	if v, ok := b.s.recent.get(k); ok {
 		return v, nil
 	}
-	v, err := getValue(b.b, k)
-	if err != nil {
-		return nil, err
+	// The batch's own writes were read above; what it has not written is in the store
+	// only if the filter may hold it.
+	var v []byte
+	if b.s.mayHoldRecord(k) {
+		var err error
+		if v, err = getValue(b.b, k); err != nil {
+			return nil, err
+		}
 	}
 	b.s.recent.put(string(k), v)
 	if v == nil {
@@ -656,6 +676,8 @@ func (b *Batch) PutRecord(rec *idemkv.Record) error {
 	if err != nil {
 		return err
 	}
+	// Before the commit, so that no reader finds the record in Pebble and not here.
+	b.s.filterPut(k, !old.present)
 	if err := b.b.Set(k, b.buf, nil); err != nil {
 		return err
 	}
@@ -763,6 +785,7 @@ func (b *Batch) Commit() error {
 	b.s.tombs.Add(b.tombsAdded)
 	b.s.recent.update(b.writes)
 	b.s.rules.update(b.ruleWrites)
+	b.s.keepFilter()
 	return b.Close()
 }
 

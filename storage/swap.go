@@ -254,6 +254,9 @@ func (s *Store) swapIn(stage string) error {
 	s.dropCaptures()
 	s.recent.clear()
 	s.rules.clear()
+	// The filters describe the old database; a scan of it ends at its next chunk.
+	s.filter.Store(nil)
+	s.nextFilter.Store(nil)
 	if s.db != nil {
 		if err := guard(s.db.Close); err != nil {
 			// Nothing is lost: the directory is replaced either way.
@@ -307,6 +310,7 @@ func (s *Store) reopen(cause error) error {
 	if err := s.loadRecordCount(); err != nil {
 		return errors.Join(cause, err)
 	}
+	s.buildFilter(db)
 	return cause
 }
 
