@@ -175,7 +175,7 @@ func (s *Store) buildFilter(db *pebble.DB) {
 			return
 		}
 		next.complete.Store(true)
-		s.logger.Debug("record key filter built", logKeyKeys, n, "elapsed", time.Since(start))
+		s.logger.Info("record key filter built", logKeyKeys, n, "elapsed", time.Since(start).Round(time.Millisecond))
 	}()
 }
 
