@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -256,4 +259,35 @@ func settle(ctx context.Context, o options) (time.Duration, error) {
 		prev = cur
 	}
 	return time.Since(start), nil
+}
+
+// runSettle is `bench settle --cpu-pids PIDS --settle-max D`: it waits as the comparison
+// does before each point (settle, the one rule of what idle is) and says whether the
+// processes went idle. run.sh's scale mode waits so for the compactions after its
+// restores and snapshot installs.
+func runSettle(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench settle", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := options{procDir: "/proc"}
+	fs.Var(pidsFlag{&o.cpuPids}, "cpu-pids", "`PIDS` of the processes to wait for (with their descendants), comma separated")
+	fs.DurationVar(&o.settleMax, "settle-max", 15*time.Minute, "the longest wait")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if len(o.cpuPids) == 0 || o.settleMax <= 0 {
+		return errors.New("give --cpu-pids and a positive --settle-max")
+	}
+	waited, err := settle(ctx, o)
+	if err != nil {
+		return err
+	}
+	if waited >= o.settleMax {
+		fmt.Fprintf(stdout, "still busy (over %.0f%% of a core) after %s\n", 100*idleCores, waited.Round(time.Second))
+		return nil
+	}
+	fmt.Fprintf(stdout, "idle (under %.0f%% of a core) after %s\n", 100*idleCores, waited.Round(100*time.Millisecond))
+	return nil
 }

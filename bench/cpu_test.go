@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -139,5 +141,21 @@ func TestSettleWaitsForTheSystemToGoIdle(t *testing.T) {
 	}
 	if waited, err := settle(t.Context(), options{procDir: dir}); err != nil || waited != 0 {
 		t.Errorf("without --cpu-pids: waited %v (%v)", waited, err)
+	}
+}
+
+// TestSettleSubcommandSaysWhetherIdle: `bench settle`, which run.sh's scale mode waits
+// with, finds this idle test process idle at once, and refuses a call without processes.
+func TestSettleSubcommandSaysWhetherIdle(t *testing.T) {
+	var out strings.Builder
+	err := runSettle(t.Context(), []string{"--cpu-pids", strconv.Itoa(os.Getpid()), "--settle-max", "5s"}, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "idle (under 20% of a core) after ") {
+		t.Errorf("bench settle said %q", out.String())
+	}
+	if err := runSettle(t.Context(), []string{"--settle-max", "5s"}, io.Discard, io.Discard); err == nil {
+		t.Error("bench settle without --cpu-pids succeeded")
 	}
 }

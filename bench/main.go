@@ -66,6 +66,7 @@ var subcommands = map[string]func(ctx context.Context, args []string, stdout, st
 	"scale-report": runScaleReport,
 	"report":       runReport,
 	"floor-server": runFloorServer,
+	"settle":       runSettle,
 }
 
 func main() {

@@ -418,31 +418,14 @@ caught_up() {
 			'([.[] | select(.suffrage == "voter" and (.error // "") == "" and .lag == 0 and (.applied_index // 0) >= $idx)] | length) == $n' >/dev/null
 }
 
-# node_ticks prints the CPU time (user + system, in clock ticks) the nodes have used.
-node_ticks() {
-	local p t=0
-	for p in "${nodes[@]}"; do
-		t=$((t + $(awk '{ print $14 + $15 }' "/proc/$p/stat")))
-	done
-	echo "$t"
-}
-
-# wait_idle waits, at most $1 seconds, until the nodes together use under a tenth of
-# a core over 5 seconds: compactions after the restore and the snapshot installs done.
+# wait_idle waits, at most $1 seconds, until the nodes are idle as the comparison's
+# points count idle (`bench settle`): compactions after the restore and the snapshot
+# installs done. (An idle three-node cluster itself takes about 12% of a core: its
+# leader's AppendEntries every 5-10 ms; node/node.go, CommitTimeout.)
 wait_idle() {
-	local secs=$1 hz start t0 t1
-	hz=$(getconf CLK_TCK)
-	start=$(date +%s)
-	while :; do
-		t0=$(node_ticks)
-		sleep 5
-		t1=$(node_ticks)
-		if [ $((t1 - t0)) -lt $((hz / 2)) ]; then return 0; fi
-		if [ $(($(date +%s) - start)) -ge "$secs" ]; then
-			log "the nodes were still busy ($((100 * (t1 - t0) / (5 * hz)))% of a core) after ${secs}s; measuring anyway"
-			return 0
-		fi
-	done
+	local pids
+	pids=$(IFS=,; echo "${nodes[*]}")
+	log "$("$dir/bench" settle --cpu-pids "$pids" --settle-max "${1}s")"
 }
 
 scale_point() {
