@@ -72,28 +72,27 @@ func newKeyFilter(capacity int64) *keyFilter {
 	}
 }
 
-// probe calls fn with each word index and bit mask of k's bits, until fn returns false.
-func (f *keyFilter) probe(k []byte, fn func(w int, mask uint64) bool) {
+// masks returns where k's block starts in words and, for each word of the block, the
+// bits of k in it.
+func (f *keyFilter) masks(k []byte) (base int, m [blockWords]uint64) {
 	h := maphash.Bytes(f.seed, k)
 	block, _ := bits.Mul64(h, f.blocks) // the high half: h scaled to [0, blocks)
-	base := int(block) * blockWords
 	h1, h2 := uint32(h), uint32(h>>32)|1
 	for i := range uint32(filterProbes) {
 		bit := (h1 + i*h2) % (blockWords * 64)
-		if !fn(base+int(bit/64), 1<<(bit%64)) {
-			return
-		}
+		m[bit/64] |= 1 << (bit % 64)
 	}
+	return int(block) * blockWords, m
 }
 
 // add records that the store may hold record key k.
 func (f *keyFilter) add(k []byte) {
-	f.probe(k, func(w int, mask uint64) bool {
-		if f.words[w].Load()&mask == 0 {
-			f.words[w].Or(mask)
+	base, m := f.masks(k)
+	for i, mask := range m {
+		if w := &f.words[base+i]; w.Load()&mask != mask {
+			w.Or(mask)
 		}
-		return true
-	})
+	}
 }
 
 // mayHold is false only if the store, as of the last batch committed, holds no record
@@ -102,12 +101,13 @@ func (f *keyFilter) mayHold(k []byte) bool {
 	if !f.complete.Load() {
 		return true
 	}
-	found := true
-	f.probe(k, func(w int, mask uint64) bool {
-		found = f.words[w].Load()&mask != 0
-		return found
-	})
-	return found
+	base, m := f.masks(k)
+	for i, mask := range m {
+		if f.words[base+i].Load()&mask != mask {
+			return false
+		}
+	}
+	return true
 }
 
 // mayHoldRecord is false only if the store holds no record under key k (mu held, at
@@ -185,45 +185,45 @@ var errFilterAbandoned = errors.New("storage: the record key filter's database i
 // scanRecordKeys adds every record key of db to f, a chunk of keys per hold of mu.
 func (s *Store) scanRecordKeys(db *pebble.DB, f *keyFilter) (int64, error) {
 	var n int64
-	lower := []byte(prefixRecord)
-	upper := prefixEnd([]byte(prefixRecord))
-	for {
-		done, err := func() (bool, error) {
-			s.mu.RLock()
-			defer s.mu.RUnlock()
-			if s.db != db || s.nextFilter.Load() != f {
-				return false, errFilterAbandoned
-			}
-			var done bool
-			err := guard(func() error {
-				it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
-				if err != nil {
-					return err
-				}
-				read := 0
-				for it.First(); it.Valid() && read < filterScanChunk; it.Next() {
-					f.add(it.Key())
-					read++
-				}
-				if it.Valid() {
-					lower = slices.Clone(it.Key())
-				} else {
-					done = true
-				}
-				n += int64(read)
-				f.keys.Add(int64(read))
-				return errors.Join(it.Error(), it.Close())
-			})
-			return done, err
-		}()
+	for from := []byte(prefixRecord); from != nil; {
+		var read int
+		var err error
+		from, read, err = s.scanChunk(db, f, from)
+		n += int64(read)
+		if errors.Is(err, errFilterAbandoned) {
+			return n, err
+		}
 		if err != nil {
-			if errors.Is(err, errFilterAbandoned) {
-				return n, err
-			}
 			return n, fmt.Errorf("storage: record key filter: %w", err)
 		}
-		if done {
-			return n, nil
-		}
 	}
+	return n, nil
+}
+
+// scanChunk adds up to filterScanChunk record keys of db, from key from on, to f (mu
+// held shared meanwhile), and returns the key to go on from, nil after the last.
+func (s *Store) scanChunk(db *pebble.DB, f *keyFilter, from []byte) (next []byte, read int, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db != db || s.nextFilter.Load() != f {
+		return nil, 0, errFilterAbandoned
+	}
+	err = guard(func() error {
+		opts := prefixIter(prefixRecord)
+		opts.LowerBound = from
+		it, err := db.NewIter(opts)
+		if err != nil {
+			return err
+		}
+		for it.First(); it.Valid() && read < filterScanChunk; it.Next() {
+			f.add(it.Key())
+			read++
+		}
+		if it.Valid() {
+			next = slices.Clone(it.Key())
+		}
+		return errors.Join(it.Error(), it.Close())
+	})
+	f.keys.Add(int64(read))
+	return next, read, err
 }

@@ -191,7 +191,7 @@ func TestKeyFilterRebuiltPastItsCapacity(t *testing.T) {
 	wg.Wait()
 	last := settleFilter(t, s)
 	if len(filters) < 3 {
-		t.Errorf("%d filters served 20,000 records from a first capacity of 1,000; want the filter rebuilt as the store grew", len(filters))
+		t.Errorf("%d filters served 20,000 records from a first capacity of 500; want the filter rebuilt as the store grew", len(filters))
 	}
 	if last.capacity < 20000 {
 		t.Errorf("the last filter holds %d keys; want room for the 20,000 records", last.capacity)
