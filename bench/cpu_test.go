@@ -127,19 +127,19 @@ func TestSettleWaitsForTheSystemToGoIdle(t *testing.T) {
 	}()
 	defer func() { close(stop); <-done }()
 	o := options{procDir: dir, cpuPids: []int{100}, settleMax: 10 * time.Second}
-	waited, err := settle(t.Context(), o)
+	waited, idle, err := settle(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if waited < 2500*time.Millisecond || waited > 6*time.Second {
-		t.Errorf("waited %v for a system busy for 2.5 s", waited)
+	if waited < 2500*time.Millisecond || waited > 6*time.Second || !idle {
+		t.Errorf("waited %v for a system busy for 2.5 s (idle %v)", waited, idle)
 	}
 	busyUntil.Store(time.Now().Add(time.Hour).UnixNano())
 	o.settleMax = 2 * time.Second
-	if waited, err := settle(t.Context(), o); err != nil || waited > 4*time.Second {
-		t.Errorf("a system busy for good: waited %v (%v), bound 2 s", waited, err)
+	if waited, idle, err := settle(t.Context(), o); err != nil || waited > 4*time.Second || idle {
+		t.Errorf("a system busy for good: waited %v (idle %v, %v), bound 2 s", waited, idle, err)
 	}
-	if waited, err := settle(t.Context(), options{procDir: dir}); err != nil || waited != 0 {
+	if waited, _, err := settle(t.Context(), options{procDir: dir}); err != nil || waited != 0 {
 		t.Errorf("without --cpu-pids: waited %v (%v)", waited, err)
 	}
 }

@@ -232,7 +232,7 @@ func run(ctx context.Context, o options, logger *slog.Logger, stdout io.Writer) 
 	if o.floors > 0 {
 		// After the system's own start-up work (a fresh cluster's joins, first
 		// checkpoint, Pebble's first flushes), as a point would be.
-		if _, err := settle(ctx, o); err != nil {
+		if _, _, err := settle(ctx, o); err != nil {
 			return fmt.Errorf("floors: waiting for the system to go idle: %w", err)
 		}
 		logger.Info("measuring the floors of a write", "each", o.floors)
@@ -319,7 +319,7 @@ func loadAverage() string {
 }
 
 func measure(ctx context.Context, o options, logger *slog.Logger, j job, profile bool, res *Results) (Point, error) {
-	settled, err := settle(ctx, o)
+	settled, _, err := settle(ctx, o)
 	if err != nil {
 		return Point{}, fmt.Errorf("%s: waiting for the system to go idle: %w", j, err)
 	}

@@ -420,7 +420,7 @@ caught_up() {
 
 # wait_idle waits, at most $1 seconds, until the nodes are idle as the comparison's
 # points count idle (`bench settle`): compactions after the restore and the snapshot
-# installs done. (An idle three-node cluster itself takes about 12% of a core: its
+# installs done. (An idle three-node cluster itself takes 12-15% of a core: its
 # leader's AppendEntries every 5-10 ms; node/node.go, CommitTimeout.)
 wait_idle() {
 	local pids
