@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -205,11 +206,16 @@ func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger
 		if err := makeDir(dir); err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
+		// The files read raft-wal's speculative frame reads short once the log is
+		// open (walread.go); its recovery of the last segment reads them in full.
+		armed := new(atomic.Bool)
+		fsys := shortReadWALFS{privateWALFS{walfs.New()}, armed}
 		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(walSegmentBytes),
-			wal.WithSegmentFiler(segment.NewFiler(dir, privateWALFS{walfs.New()})))
+			wal.WithSegmentFiler(segment.NewFiler(dir, fsys)))
 		if err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
+		armed.Store(true)
 		// raft-wal opens its meta store (the term, the vote, the segment list) 0644.
 		if err := makePrivate(filepath.Join(dir, metadb.FileName)); err != nil {
 			return nil, errors.Join(fmt.Errorf("node: raft log (%s): %w", backend, err), w.Close())
