@@ -107,8 +107,9 @@ func TestRaftLogVerifierReportsAFollowerWhoseLogRots(t *testing.T) {
 // TestRaftLogVerifierBoundsItsRanges: the leader appends a checkpoint once
 // RaftLogVerifyEntries entries followed its last one, however long the interval, so
 // every node reads back a short range at a time rather than a minute of writes in one
-// go (raft-wal reads each entry back with a 64 KiB pread: at 10,000 entries a second a
-// minute's range had halved a two-core machine's throughput for 6 s). Here the
+// go (raft-wal read each entry back with a 64 KiB pread, before walread.go: at 10,000
+// entries a second a minute's range had halved a two-core machine's throughput for 6
+// s). Here the
 // interval is an hour: every checkpoint is the entry bound's.
 func TestRaftLogVerifierBoundsItsRanges(t *testing.T) {
 	const bound = 40
