@@ -117,21 +117,22 @@ func readFrameAt(r io.ReaderAt, armed bool, p []byte, off int64) (int, error) {
 		return r.ReadAt(p, off)
 	}
 	before, at := buf[:walFrameHeaderBytes], buf[walFrameHeaderBytes:]
-	if size, ok := entryFrameLen(before); ok && size == len(p) {
+	if size, ok := entryFrameLen(before); ok && size == uint64(len(p)) {
 		// Possibly the second read of a frame whose payload is exactly this long.
 		return r.ReadAt(p, off)
 	}
 	size, ok := entryFrameLen(at)
-	if !ok || walFrameHeaderBytes+size > len(at) {
+	if !ok || walFrameHeaderBytes+size > uint64(len(at)) {
+		// A commit or index frame, a corrupt header, or a frame longer than the probe.
 		return r.ReadAt(p, off)
 	}
 	return copy(p, at[:walFrameHeaderBytes+size]), io.EOF
 }
 
 // entryFrameLen is the payload length in h when h is an entry frame's header.
-func entryFrameLen(h []byte) (int, bool) {
+func entryFrameLen(h []byte) (uint64, bool) {
 	if h[0] != walFrameEntry || h[1] != 0 || h[2] != 0 || h[3] != 0 {
 		return 0, false
 	}
-	return int(binary.LittleEndian.Uint32(h[4:walFrameHeaderBytes])), true
+	return uint64(binary.LittleEndian.Uint32(h[4:walFrameHeaderBytes])), true
 }

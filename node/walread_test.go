@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
@@ -44,7 +45,12 @@ func TestReadFrameAtReadsOnlyWhatIsSafeShort(t *testing.T) {
 	offSmall := 32
 	offBig := frameAt(file, offSmall, small)
 	offExact := frameAt(file, offBig, big)
-	offTail := frameAt(file, offExact, exact)
+	offFits := frameAt(file, offExact, exact)
+	offOver := frameAt(file, offFits, big[:frameProbeBytes-walFrameHeaderBytes])
+	offCommit := frameAt(file, offOver, big[:frameProbeBytes-walFrameHeaderBytes+1])
+	// A commit frame (type 3, a checksum where an entry's length would be).
+	copy(file[offCommit:], []byte{3, 0, 0, 0, 16, 0, 0, 0})
+	offTail := offCommit + walFrameHeaderBytes
 	frameAt(file, offTail, small)
 	tailFile := file[:offTail+walFrameHeaderBytes+len(small)+frameProbeBytes/2]
 
@@ -60,6 +66,9 @@ func TestReadFrameAtReadsOnlyWhatIsSafeShort(t *testing.T) {
 		{"small frame", file, true, offSmall, walReadBufBytes, walFrameHeaderBytes + len(small), true},
 		{"small frame, not armed", file, false, offSmall, walReadBufBytes, walReadBufBytes, false},
 		{"frame larger than the probe", file, true, offBig, walReadBufBytes, walReadBufBytes, false},
+		{"frame exactly the probe", file, true, offFits, walReadBufBytes, frameProbeBytes, true},
+		{"frame a byte over the probe", file, true, offOver, walReadBufBytes, walReadBufBytes, false},
+		{"commit frame", file, true, offCommit, walReadBufBytes, walReadBufBytes, false},
 		{"second read of an exactly 64 KiB payload", file, true, offExact + walFrameHeaderBytes, walReadBufBytes, walReadBufBytes, false},
 		{"another length", file, true, offSmall, walReadBufBytes - 8, walReadBufBytes - 8, false},
 		{"near the file's end", tailFile, true, offTail, walReadBufBytes, len(tailFile) - offTail, true},
@@ -229,5 +238,59 @@ func BenchmarkWALGetLog(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestWALRecoversABatchOfTheProbedLength: raft-wal's recovery of the last segment reads
+// the last committed batch back to check its checksum, a read as long as the batch. A
+// batch of exactly walReadBufBytes, read short, would fail the open ("failed to read
+// last committed batch"): the files are armed only once the log is open. The batch here
+// is a small entry's frame and a large one's, walReadBufBytes in all, after a first batch
+// (raft-wal's first commit of a segment is checked with the file's header, from offset 0).
+func TestWALRecoversABatchOfTheProbedLength(t *testing.T) {
+	hlog := newHCLogger(slog.New(slog.DiscardHandler))
+	at := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	entry := func(i uint64, size int) *raft.Log {
+		return &raft.Log{Index: i, Term: 1, Type: raft.LogCommand, Data: bytes.Repeat([]byte{byte(i)}, size), AppendedAt: at}
+	}
+	frame := func(l *raft.Log) int {
+		var b bytes.Buffer
+		if err := (&wal.BinaryCodec{}).Encode(l, &b); err != nil {
+			t.Fatal(err)
+		}
+		return walFrameHeaderBytes + (b.Len()+7)/8*8
+	}
+	before := entry(1, 100)
+	first := entry(2, 100)
+	second := entry(3, walReadBufBytes-frame(first)-64)
+	for frame(first)+frame(second) < walReadBufBytes {
+		second = entry(3, len(second.Data)+1)
+	}
+	if got := frame(first) + frame(second); got != walReadBufBytes {
+		t.Fatalf("the batch's frames are %d bytes, want %d", got, walReadBufBytes)
+	}
+	dir := t.TempDir()
+	s, err := openRaftLog(dir, RaftLogWAL, DefaultRaftWALSegmentBytes, hlog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StoreLog(before); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StoreLogs([]*raft.Log{first, second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = openRaftLog(dir, RaftLogWAL, DefaultRaftWALSegmentBytes, hlog); err != nil {
+		t.Fatalf("reopening a log whose last batch is %d bytes: %v", walReadBufBytes, err)
+	}
+	defer s.Close()
+	for _, want := range []*raft.Log{before, first, second} {
+		var got raft.Log
+		if err := s.GetLog(want.Index, &got); err != nil || !bytes.Equal(got.Data, want.Data) {
+			t.Fatalf("entry %d: %d bytes, %v; want %d bytes", want.Index, len(got.Data), err, len(want.Data))
+		}
 	}
 }
