@@ -87,6 +87,29 @@ func TestReadFrameAtReadsOnlyWhatIsSafeShort(t *testing.T) {
 	}
 }
 
+// smallEntry is the data of entry i of walOfSmallEntries: 300 bytes, as a command is.
+func smallEntry(i int) []byte { return fmt.Appendf(nil, "%0300d", i) }
+
+// walOfSmallEntries opens raft-wal on fsys in a new dir, holding entries 1 to n of
+// smallEntry's data; it is closed when tb ends.
+func walOfSmallEntries(tb testing.TB, fsys types.VFS, n int) *wal.WAL {
+	tb.Helper()
+	dir := tb.TempDir()
+	w, err := wal.Open(dir, wal.WithSegmentFiler(segment.NewFiler(dir, fsys)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { w.Close() })
+	var logs []*raft.Log
+	for i := 1; i <= n; i++ {
+		logs = append(logs, &raft.Log{Index: uint64(i), Term: 1, Type: raft.LogCommand, Data: smallEntry(i)})
+	}
+	if err := w.StoreLogs(logs); err != nil {
+		tb.Fatal(err)
+	}
+	return w
+}
+
 // countingVFS counts the bytes its files' ReadAt return.
 type countingVFS struct {
 	types.VFS
@@ -120,20 +143,8 @@ func (c countingVFS) Create(dir, name string, size uint64) (types.WritableFile, 
 func TestWALReadsBackAnEntryWithoutItsBuffer(t *testing.T) {
 	var read atomic.Int64
 	armed := new(atomic.Bool)
-	dir := t.TempDir()
-	w, err := wal.Open(dir, wal.WithSegmentFiler(segment.NewFiler(dir, shortReadWALFS{countingVFS{walfs.New(), &read}, armed})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
 	const entries = 100
-	var logs []*raft.Log
-	for i := 1; i <= entries; i++ {
-		logs = append(logs, &raft.Log{Index: uint64(i), Term: 1, Type: raft.LogCommand, Data: fmt.Appendf(nil, "%0300d", i)})
-	}
-	if err := w.StoreLogs(logs); err != nil {
-		t.Fatal(err)
-	}
+	w := walOfSmallEntries(t, shortReadWALFS{countingVFS{walfs.New(), &read}, armed}, entries)
 	readAll := func() int64 {
 		t.Helper()
 		read.Store(0)
@@ -142,7 +153,7 @@ func TestWALReadsBackAnEntryWithoutItsBuffer(t *testing.T) {
 			if err := w.GetLog(uint64(i), &l); err != nil {
 				t.Fatal(err)
 			}
-			if want := fmt.Sprintf("%0300d", i); string(l.Data) != want {
+			if want := smallEntry(i); !bytes.Equal(l.Data, want) {
 				t.Fatalf("entry %d: %q, want %q", i, l.Data, want)
 			}
 		}
@@ -216,20 +227,8 @@ func BenchmarkWALGetLog(b *testing.B) {
 	for _, armedNow := range []bool{false, true} {
 		b.Run(fmt.Sprintf("armed=%v", armedNow), func(b *testing.B) {
 			armed := new(atomic.Bool)
-			dir := b.TempDir()
-			w, err := wal.Open(dir, wal.WithSegmentFiler(segment.NewFiler(dir, shortReadWALFS{walfs.New(), armed})))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer w.Close()
 			const entries = 4096
-			var logs []*raft.Log
-			for i := 1; i <= entries; i++ {
-				logs = append(logs, &raft.Log{Index: uint64(i), Term: 1, Type: raft.LogCommand, Data: fmt.Appendf(nil, "%0300d", i)})
-			}
-			if err := w.StoreLogs(logs); err != nil {
-				b.Fatal(err)
-			}
+			w := walOfSmallEntries(b, shortReadWALFS{walfs.New(), armed}, entries)
 			armed.Store(armedNow)
 			b.ReportAllocs()
 			var l raft.Log
