@@ -94,7 +94,7 @@ func markdown(r *Results) string {
 			b.WriteString("\nReplays (reserve of a committed key with the same effect):\n\n| system | sent to | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops | driver CPU s / 1k ops | idemkv ÷ peer |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 			b.WriteString(strings.Join(rows, ""))
 		}
-		stageTable(&b, r, slices.DeleteFunc(slices.Clone(idem), func(s SystemInfo) bool { return staged[s.Name] }), find(r.New, p.peer, 1))
+		stageTable(&b, r, slices.DeleteFunc(slices.Clone(idem), func(s SystemInfo) bool { return staged[s.Name] }), p.peer, label(p.peer))
 		for _, s := range idem {
 			staged[s.Name] = true
 		}
@@ -115,6 +115,11 @@ func markdown(r *Results) string {
 		if s.Nodes == 0 && !slices.ContainsFunc(pairings, func(p pairing) bool { return p.peer == s.Name && len(pairingSystems(r, p)) > 0 }) {
 			unpaired = append(unpaired, s.Name)
 		}
+		// An idemkv system measured without its peer (bench --idemkv3 alone) has no
+		// pairing to print it in.
+		if s.Nodes > 0 && !staged[s.Name] {
+			unpaired = append(unpaired, s.Name)
+		}
 	}
 	if !floored {
 		floorTable(&b, r, systemsOfSize(r, 1), nil, "")
@@ -123,12 +128,17 @@ func markdown(r *Results) string {
 		floor3Table(&b, r, systemsOfSize(r, 3), nil, "")
 	}
 	if len(unpaired) > 0 {
-		fmt.Fprintf(&b, "\n### Without an idemkv to compare with\n\n| system | workload | clients | ops/s | p50 ms | p99 ms |\n|---|---|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "\n### Without a system to compare with\n\n| system | workload | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops |\n|---|---|---:|---:|---:|---:|---:|\n")
 		for _, ps := range [][]Point{r.New, r.Replay} {
 			for _, pt := range ps {
 				if slices.Contains(unpaired, pt.System) {
-					fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f |\n", label(pt.System), pt.Workload, pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99)
+					fmt.Fprintf(&b, "| %s | %s | %d | %.0f | %.2f | %.2f | %s |\n", label(pt.System), pt.Workload, pt.Concurrency, pt.OpsPerSec, pt.P50, pt.P99, cpuCell(&pt))
 				}
+			}
+		}
+		for _, s := range r.Systems {
+			if s.Nodes > 0 && slices.Contains(unpaired, s.Name) {
+				stageTable(&b, r, []SystemInfo{s}, "", "")
 			}
 		}
 	}
@@ -269,25 +279,43 @@ func driverCell(p *Point) string {
 	return fmt.Sprintf("%.3f", p.DriverCPU.PerKOps)
 }
 
-// stageTable writes, for each idemkv system with a one-client breakdown, where a
-// write's time went on its leader, beside the client's p50 and the peer's.
-func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point) {
+// stageTable writes, for each idemkv system, where a write's time went on its leader at
+// each point of new operations that has a breakdown (a column each), beside the
+// client's p50 and the peer's at the same number of clients, and how much of it was
+// idemkv's own work.
+func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer, peerLabel string) {
 	type col struct {
 		s  SystemInfo
 		pt *Point
 	}
 	var cols []col
 	for _, s := range idem {
-		if pt := find(r.New, s.Name, 1); pt != nil && pt.Stages != nil {
-			cols = append(cols, col{s, pt})
+		for _, c := range clientCounts(r.New) {
+			if pt := find(r.New, s.Name, c); pt != nil && pt.Stages != nil {
+				cols = append(cols, col{s, pt})
+			}
 		}
 	}
 	if len(cols) == 0 {
 		return
 	}
-	b.WriteString("\nWhere a write's time goes on the leader, 1 client (ms per write, means from the nodes' histograms; a new operation is two writes, its reserve and its commit):\n\n| stage |")
+	systems := map[string]bool{}
 	for _, c := range cols {
-		fmt.Fprintf(b, " %s |", c.s.Label)
+		systems[c.s.Name] = true
+	}
+	clients := func(n int) string {
+		if n == 1 {
+			return "1 client"
+		}
+		return fmt.Sprintf("%d clients", n)
+	}
+	b.WriteString("\nWhere a write's time goes on the leader (ms per write, means from the nodes' histograms over each point; a new operation is two writes, its reserve and its commit). With more than one client Raft times its log append and its state machine's apply once per batch of entries, and each write of a batch waits for all of it; the hand-offs then hold a write's wait for Raft's leader loop, busy with the batch before; and every stage holds some waiting for a core:\n\n| stage |")
+	for _, c := range cols {
+		if len(systems) == 1 {
+			fmt.Fprintf(b, " %s |", clients(c.pt.Concurrency))
+		} else {
+			fmt.Fprintf(b, " %s, %s |", c.s.Label, clients(c.pt.Concurrency))
+		}
 	}
 	b.WriteString("\n|---|" + strings.Repeat("---:|", len(cols)) + "\n")
 	rows := []struct {
@@ -307,6 +335,7 @@ func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point) 
 		{"**the endpoint, in all**", func(s *Stages) float64 { return s.Handler }, false},
 		{"inside the quorum wait: one AppendEntries round trip", func(s *Stages) float64 { return s.AppendRPC }, true},
 		{"inside that: a follower's log write", func(s *Stages) float64 { return s.FollowerAppend }, true},
+		{"idemkv's own work: reading, checks, look-ups, the answer, the rest", (*Stages).Own, false},
 	}
 	for _, row := range rows {
 		fmt.Fprintf(b, "| %s |", row.name)
@@ -319,14 +348,34 @@ func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point) 
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("| the client's p50 of a new operation (both writes) |")
+	b.WriteString("| its share of the endpoint |")
+	for _, c := range cols {
+		fmt.Fprintf(b, " %s |", ownShare(c.pt.Stages))
+	}
+	b.WriteString("\n| the client's p50 of a new operation (both writes) |")
 	for _, c := range cols {
 		fmt.Fprintf(b, " %.3f |", c.pt.P50)
 	}
 	b.WriteString("\n")
-	if peer != nil {
-		fmt.Fprintf(b, "\nThe peer's p50 of a new operation at 1 client: %.3f ms.\n", peer.P50)
+	if peer != "" {
+		fmt.Fprintf(b, "| %s: p50 of a new operation |", peerLabel)
+		for _, c := range cols {
+			if pp := find(r.New, peer, c.pt.Concurrency); pp != nil {
+				fmt.Fprintf(b, " %.3f |", pp.P50)
+			} else {
+				b.WriteString(" — |")
+			}
+		}
+		b.WriteString("\n")
 	}
+}
+
+// ownShare is idemkv's own work as a share of the endpoint's time, in percent.
+func ownShare(s *Stages) string {
+	if s.Handler <= 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f%%", 100*s.Own()/s.Handler)
 }
 
 // floorTable writes the floors of a lone writer's write (floor.go) beside the reserve

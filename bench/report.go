@@ -93,8 +93,8 @@ type Point struct {
 	// Rounds holds every round's figures when the run measured each system more than
 	// once; the point itself is the median round.
 	Rounds []Round `json:"rounds,omitempty"`
-	// Stages is where a write's time went on idemkv's leader (one-client points of
-	// new operations).
+	// Stages is where a write's time went on idemkv's leader (points of new
+	// operations).
 	Stages *Stages `json:"stages,omitempty"`
 	// Report is the whole loadgen report, with every kind and quantile.
 	Report *loadgen.Report `json:"report"`

@@ -13,9 +13,15 @@ import (
 
 // Stages is where the time of a write goes on idemkv's leader, from the histograms
 // every node keeps (idemkv_write_stage_duration_seconds and the request and apply
-// histograms), scraped from each node before and after a one-client point of new
-// operations: with one operation in flight, each mean is one write's. A new
-// operation is two writes, its reserve and its commit. Milliseconds per write.
+// histograms), scraped from each node before and after each point of new operations.
+// A new operation is two writes, its reserve and its commit. Milliseconds per write.
+//
+// With one operation in flight each mean is one write's. With more, the API's stages
+// and the propose time are still each write's, but Raft times some stages once per
+// batch of entries (the leader's log append, the state machine's apply) and every
+// write of a batch waits for all of it; a write also waits for Raft's leader loop to
+// finish the batch before its own, which the hand-offs hold. And the machine's cores
+// are busy then, so every stage holds some waiting for a core.
 type Stages struct {
 	// Writes is how many reserves and commits the leader served in the window.
 	Writes uint64 `json:"writes"`
@@ -26,8 +32,9 @@ type Stages struct {
 	Validate float64 `json:"validate_ms"`
 	Prepare  float64 `json:"prepare_ms"`
 	// Handoffs is the time between Raft's stages and the request's goroutine: the
-	// proposal's way to the leader loop before its append, and the answer's way back
-	// (the propose time less the rest of Raft's stages).
+	// proposal's way to the leader loop before its append (with more than one write
+	// in flight, its wait there while the loop appends the batch before), and the
+	// answer's way back (the propose time less the rest of Raft's stages).
 	Handoffs float64 `json:"handoffs_ms"`
 	// LeaderAppend is the leader's log write until durable; Quorum from its end until
 	// a quorum has the entry (Raft's commit time less the leader's append); Applied
@@ -47,6 +54,11 @@ type Stages struct {
 	AppendRPC      float64 `json:"append_rpc_ms"`
 	FollowerAppend float64 `json:"follower_append_ms"`
 }
+
+// Own is the part of a write's time on the leader that is idemkv's own work, outside
+// Raft: reading and decoding, checks and look-ups, the answer, and the rest of the
+// endpoint.
+func (s *Stages) Own() float64 { return s.Read + s.Validate + s.Prepare + s.Respond + s.Rest }
 
 // scrape is the histogram sums and counts one node's /metrics showed.
 type scrape map[string]float64
@@ -118,8 +130,8 @@ func requestSeries(s scrape, endpoint, suffix string) float64 {
 	return t
 }
 
-// stageWindow scrapes an idemkv system's nodes when a one-client point of new
-// operations starts and ends; on any other point it does nothing.
+// stageWindow scrapes an idemkv system's nodes when a point of new operations starts
+// and ends; on any other point it does nothing.
 type stageWindow struct {
 	endpoints     []string
 	before, after []scrape
@@ -128,7 +140,7 @@ type stageWindow struct {
 }
 
 func (w *stageWindow) wanted(j job) bool {
-	return j.sys.Nodes > 0 && j.clients == 1 && j.workload == "new" && len(j.sys.endpoints) > 0
+	return j.sys.Nodes > 0 && j.workload == "new" && len(j.sys.endpoints) > 0
 }
 
 func (w *stageWindow) start(ctx context.Context, j job) {

@@ -97,3 +97,79 @@ func TestMarkdownStageTables(t *testing.T) {
 		t.Errorf("the three-node breakdown is not in the first pairing's section")
 	}
 }
+
+// A breakdown at each number of clients gets a column, with idemkv's own part of the
+// endpoint and the peer's p50 at the same number of clients; with two systems each
+// column names its system.
+func TestMarkdownStageColumnsPerClients(t *testing.T) {
+	r := results()
+	find(r.New, "idemkv-3/wal", 1).Stages = &Stages{Read: 0.05, Validate: 0.01, Prepare: 0.02, Respond: 0.03, Rest: 0.04, LeaderAppend: 0.4, Quorum: 0.6, Handler: 1.5}
+	find(r.New, "idemkv-3/wal", 16).Stages = &Stages{Read: 0.01, Validate: 0.002, Prepare: 0.008, Respond: 0.01, Rest: 0.02, Handoffs: 0.6, LeaderAppend: 0.5, Quorum: 1.3, Handler: 2.5}
+	find(r.New, sysPGSync, 16).P50 = 4.25
+	find(r.New, "idemkv-1/wal", 64).Stages = &Stages{Read: 0.01, Handler: 4}
+	find(r.New, "idemkv-1/bolt", 64).Stages = &Stages{Read: 0.02, Handler: 5}
+	r.Targets = verdicts(r)
+	md := markdown(r)
+	for _, want := range []string{
+		"| stage | 1 client | 16 clients |\n",
+		"| hand-offs to Raft's goroutines and back | 0.000 | 0.600 |\n",
+		"| idemkv's own work: reading, checks, look-ups, the answer, the rest | 0.150 | 0.050 |\n",
+		"| its share of the endpoint | 10.0% | 2.0% |\n",
+		"| PostgreSQL primary + 2 quorum-sync standbys: p50 of a new operation | 0.000 | 4.250 |\n",
+		"| stage | idemkv, 1 node, bolt log, 64 clients | idemkv, 1 node, wal log, 64 clients |\n",
+		"| its share of the endpoint | 0.4% | 0.2% |\n",
+		"| PostgreSQL, 1 server: p50 of a new operation | 0.000 | 0.000 |\n",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
+
+// Every point of new operations on an idemkv system is broken down; replays and the
+// peers are not.
+func TestStageWindowWantsEveryNewPointOfIdemkv(t *testing.T) {
+	idem := system{SystemInfo: SystemInfo{Name: "idemkv-3/wal", Nodes: 3}, endpoints: []string{"127.0.0.1:1"}}
+	peer := system{SystemInfo: SystemInfo{Name: sysPG}}
+	var w stageWindow
+	for _, c := range []struct {
+		j    job
+		want bool
+	}{
+		{job{sys: idem, workload: "new", clients: 1}, true},
+		{job{sys: idem, workload: "new", clients: 16}, true},
+		{job{sys: idem, workload: "new", clients: 256}, true},
+		{job{sys: idem, workload: "replay", clients: 64}, false},
+		{job{sys: peer, workload: "new", clients: 16}, false},
+	} {
+		if got := w.wanted(c.j); got != c.want {
+			t.Errorf("%s %s at %d clients: wanted %v, want %v", c.j.sys.Name, c.j.workload, c.j.clients, got, c.want)
+		}
+	}
+}
+
+// idemkv measured alone (bench --idemkv3 without a peer) still gets its points and its
+// breakdown printed.
+func TestMarkdownIdemkvWithoutAPeer(t *testing.T) {
+	r := &Results{
+		Systems: []SystemInfo{{Name: "idemkv-3/wal", Label: "idemkv, 3 nodes, wal log", Nodes: 3, Backend: "wal"}},
+		New: []Point{
+			{System: "idemkv-3/wal", Workload: "new", Concurrency: 1, OpsPerSec: 456, P50: 2.12,
+				Stages: &Stages{Read: 0.02, Handler: 0.8}},
+			{System: "idemkv-3/wal", Workload: "new", Concurrency: 16, OpsPerSec: 2466, P50: 6.21,
+				Stages: &Stages{Read: 0.01, Handler: 2.5}},
+		},
+	}
+	r.Targets = verdicts(r)
+	md := markdown(r)
+	for _, want := range []string{
+		"### Without a system to compare with",
+		"| idemkv, 3 nodes, wal log | new | 16 | 2466 | 6.21 |",
+		"| stage | 1 client | 16 clients |\n",
+		"| its share of the endpoint | 2.5% | 0.4% |\n",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+}
