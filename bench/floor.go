@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -45,7 +46,28 @@ type Floors struct {
 	// three nodes are, sent to the leader: its append, then a follower's, before the
 	// answer.
 	HTTPRaft3 loadgen.Summary `json:"http_raft3_apply"`
+	// HTTPRaft3Writers is how many writes a second those three voters took from
+	// several writers at once (floorWriters), each on its own kept connection: the
+	// most hashicorp/raft behind net/http gives the many-client points, with nothing
+	// of idemkv's in it.
+	HTTPRaft3Writers []FloorThroughput `json:"http_raft3_writers,omitempty"`
 }
+
+// FloorThroughput is the write rate of a floor under several writers at once.
+type FloorThroughput struct {
+	Writers      int     `json:"writers"`
+	WritesPerSec float64 `json:"writes_per_sec"`
+}
+
+// floorWriters are the writers the three voters' floor is also measured with: as
+// many writes in flight as the driver's clients keep at the many-client points that
+// have targets below 256 (each client has one write, its reserve or its commit, in
+// flight).
+var floorWriters = []int{16, 64}
+
+// floorLogCache is the entries the floor servers' Raft keeps in memory: idemkv's
+// nodes keep 1,024 (node.go).
+const floorLogCache = 1024
 
 // floorEntryBytes is the size of the floors' entries: about an idemkv reserve's
 // command.
@@ -82,10 +104,10 @@ func probeFloors(ctx context.Context, dir string, d time.Duration) (*Floors, err
 	if f.HTTPRaft, err = floorHTTP(ctx, r, entry, d); err != nil {
 		return nil, err
 	}
-	if f.HTTPRaftServer, err = floorHTTPVoters(ctx, filepath.Join(tmp, "voter"), 1, entry, d); err != nil {
+	if f.HTTPRaftServer, _, err = floorHTTPVoters(ctx, filepath.Join(tmp, "voter"), 1, entry, d); err != nil {
 		return nil, err
 	}
-	if f.HTTPRaft3, err = floorHTTPVoters(ctx, filepath.Join(tmp, "voters"), 3, entry, d); err != nil {
+	if f.HTTPRaft3, f.HTTPRaft3Writers, err = floorHTTPVoters(ctx, filepath.Join(tmp, "voters"), 3, entry, d, floorWriters...); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -381,20 +403,110 @@ func floorVoters(ctx context.Context, dir string, n int) (string, func() error, 
 // floorHTTPVoters measures Apply behind net/http as floorHTTP does, but on n voters,
 // each its own process (floorVoters), the writes sent to the leader: as the driver
 // sends idemkv's writes to its leader, another process whose threads wake for each
-// request, and for n > 1 one follower's append on the way.
-func floorHTTPVoters(ctx context.Context, dir string, n int, entry []byte, d time.Duration) (loadgen.Summary, error) {
+// request, and for n > 1 one follower's append on the way. Then, on the same voters,
+// the write rate with each number of writers (floorPostMany).
+func floorHTTPVoters(ctx context.Context, dir string, n int, entry []byte, d time.Duration, writers ...int) (loadgen.Summary, []FloorThroughput, error) {
 	leader, stop, err := floorVoters(ctx, dir, n)
 	if err != nil {
-		return loadgen.Summary{}, err
+		return loadgen.Summary{}, nil, err
 	}
 	s, err := floorPost(ctx, leader, entry, d)
+	var rates []FloorThroughput
+	for _, w := range writers {
+		if err != nil {
+			break
+		}
+		var rate float64
+		rate, err = floorPostMany(ctx, leader, entry, d, w)
+		rates = append(rates, FloorThroughput{Writers: w, WritesPerSec: rate})
+	}
 	if serr := stop(); err == nil && serr != nil {
 		err = serr
 	}
 	if err != nil {
-		return loadgen.Summary{}, err
+		return loadgen.Summary{}, nil, err
 	}
-	return s, nil
+	return s, rates, nil
+}
+
+// floorPostMany has writers goroutines send entry after entry to POST /apply at addr,
+// each on its own kept connection as floorPost does, for d/4 unmeasured and then for
+// d, and returns the writes a second completed in the measured time.
+func floorPostMany(ctx context.Context, addr string, entry []byte, d time.Duration, writers int) (float64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	request := []byte("POST /apply HTTP/1.1\r\nHost: " + addr +
+		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(entry)) + "\r\n\r\n" + string(entry))
+	var measured atomic.Int64
+	var measuring atomic.Bool
+	errs := make(chan error, writers)
+	end := time.Now().Add(d/4 + d)
+	for range writers {
+		go func() {
+			errs <- func() error {
+				conn, err := net.Dial("tcp", addr)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = conn.Close() }()
+				stopOnCancel := context.AfterFunc(ctx, func() { _ = conn.Close() })
+				defer stopOnCancel()
+				br := bufio.NewReader(conn)
+				for time.Now().Before(end) {
+					if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+						return err
+					}
+					if _, err := conn.Write(request); err != nil {
+						return err
+					}
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						return err
+					}
+					_, err = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %s", resp.Status)
+					}
+					if err != nil {
+						return err
+					}
+					if measuring.Load() {
+						measured.Add(1)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	warm := time.NewTimer(d / 4)
+	defer warm.Stop()
+	var start time.Time
+	var firstErr error
+	for done := 0; done < writers; {
+		select {
+		case <-warm.C:
+			start = time.Now()
+			measuring.Store(true)
+		case err := <-errs:
+			done++
+			if err != nil && firstErr == nil {
+				firstErr = err
+				cancel() // the others stop too
+			}
+		}
+	}
+	measuring.Store(false)
+	if firstErr != nil {
+		if cerr := ctx.Err(); cerr != nil && errors.Is(firstErr, net.ErrClosed) {
+			firstErr = cerr
+		}
+		return 0, fmt.Errorf("floors: %d writers: %w", writers, firstErr)
+	}
+	if start.IsZero() {
+		return 0, fmt.Errorf("floors: %d writers: done before the warm-up ended", writers)
+	}
+	return float64(measured.Load()) / time.Since(start).Seconds(), nil
 }
 
 // runFloorServer is `bench floor-server DIR`: a voter on a raft-wal log in DIR, with a
@@ -421,7 +533,14 @@ func runFloorServer(_ context.Context, args []string, stdout, _ io.Writer) error
 		return fmt.Errorf("floors: raft transport: %w", err)
 	}
 	conf := floorRaftConfig(raft.ServerID(trans.LocalAddr()))
-	r, err := raft.NewRaft(conf, nopFSM{}, w, w, raft.NewInmemSnapshotStore(), trans)
+	// As idemkv's nodes do (node.go), the leader replicates from a cache of the
+	// newest entries rather than reading each back from raft-wal.
+	logs, err := raft.NewLogCache(floorLogCache, w)
+	if err != nil {
+		_ = trans.Close()
+		return fmt.Errorf("floors: raft log cache: %w", err)
+	}
+	r, err := raft.NewRaft(conf, nopFSM{}, logs, w, raft.NewInmemSnapshotStore(), trans)
 	if err != nil {
 		_ = trans.Close()
 		return fmt.Errorf("floors: raft: %w", err)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -47,6 +48,14 @@ func TestProbeFloorsMeasuresEachLayer(t *testing.T) {
 	for name, s := range map[string]loadgen.Summary{"append": f.Append, "raft": f.Raft, "http": f.HTTPRaft, "http, other process": f.HTTPRaftServer, "three voters": f.HTTPRaft3} {
 		if s.Count == 0 || s.P50 <= 0 || s.Mean <= 0 {
 			t.Errorf("%s floor: %+v", name, s)
+		}
+	}
+	if len(f.HTTPRaft3Writers) != len(floorWriters) {
+		t.Errorf("three voters measured with %+v writers, want %v", f.HTTPRaft3Writers, floorWriters)
+	}
+	for i, r := range f.HTTPRaft3Writers {
+		if r.Writers != floorWriters[i] || r.WritesPerSec <= 0 {
+			t.Errorf("three voters with %d writers: %+v", floorWriters[i], r)
 		}
 	}
 	if f.EntryBytes != floorEntryBytes {
@@ -174,7 +183,7 @@ func TestFloorsPrintedOnceBesideTheOneNodeReserves(t *testing.T) {
 	if err := runReport(t.Context(), append([]string{"--out", dir}, files...), io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	if got := readResults(t, dir); got.Floors == nil || *got.Floors != *r.Floors {
+	if got := readResults(t, dir); got.Floors == nil || !reflect.DeepEqual(*got.Floors, *r.Floors) {
 		t.Errorf("merged floors %+v, want %+v", got.Floors, r.Floors)
 	}
 }
@@ -191,6 +200,7 @@ func TestFloorsOfSeveralRoundsAreTheirMedians(t *testing.T) {
 			HTTPRaftServer: loadgen.Summary{Count: 1, P50: p50 * 3, Mean: 1}}
 		if three {
 			f.HTTPRaft3 = loadgen.Summary{Count: 1, P50: p50 * 10, Mean: 1}
+			f.HTTPRaft3Writers = []FloorThroughput{{Writers: 16, WritesPerSec: 1000 * p50}, {Writers: 64, WritesPerSec: 5000 - 1000*p50}}
 		}
 		return f
 	}
@@ -222,10 +232,37 @@ func TestFloorsOfSeveralRoundsAreTheirMedians(t *testing.T) {
 			t.Errorf("%s: p50 %v, want %v", name, c.got, c.want)
 		}
 	}
+	// Each number of writers: the lower of its two rounds, each on its own.
+	if want := []FloorThroughput{{Writers: 16, WritesPerSec: 2000}, {Writers: 64, WritesPerSec: 2000}}; !reflect.DeepEqual(got.HTTPRaft3Writers, want) {
+		t.Errorf("write rates %+v, want %+v", got.HTTPRaft3Writers, want)
+	}
 	if got.Rounds != 3 {
 		t.Errorf("rounds %d, want 3", got.Rounds)
 	}
 	if md, _ := os.ReadFile(filepath.Join(dir, "results.md")); !strings.Contains(string(md), "measured at the start of each of 3 rounds") {
 		t.Errorf("results.md does not say the floors are medians of 3 rounds:\n%s", md)
+	}
+}
+
+// The three voters' rates under several writers are printed beside the new operations
+// at as many clients, halved (a new operation is two writes), and judged against the
+// pairing's targets there: below a target, or above it with what is left to spare.
+func TestMarkdownFloorRatesAgainstTheTargets(t *testing.T) {
+	r := results()
+	r.Floors = &Floors{EntryBytes: 400, HTTPRaft3: loadgen.Summary{Count: 100, P50: 0.75, Mean: 0.8},
+		HTTPRaft3Writers: []FloorThroughput{{Writers: 16, WritesPerSec: 3000}, {Writers: 64, WritesPerSec: 9000}}}
+	r.Targets = verdicts(r)
+	md := markdown(r)
+	for _, want := range []string{
+		"| 16 | 3000 | 1500 | 2000 | 1980 | 2000 |\n",
+		"| 64 | 9000 | 4500 | 3000 | 4000 | 2000 |\n",
+		// 16 clients: 1.0× the peer's 2000 is above the floor's 1500.
+		"Against the targets (the peer: PostgreSQL primary + 2 quorum-sync standbys): at 16 clients the target, 1.0× the peer's 2000, is 2000 new operations/s, above the floor's 1500",
+		// 64 clients: 1.5× 2000 = 3000, the floor's 4500 is 50% above it.
+		"at 64 clients the floor's 4500 new operations/s reach the target, 1.5× the peer's 2000 (3000), with 50% to spare",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
 	}
 }

@@ -102,7 +102,7 @@ func markdown(r *Results) string {
 			floored = floorTable(&b, r, idem, find(r.New, p.peer, 1), label(p.peer))
 		}
 		if p.nodes == 3 && !floored3 {
-			floored3 = floor3Table(&b, r, idem, find(r.New, p.peer, 1), label(p.peer))
+			floored3 = floor3Table(&b, r, idem, &p, find(r.New, p.peer, 1), label(p.peer))
 		}
 		if vs := verdictsFor(p); len(vs) > 0 {
 			b.WriteString("\nTargets:\n\n")
@@ -125,7 +125,7 @@ func markdown(r *Results) string {
 		floorTable(&b, r, systemsOfSize(r, 1), nil, "")
 	}
 	if !floored3 {
-		floor3Table(&b, r, systemsOfSize(r, 3), nil, "")
+		floor3Table(&b, r, systemsOfSize(r, 3), nil, nil, "")
 	}
 	if len(unpaired) > 0 {
 		fmt.Fprintf(&b, "\n### Without a system to compare with\n\n| system | workload | clients | ops/s | p50 ms | p99 ms | CPU s / 1k ops |\n|---|---|---:|---:|---:|---:|---:|\n")
@@ -409,7 +409,7 @@ func floorsWhen(f *Floors) string {
 // floor3Table writes the floor of a write on three voters (Floors.HTTPRaft3) beside
 // the reserve of each three-node idemkv system and of its peer at 1 client, and
 // reports whether there was one to write.
-func floor3Table(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point, peerLabel string) bool {
+func floor3Table(b *strings.Builder, r *Results, idem []SystemInfo, p *pairing, peer *Point, peerLabel string) bool {
 	f := r.Floors
 	if f == nil || f.HTTPRaft3.Count == 0 {
 		return false
@@ -418,7 +418,60 @@ func floor3Table(b *strings.Builder, r *Results, idem []SystemInfo, peer *Point,
 	fmt.Fprintf(b, "| hashicorp/raft, three voters: Apply behind net/http, from another process | %.3f | %.3f |\n", f.HTTPRaft3.P50, f.HTTPRaft3.Mean)
 	floorReserves(b, r, idem, peer, peerLabel, f.HTTPRaft3,
 		"a Raft whose leader sends an entry to its followers while it appends it (hashicorp/raft appends first), with fewer goroutine hand-offs on the way")
+	floorRates(b, r, idem, p, peerLabel)
 	return true
+}
+
+// floorRates writes the three voters' floor under several writers at once
+// (Floors.HTTPRaft3Writers) beside the new operations of the three-node idemkv systems
+// and of the peer at as many clients, each client keeping one write in flight, so a
+// floor of w writes a second is at most w/2 new operations (a reserve and a commit);
+// and says, for each target of the pairing p at those clients, whether the floor
+// itself reaches it.
+func floorRates(b *strings.Builder, r *Results, idem []SystemInfo, p *pairing, peerLabel string) {
+	f := r.Floors
+	if f == nil || len(f.HTTPRaft3Writers) == 0 {
+		return
+	}
+	b.WriteString("\nThe same three voters under several writers at once, each on its own kept connection, beside the new operations at as many clients (each client keeps one write, its reserve or its commit, in flight, so w writes a second are at most w/2 new operations):\n\n| writers (clients) | floor: writes/s | floor ÷ 2: new operations/s |")
+	for _, s := range idem {
+		fmt.Fprintf(b, " %s: ops/s |", s.Label)
+	}
+	if p != nil {
+		fmt.Fprintf(b, " %s: ops/s |", peerLabel)
+	}
+	b.WriteString("\n|---:|---:|---:|" + strings.Repeat("---:|", len(idem)))
+	if p != nil {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	var says []string
+	for _, t := range f.HTTPRaft3Writers {
+		ops := t.WritesPerSec / 2
+		fmt.Fprintf(b, "| %d | %.0f | %.0f |", t.Writers, t.WritesPerSec, ops)
+		for _, s := range idem {
+			fmt.Fprintf(b, " %s |", cell(find(r.New, s.Name, t.Writers), func(pt *Point) string { return fmt.Sprintf("%.0f", pt.OpsPerSec) }))
+		}
+		if p == nil {
+			b.WriteString("\n")
+			continue
+		}
+		peer := find(r.New, p.peer, t.Writers)
+		fmt.Fprintf(b, " %s |\n", cell(peer, func(pt *Point) string { return fmt.Sprintf("%.0f", pt.OpsPerSec) }))
+		want, ok := p.newTarget(t.Writers)
+		if !ok || peer == nil || peer.OpsPerSec <= 0 {
+			continue
+		}
+		need := want * peer.OpsPerSec
+		if ops < need {
+			says = append(says, fmt.Sprintf("at %d clients the target, %.1f× the peer's %.0f, is %.0f new operations/s, above the floor's %.0f: with nothing of idemkv's in it, hashicorp/raft behind net/http does not reach it on this machine", t.Writers, want, peer.OpsPerSec, need, ops))
+		} else {
+			says = append(says, fmt.Sprintf("at %d clients the floor's %.0f new operations/s reach the target, %.1f× the peer's %.0f (%.0f), with %.0f%% to spare for idemkv's own work", t.Writers, ops, want, peer.OpsPerSec, need, 100*(ops/need-1)))
+		}
+	}
+	if len(says) > 0 {
+		fmt.Fprintf(b, "\nAgainst the targets (the peer: %s): %s.\n", peerLabel, strings.Join(says, "; "))
+	}
 }
 
 // floorReserves ends a floors table with the reserves at 1 client of the idemkv

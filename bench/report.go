@@ -516,5 +516,22 @@ func medianFloors(fs []*Floors) *Floors {
 		slices.SortFunc(got, func(a, b loadgen.Summary) int { return cmp.Compare(a.P50, b.P50) })
 		*layer(m) = got[(len(got)-1)/2]
 	}
+	// The write rates: each number of writers its median round's.
+	rates := map[int][]float64{}
+	var writers []int
+	for _, f := range fs {
+		for _, t := range f.HTTPRaft3Writers {
+			if _, ok := rates[t.Writers]; !ok {
+				writers = append(writers, t.Writers)
+			}
+			rates[t.Writers] = append(rates[t.Writers], t.WritesPerSec)
+		}
+	}
+	slices.Sort(writers)
+	for _, w := range writers {
+		got := rates[w]
+		slices.Sort(got)
+		m.HTTPRaft3Writers = append(m.HTTPRaft3Writers, FloorThroughput{Writers: w, WritesPerSec: got[(len(got)-1)/2]})
+	}
 	return m
 }
