@@ -265,30 +265,39 @@ func floorPost(ctx context.Context, addr string, entry []byte, d time.Duration) 
 	}
 	defer func() { _ = conn.Close() }()
 	br := bufio.NewReader(conn)
-	request := []byte("POST /apply HTTP/1.1\r\nHost: " + addr +
-		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(entry)) + "\r\n\r\n" + string(entry))
-	s, err := floorLoop(ctx, d, func() error {
-		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-			return err
-		}
-		if _, err := conn.Write(request); err != nil {
-			return err
-		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		if err == nil && resp.StatusCode != http.StatusOK {
-			err = fmt.Errorf("status %s", resp.Status)
-		}
-		return err
-	})
+	request := floorRequest(addr, entry)
+	s, err := floorLoop(ctx, d, func() error { return floorPostOne(conn, br, request) })
 	if err != nil {
 		return loadgen.Summary{}, fmt.Errorf("floors: http: %w", err)
 	}
 	return s, nil
+}
+
+// floorRequest is the POST /apply of entry to addr, as written on the wire.
+func floorRequest(addr string, entry []byte) []byte {
+	return []byte("POST /apply HTTP/1.1\r\nHost: " + addr +
+		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(entry)) + "\r\n\r\n" + string(entry))
+}
+
+// floorPostOne writes request on conn and reads its answer from br, which reads conn:
+// an error unless the answer is 200.
+func floorPostOne(conn net.Conn, br *bufio.Reader, request []byte) error {
+	if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		return err
+	}
+	if _, err := conn.Write(request); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %s", resp.Status)
+	}
+	return err
 }
 
 // floorServerCmd is the command that serves the other-process floor from dir: this
@@ -435,8 +444,7 @@ func floorHTTPVoters(ctx context.Context, dir string, n int, entry []byte, d tim
 func floorPostMany(ctx context.Context, addr string, entry []byte, d time.Duration, writers int) (float64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	request := []byte("POST /apply HTTP/1.1\r\nHost: " + addr +
-		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(entry)) + "\r\n\r\n" + string(entry))
+	request := floorRequest(addr, entry)
 	var measured atomic.Int64
 	var measuring atomic.Bool
 	errs := make(chan error, writers)
@@ -453,22 +461,7 @@ func floorPostMany(ctx context.Context, addr string, entry []byte, d time.Durati
 				defer stopOnCancel()
 				br := bufio.NewReader(conn)
 				for time.Now().Before(end) {
-					if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-						return err
-					}
-					if _, err := conn.Write(request); err != nil {
-						return err
-					}
-					resp, err := http.ReadResponse(br, nil)
-					if err != nil {
-						return err
-					}
-					_, err = io.Copy(io.Discard, resp.Body)
-					_ = resp.Body.Close()
-					if err == nil && resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("status %s", resp.Status)
-					}
-					if err != nil {
+					if err := floorPostOne(conn, br, request); err != nil {
 						return err
 					}
 					if measuring.Load() {
