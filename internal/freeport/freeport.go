@@ -7,18 +7,29 @@
 // that same range. A port handed out that way can be in use as someone's source port
 // by the time the server binds it, which made cluster tests fail with "address already
 // in use" while other suites ran beside them. Ports here come from below the
-// ephemeral range, where only listeners live, at random so that test processes
-// running in parallel rarely try the same one, and never twice within one process.
+// ephemeral range, where only listeners live, at random, and never twice within one
+// process.
+//
+// Random is not enough between processes: `go test ./...` runs several packages' test
+// binaries at once, and each hands out hundreds of ports over its life. One process's
+// port is free whenever its node is stopped or not started yet, so another process
+// could draw it, see it free and bind it first. A port handed out is therefore also
+// claimed for the life of the process: a lock on byte `port` of one file in the
+// temporary directory, which the kernel drops when the process exits, however it
+// exits. A port another process claimed is never handed out.
 package freeport
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // Ports are drawn from [low, ephemeralLow()).
@@ -27,22 +38,43 @@ const low = 15000
 var (
 	mu     sync.Mutex
 	handed = map[int]bool{}
+	claims *os.File // open for the life of the process: closing it would drop every claim
+
+	// span narrows the range in this package's tests; zero means [low, ephemeralLow()).
+	spanLow, spanHigh int
 )
 
-// Addr returns "127.0.0.1:port" for a port that nothing listened on a moment ago and
-// that this process has not handed out before.
+// Addr returns "127.0.0.1:port" for a port that nothing listened on a moment ago, that
+// this process has not handed out before, and that no other process holds a claim on.
 func Addr() (string, error) {
-	high := ephemeralLow()
+	lo, hi := portRange()
 	mu.Lock()
 	defer mu.Unlock()
+	if claims == nil {
+		f, err := openClaims()
+		if err != nil {
+			return "", err
+		}
+		claims = f
+	}
 	for range 1000 {
-		port := low + rand.IntN(high-low)
+		port := lo + rand.IntN(hi-lo)
 		if handed[port] {
 			continue
+		}
+		ok, err := claim(claims, port)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			continue // another process's
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
+			// Not ours to use: whoever listens keeps it, and so do we, so the port is
+			// never tried again here.
+			handed[port] = true
 			continue
 		}
 		if err := ln.Close(); err != nil {
@@ -51,7 +83,40 @@ func Addr() (string, error) {
 		handed[port] = true
 		return addr, nil
 	}
-	return "", fmt.Errorf("freeport: no free port in [%d, %d) after 1000 tries", low, high)
+	return "", fmt.Errorf("freeport: no free port in [%d, %d) after 1000 tries", lo, hi)
+}
+
+func portRange() (int, int) {
+	if spanHigh > 0 {
+		return spanLow, spanHigh
+	}
+	return low, ephemeralLow()
+}
+
+// openClaims opens the claims file, one per user so that another user's file, which
+// this one may not write, never stops a test.
+func openClaims() (*os.File, error) {
+	name := filepath.Join(os.TempDir(), fmt.Sprintf("idemkv-freeport-%d.lock", os.Getuid()))
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("freeport: the claims file: %w", err)
+	}
+	return f, nil
+}
+
+// claim takes a write lock on byte port of f without waiting, and says whether it got
+// it. A process's own locks never conflict with each other.
+func claim(f *os.File, port int) (bool, error) {
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: int64(port), Len: 1}
+	err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &lk)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EACCES):
+		return false, nil
+	default:
+		return false, fmt.Errorf("freeport: claim port %d: %w", port, err)
+	}
 }
 
 // ephemeralLow is the first port the kernel uses for outgoing connections.
