@@ -7,9 +7,9 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
-	"strconv"
 	"testing"
 )
 
