@@ -690,6 +690,18 @@ func (f *FSM) readable() error {
 // past expires_at at max(now, Clock()): expired records vanish before the sweeper
 // deletes them.
 func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, error) {
+	rec, err := f.Lookup(tenant, key, now)
+	if err == nil && rec == nil {
+		return nil, fmt.Errorf("%w: %s/%s", idemkv.ErrNotFound, tenant, key)
+	}
+	return rec, err
+}
+
+// Lookup is Get for the write paths, which ask about every new key before they
+// propose it: a record that is absent or expired is (nil, nil), without the error
+// Get builds for it (its message names the key: an allocation and a format for each
+// new operation on every node that looks).
+func (f *FSM) Lookup(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, error) {
 	if err := f.readable(); err != nil {
 		return nil, err
 	}
@@ -699,7 +711,7 @@ func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, err
 		return nil, fmt.Errorf("%w: %v", idemkv.ErrInternal, err)
 	}
 	if Expired(rec, now) {
-		return nil, fmt.Errorf("%w: %s/%s", idemkv.ErrNotFound, tenant, key)
+		return nil, nil
 	}
 	return rec, nil
 }

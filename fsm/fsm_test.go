@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"github.com/idemkv/idemkv"
@@ -319,6 +320,12 @@ func TestExpiredRecordsAreInvisibleBeforeSweep(t *testing.T) {
 	if _, err := h.f.Get(tenant, key, exp); !errors.Is(err, idemkv.ErrNotFound) {
 		t.Fatalf("get at expires_at: err = %v, want not found", err)
 	}
+	if rec, err := h.f.Lookup(tenant, key, exp-1); err != nil || rec == nil || rec.Key != key {
+		t.Fatalf("lookup before expiry: %+v, %v", rec, err)
+	}
+	if rec, err := h.f.Lookup(tenant, key, exp); rec != nil || err != nil {
+		t.Fatalf("lookup at expires_at: %+v, %v; want nothing and no error", rec, err)
+	}
 	list, err := h.f.List(&idemkv.ListRequest{Tenant: tenant, Limit: 10}, exp)
 	if err != nil {
 		t.Fatal(err)
@@ -345,6 +352,9 @@ func TestExpiredRecordsAreInvisibleBeforeSweep(t *testing.T) {
 	mustOK(t, h.apply(reserveCmd(t0+ttl, tenant, "bump", "d"))...)
 	if _, err := h.f.Get(tenant, "live", 0); !errors.Is(err, idemkv.ErrNotFound) {
 		t.Errorf("get with stale now after clock passed expiry: err = %v, want not found", err)
+	}
+	if rec, err := h.f.Lookup(tenant, "live", 0); rec != nil || err != nil {
+		t.Errorf("lookup with stale now after clock passed expiry: %+v, %v; want nothing", rec, err)
 	}
 	if err := h.f.CheckExpiryIndex(); err != nil {
 		t.Error(err)
@@ -877,5 +887,32 @@ func sweepInTurns(t *testing.T, h *harness, now idemkv.Timestamp, limit int, wan
 		if err := h.f.CheckExpiryIndex(); err != nil {
 			t.Fatalf("after sweep %d: %v", i, err)
 		}
+	}
+}
+
+// Every reserve of a new key looks the key up on the node that takes it before it is
+// proposed. Get's not-found error names the key (a format and its allocations);
+// Lookup's answer for an absent key allocates the store's key and nothing else.
+func TestLookupOfAnAbsentKeyAllocatesOnlyItsKey(t *testing.T) {
+	h := newHarness(t)
+	mustOK(t, h.apply(reserveCmd(t0, tenant, key, "a"))...)
+	lookup := func() {
+		if rec, err := h.f.Lookup(tenant, "never-put", t0); rec != nil || err != nil {
+			t.Fatalf("lookup of an absent key: %+v, %v", rec, err)
+		}
+	}
+	// The key filter answers once its scan of the store at open is done; until then
+	// Pebble does, and allocates more.
+	var allocs float64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if allocs = testing.AllocsPerRun(200, lookup); allocs <= 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if allocs > 1 {
+		t.Errorf("a lookup of an absent key made %.1f allocations, want the key's one", allocs)
+	}
+	if got := testing.AllocsPerRun(200, func() { _, _ = h.f.Get(tenant, "never-put", t0) }); got <= allocs {
+		t.Errorf("Get of an absent key made %.1f allocations, Lookup %.1f: its error names the key", got, allocs)
 	}
 }

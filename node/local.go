@@ -91,8 +91,8 @@ func (n *Node) answerLocally(r *idemkv.ReserveRequest) *idemkv.ReserveResult {
 	if n.localRefusal() != "" {
 		return nil
 	}
-	cur, err := n.fsm.Get(r.Tenant, r.Key, n.localNow())
-	if err != nil {
+	cur, err := n.fsm.Lookup(r.Tenant, r.Key, n.localNow())
+	if err != nil || cur == nil {
 		// Absent or expired (only the leader may grant it), or a halted state
 		// machine, whose store may be empty or behind: none is answered here.
 		return nil

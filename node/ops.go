@@ -31,9 +31,9 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	// One look at the local state serves both questions asked before proposing: may
 	// this node answer by itself, and does the decision change nothing.
 	now := n.now()
-	cur, err := n.fsm.Get(r.Tenant, r.Key, now)
-	absent := errors.Is(err, idemkv.ErrNotFound)
-	if err != nil && !absent {
+	cur, err := n.fsm.Lookup(r.Tenant, r.Key, now)
+	absent := cur == nil
+	if err != nil {
 		if n.raft.State() != raft.Leader {
 			return nil, idemkv.ErrNotLeader
 		}
@@ -106,11 +106,8 @@ func (n *Node) reserveRequest(req *idemkv.ReserveRequest) (*idemkv.ReserveReques
 // the decision changes nothing; res is nil when the reserve must go through the log.
 func (n *Node) decideUnchanged(r *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
 	now := n.now()
-	cur, err := n.fsm.Get(r.Tenant, r.Key, now)
-	if errors.Is(err, idemkv.ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
+	cur, err := n.fsm.Lookup(r.Tenant, r.Key, now)
+	if err != nil || cur == nil {
 		return nil, err
 	}
 	if next, res := fsm.Decide(cur, r, now, 0); next == nil {
