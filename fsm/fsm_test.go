@@ -916,3 +916,23 @@ func TestLookupOfAnAbsentKeyAllocatesOnlyItsKey(t *testing.T) {
 		t.Errorf("Get of an absent key made %.1f allocations, Lookup %.1f: its error names the key", got, allocs)
 	}
 }
+
+// BenchmarkLookupAbsent: the look-up each new key's reserve makes before it is
+// proposed, by Lookup and by Get (which builds a not-found error naming the key).
+func BenchmarkLookupAbsent(b *testing.B) {
+	h := newHarness(b)
+	mustOK(b, h.apply(reserveCmd(t0, tenant, key, "a"))...)
+	time.Sleep(100 * time.Millisecond) // the key filter's scan at open
+	b.Run("Lookup", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = h.f.Lookup(tenant, "never-put", t0)
+		}
+	})
+	b.Run("Get", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = h.f.Get(tenant, "never-put", t0)
+		}
+	})
+}
