@@ -14,13 +14,12 @@
 // binaries at once, and each hands out hundreds of ports over its life. One process's
 // port is free whenever its node is stopped or not started yet, so another process
 // could draw it, see it free and bind it first. A port handed out is therefore also
-// claimed for the life of the process: a lock on byte `port` of one file in the
-// temporary directory, which the kernel drops when the process exits, however it
+// claimed for the life of the process: on Unix, a lock on byte `port` of one file in
+// the temporary directory, which the kernel drops when the process exits, however it
 // exits. A port another process claimed is never handed out.
 package freeport
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -29,7 +28,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 )
 
 // Ports are drawn from [low, ephemeralLow()).
@@ -102,21 +100,6 @@ func openClaims() (*os.File, error) {
 		return nil, fmt.Errorf("freeport: the claims file: %w", err)
 	}
 	return f, nil
-}
-
-// claim takes a write lock on byte port of f without waiting, and says whether it got
-// it. A process's own locks never conflict with each other.
-func claim(f *os.File, port int) (bool, error) {
-	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: int64(port), Len: 1}
-	err := syscall.FcntlFlock(f.Fd(), syscall.F_SETLK, &lk)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, syscall.EAGAIN), errors.Is(err, syscall.EACCES):
-		return false, nil
-	default:
-		return false, fmt.Errorf("freeport: claim port %d: %w", port, err)
-	}
 }
 
 // ephemeralLow is the first port the kernel uses for outgoing connections.
