@@ -32,14 +32,13 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	// this node answer by itself, and does the decision change nothing.
 	now := n.now()
 	cur, err := n.fsm.Lookup(r.Tenant, r.Key, now)
-	absent := cur == nil
 	if err != nil {
 		if n.raft.State() != raft.Leader {
 			return nil, idemkv.ErrNotLeader
 		}
 		return nil, err
 	}
-	if !absent {
+	if cur != nil {
 		if res := n.answerFrom(cur, r); res != nil {
 			idemkv.NoteLocalAnswer(ctx)
 			return explain(res, req), nil
@@ -56,7 +55,7 @@ func (n *Node) Reserve(ctx context.Context, req *idemkv.ReserveRequest) (*idemkv
 	// from a linearizable read, without a log append. The local state only picks the
 	// path: proposing is always correct, so a stale local view costs nothing but the
 	// append, and the read answer is decided again after the read index.
-	if !absent {
+	if cur != nil {
 		if next, _ := fsm.Decide(cur, r, now, 0); next == nil {
 			if err := n.readIndex(ctx); err != nil {
 				return nil, err
