@@ -11,6 +11,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkv/idemkv"
@@ -111,10 +112,16 @@ type Server struct {
 	forward        *http.Client
 	scheme         string
 	forwardTimeout time.Duration
-	mux            *http.ServeMux
-	handler        http.Handler
-	polls          *longPolls
-	onReserve      func(context.Context, *idemkv.ReserveRequest, *idemkv.ReserveResult)
+	// mux serves every request: the routes, and "/" for whatever none of them
+	// matches (unmatched), so that a request is matched once. routes holds the routes
+	// alone, for unmatched to tell a path it does not know from a method it does not
+	// allow, and for the metrics' endpoint label.
+	mux         *http.ServeMux
+	routes      *http.ServeMux
+	leaderValue atomic.Pointer[[]string] // leaderHeader's last value
+	handler     http.Handler
+	polls       *longPolls
+	onReserve   func(context.Context, *idemkv.ReserveRequest, *idemkv.ReserveResult)
 	// recordRoute is the registered handler of recordPattern, which serveUnclean
 	// calls for record paths the mux would redirect.
 	recordRoute http.Handler
@@ -132,6 +139,7 @@ func New(cfg Config) *Server {
 		scheme:         cfg.ForwardScheme,
 		forwardTimeout: cfg.ForwardTimeout,
 		mux:            http.NewServeMux(),
+		routes:         http.NewServeMux(),
 		polls:          newLongPolls(cfg.MaxLongPolls, cfg.MaxLongPollsPerCaller),
 		onReserve:      cfg.OnReserve,
 	}
@@ -156,10 +164,11 @@ func New(cfg Config) *Server {
 	// that may already be spent.
 	fwd.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	s.forward = fwd
-	s.routes()
+	s.addRoutes()
 	if cfg.Pprof {
 		s.mountPprof()
 	}
+	s.mux.Handle("/", http.HandlerFunc(s.unmatched))
 	var h http.Handler = http.HandlerFunc(s.serve)
 	if cfg.Middleware != nil {
 		h = s.countAnsweredBefore(cfg.Middleware(h))

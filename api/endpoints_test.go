@@ -329,6 +329,14 @@ func TestEveryAnswerNamesTheLeader(t *testing.T) {
 			t.Errorf("GET %s: %s = %q", path, api.HeaderLeader, got)
 		}
 	}
+	// A new leader is named from the next answer on (answers share the header's
+	// value while the leader stays).
+	fake.LeaderFunc = func() (string, bool) { return "10.0.0.2:7420", false }
+	for _, path := range []string{"/healthz", "/v1/records/acme/k", "/nope"} {
+		if got := do(t, "GET", n.url+path, nil, nil).header.Values(api.HeaderLeader); len(got) != 1 || got[0] != "10.0.0.2:7420" {
+			t.Errorf("GET %s after the leader changed: %s = %q", path, api.HeaderLeader, got)
+		}
+	}
 	fake.LeaderFunc = func() (string, bool) { return "", false }
 	if got := do(t, "GET", n.url+"/healthz", nil, nil).header.Values(api.HeaderLeader); len(got) != 0 {
 		t.Errorf("no leader known, but %s = %q", api.HeaderLeader, got)

@@ -29,7 +29,7 @@ const (
 	maxAddrLen   = 256
 )
 
-func (s *Server) routes() {
+func (s *Server) addRoutes() {
 	s.handle("POST /v1/reserve", localFirstWrite(s, func(q *idemkv.ReserveRequest) error {
 		// The node validates again against the time the leader stamps on the command;
 		// this early check only spares a round trip for requests that cannot succeed.
@@ -105,6 +105,7 @@ func (s *Server) handle(pattern string, h http.Handler) {
 		s.recordRoute = wrapped
 	}
 	s.mux.Handle(pattern, wrapped)
+	s.routes.Handle(pattern, wrapped)
 }
 
 // reachWriter is the writer countAnsweredBefore hands the middleware: the endpoint
@@ -141,7 +142,7 @@ func (s *Server) countAnsweredBefore(h http.Handler) http.Handler {
 		if rw.reached {
 			return
 		}
-		_, pattern := s.mux.Handler(r)
+		_, pattern := s.routes.Handler(r)
 		if pattern == "" {
 			pattern = "unmatched"
 		}
@@ -152,17 +153,25 @@ func (s *Server) countAnsweredBefore(h http.Handler) http.Handler {
 // serve is the entry point of every request.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if addr, _ := s.store.Leader(); addr != "" {
-		w.Header().Set(HeaderLeader, addr)
+		w.Header()[HeaderLeader] = s.leaderHeader(addr)
 	}
 	if p := r.URL.EscapedPath(); !isClean(p) {
 		s.serveUnclean(w, r, p)
 		return
 	}
-	if _, pattern := s.mux.Handler(r); pattern == "" {
-		s.unmatched(w, r)
-		return
-	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// leaderHeader returns the values of the HeaderLeader header for addr: the slice of
+// the last address, shared by every answer while the leader stays (see
+// contentTypeJSON), and a new one when it changed.
+func (s *Server) leaderHeader(addr string) []string {
+	if v := s.leaderValue.Load(); v != nil && (*v)[0] == addr {
+		return *v
+	}
+	v := []string{addr}
+	s.leaderValue.Store(&v)
+	return v
 }
 
 // isClean reports whether the mux would serve p as it is rather than answer a

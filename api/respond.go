@@ -47,7 +47,7 @@ func withoutHistory(v any) any {
 	case *idemkv.Record:
 		return a.WithoutHistory()
 	case *idemkv.ReserveResult:
-		if a != nil && a.Record != nil {
+		if a != nil && a.Record.HasHistory() {
 			c := *a
 			c.Record = a.Record.WithoutHistory()
 			return &c
@@ -93,16 +93,25 @@ func writeJSON(log *slog.Logger, w http.ResponseWriter, r *http.Request, status 
 		return
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
+	h["Content-Type"] = contentTypeJSON
 	// Answers about idempotency keys change with every write: a cache must never
 	// replay one.
-	h.Set("Cache-Control", "no-store")
+	h["Cache-Control"] = cacheNoStore
 	w.WriteHeader(status)
 	if _, err := w.Write(buf.Bytes()); err != nil {
 		log.LogAttrs(r.Context(), slog.LevelDebug, "writing the answer failed",
 			slog.String(logKeyPath, r.URL.Path), slog.Any(logKeyErr, err))
 	}
 }
+
+// The values of the headers every JSON answer carries, shared by all answers rather
+// than a slice allocated per answer by Header.Set. No one writes into a header's
+// values: net/http copies them when it writes the header, and Set and Add replace or
+// reallocate them.
+var (
+	contentTypeJSON = []string{"application/json"}
+	cacheNoStore    = []string{"no-store"}
+)
 
 // answerBuffers holds the buffers answers are encoded into.
 var answerBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -167,7 +176,7 @@ func writeErrorStatus(log *slog.Logger, w http.ResponseWriter, r *http.Request, 
 // than the mux's plain text.
 func (s *Server) unmatched(w http.ResponseWriter, r *http.Request) {
 	rec := &recorder{header: http.Header{}}
-	s.mux.ServeHTTP(rec, r)
+	s.routes.ServeHTTP(rec, r)
 	switch rec.code {
 	case http.StatusNotFound:
 		s.writeError(w, r, idemkv.Errorf(idemkv.ErrNotFound, "no endpoint %s %s", r.Method, r.URL.Path))

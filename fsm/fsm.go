@@ -690,7 +690,7 @@ func (f *FSM) readable() error {
 // past expires_at at max(now, Clock()): expired records vanish before the sweeper
 // deletes them.
 func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, error) {
-	rec, err := f.Lookup(tenant, key, now)
+	rec, err := f.lookup(tenant, key, now, true)
 	if err == nil && rec == nil {
 		return nil, fmt.Errorf("%w: %s/%s", idemkv.ErrNotFound, tenant, key)
 	}
@@ -698,15 +698,28 @@ func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, err
 }
 
 // Lookup is Get for the write paths, which ask about every new key before they
-// propose it: a record that is absent or expired is (nil, nil), without the error
-// Get builds for it (its message names the key: an allocation and a format for each
-// new operation on every node that looks).
+// propose it and answer a replay or a conflict from what they find: a record that is
+// absent or expired is (nil, nil), without the error Get builds for it (its message
+// names the key: an allocation and a format for each new operation on every node that
+// looks), and a record comes without its history. A reserve's answer never carries
+// the history, and a decision that would carry it into a next record is proposed and
+// made by the batch, which reads the record whole.
 func (f *FSM) Lookup(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, error) {
+	return f.lookup(tenant, key, now, false)
+}
+
+func (f *FSM) lookup(tenant, key string, now idemkv.Timestamp, history bool) (*idemkv.Record, error) {
 	if err := f.readable(); err != nil {
 		return nil, err
 	}
 	now = max(now, f.Clock())
-	rec, err := f.st.Record(tenant, key)
+	var rec *idemkv.Record
+	var err error
+	if history {
+		rec, err = f.st.Record(tenant, key)
+	} else {
+		rec, err = f.st.RecordWithoutHistory(tenant, key)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", idemkv.ErrInternal, err)
 	}

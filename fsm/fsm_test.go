@@ -908,6 +908,28 @@ func TestLookupOfAnAbsentKeyAllocatesOnlyItsKey(t *testing.T) {
 	}
 }
 
+// TestLookupLeavesTheHistoryOut: the write paths' look-up (a reserve's local answer,
+// the leader's look before it proposes) reads a record without its history, which no
+// reserve's answer carries; Get, which answers GET ?history=true, reads it whole.
+func TestLookupLeavesTheHistoryOut(t *testing.T) {
+	h := newHarness(t)
+	res := h.apply(reserveCmd(t0, tenant, key, "a"))
+	mustOK(t, res...)
+	mustOK(t, h.apply(commitCmd(t0+10, tenant, key, res[0].Reserve.Record.Fence, "LIN-1"))...)
+	whole, err := h.f.Get(tenant, key, t0+20)
+	if err != nil || len(whole.History) != 2 {
+		t.Fatalf("Get: %+v, %v; want the execute and commit events", whole, err)
+	}
+	brief, err := h.f.Lookup(tenant, key, t0+20)
+	if err != nil || !reflect.DeepEqual(brief, whole.WithoutHistory()) {
+		t.Fatalf("Lookup: %+v, %v; want %+v", brief, err, whole.WithoutHistory())
+	}
+	next, answer := Decide(brief, reserveCmd(t0+20, tenant, key, "b").Reserve, t0+20, 0)
+	if next != nil || answer.Decision != idemkv.DecisionReplay {
+		t.Fatalf("a replay decided from the look-up: next %+v, answer %+v", next, answer)
+	}
+}
+
 // waitKeyFilter waits, up to 10 s, until a Lookup of a key never put allocates no
 // more than the store's key: the key filter answers once its scan of the store at open
 // is done, and until then Pebble does, and allocates more. It returns the allocations

@@ -336,7 +336,16 @@ func storedExpiry(v []byte) (idemkv.Timestamp, error) {
 	return idemkv.Timestamp(binary.BigEndian.Uint64(v[1:9])), nil
 }
 
+// decodeRecord decodes a stored record, its history included.
 func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
+	return decodeRecordKeeping(tenant, key, v, true)
+}
+
+// decodeRecordKeeping is decodeRecord that keeps the record's history only when
+// history is set. Without it the history's bytes are still checked as they are read,
+// so the same stored bytes are corrupt either way; only its events and their strings
+// are not built.
+func decodeRecordKeeping(tenant, key string, v []byte, history bool) (*idemkv.Record, error) {
 	at, err := storedExpiry(v)
 	if err != nil {
 		return nil, err
@@ -394,7 +403,11 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 		r.Effect = d.Bytes()
 	}
 	if flags&flagHistory != 0 {
-		decodeHistory(&d, r)
+		if history {
+			decodeHistory(&d, r)
+		} else {
+			skipHistory(&d)
+		}
 	}
 	if flags&flagEffectMask != 0 {
 		n := d.Uvarint()
@@ -413,6 +426,12 @@ func decodeRecord(tenant, key string, v []byte) (*idemkv.Record, error) {
 
 func decodeHistory(d *wire.Decoder, r *idemkv.Record) {
 	r.History, r.HistoryDropped = readHistory(d)
+}
+
+// skipHistory reads past a history as readHistory does, with its checks, and keeps
+// nothing of it.
+func skipHistory(d *wire.Decoder) {
+	scanHistory(d, false)
 }
 
 // appendHistory appends a history (a record's, a tombstone's): history_dropped, the
@@ -437,6 +456,12 @@ func appendHistory(dst []byte, h []idemkv.HistoryEvent, dropped uint32) ([]byte,
 
 // readHistory reads what appendHistory wrote.
 func readHistory(d *wire.Decoder) (h []idemkv.HistoryEvent, dropped uint32) {
+	return scanHistory(d, true)
+}
+
+// scanHistory reads a history and checks it; it builds the events only when keep is
+// set (the one reader of the format, for readHistory and skipHistory alike).
+func scanHistory(d *wire.Decoder, keep bool) (h []idemkv.HistoryEvent, dropped uint32) {
 	n64 := d.Uvarint()
 	if n64 > 1<<32-1 {
 		d.Fail("history_dropped %d out of range", n64)
@@ -449,12 +474,22 @@ func readHistory(d *wire.Decoder) (h []idemkv.HistoryEvent, dropped uint32) {
 	if d.Err() != nil {
 		return nil, 0
 	}
-	h = make([]idemkv.HistoryEvent, 0, n)
+	if keep {
+		h = make([]idemkv.HistoryEvent, 0, n)
+	}
 	for i := uint64(0); i < n && d.Err() == nil; i++ {
 		code := d.Byte()
 		if d.Err() == nil && (int(code) >= len(eventByCode) || eventByCode[code] == "") {
 			d.Fail("unknown history event %d", code)
 			return nil, 0
+		}
+		if !keep {
+			d.Varint()
+			d.Uvarint()
+			d.Raw()
+			d.Raw()
+			d.Raw()
+			continue
 		}
 		h = append(h, idemkv.HistoryEvent{
 			Event:     eventByCode[code],
@@ -464,6 +499,9 @@ func readHistory(d *wire.Decoder) (h []idemkv.HistoryEvent, dropped uint32) {
 			Actor:     d.Text(),
 			Detail:    d.Text(),
 		})
+	}
+	if !keep {
+		return nil, 0
 	}
 	return h, dropped
 }

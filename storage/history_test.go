@@ -193,3 +193,98 @@ func BenchmarkRecordCodecHistory(b *testing.B) {
 		})
 	}
 }
+
+// TestRecordWithoutHistoryChecksAsMuchAsWithIt: a record decoded without its history
+// is the record decoded whole, history left out, and the same bytes are corrupt either
+// way: every truncation, and every byte of the record replaced by each of a few values.
+func TestRecordWithoutHistoryChecksAsMuchAsWithIt(t *testing.T) {
+	rec := typicalRecord()
+	fullHistory(rec)
+	rec.Effect = json.RawMessage(`{"card":"***","amount":40}`)
+	rec.EffectMask = []string{"/card"}
+	v, err := encodeRecord(nil, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := decodeRecordKeeping(rec.Tenant, rec.Key, v, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.History != nil || got.HistoryDropped != 0 || !reflect.DeepEqual(got, rec.WithoutHistory()) {
+		t.Fatalf("without history:\n got %+v\nwant %+v", got, rec.WithoutHistory())
+	}
+	same := func(b []byte, what string) {
+		t.Helper()
+		whole, werr := decodeRecordKeeping(rec.Tenant, rec.Key, b, true)
+		brief, berr := decodeRecordKeeping(rec.Tenant, rec.Key, b, false)
+		if (werr == nil) != (berr == nil) {
+			t.Fatalf("%s: decoded whole: %v; without history: %v", what, werr, berr)
+		}
+		if werr == nil && !reflect.DeepEqual(brief, whole.WithoutHistory()) {
+			t.Fatalf("%s: without history %+v, whole %+v", what, brief, whole)
+		}
+	}
+	for n := 9; n < len(v); n++ {
+		same(v[:n], fmt.Sprintf("cut at %d of %d bytes", n, len(v)))
+	}
+	b := make([]byte, len(v))
+	for i := 9; i < len(v); i++ {
+		for _, x := range []byte{0x00, 0x01, 0x7f, 0x80, 0xff, v[i] + 1} {
+			copy(b, v)
+			b[i] = x
+			same(b, fmt.Sprintf("byte %d set to %#x", i, x))
+		}
+	}
+}
+
+// TestRecordWithoutHistoryBuildsNoEvents: the store's RecordWithoutHistory leaves the
+// events unbuilt (each event is three strings and the slice holds them all), and
+// Record still reads them.
+func TestRecordWithoutHistoryBuildsNoEvents(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	rec := typicalRecord()
+	fullHistory(rec)
+	bt := s.NewBatch()
+	if err := bt.PutRecord(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	whole, err := s.Record(rec.Tenant, rec.Key)
+	if err != nil || !reflect.DeepEqual(whole, rec) {
+		t.Fatalf("Record: %+v, %v", whole, err)
+	}
+	brief, err := s.RecordWithoutHistory(rec.Tenant, rec.Key)
+	if err != nil || !reflect.DeepEqual(brief, rec.WithoutHistory()) {
+		t.Fatalf("RecordWithoutHistory: %+v, %v", brief, err)
+	}
+	withAllocs := testing.AllocsPerRun(100, func() { _, _ = s.Record(rec.Tenant, rec.Key) })
+	withoutAllocs := testing.AllocsPerRun(100, func() { _, _ = s.RecordWithoutHistory(rec.Tenant, rec.Key) })
+	if withoutAllocs > withAllocs-float64(len(rec.History)) {
+		t.Errorf("RecordWithoutHistory made %.0f allocations, Record %.0f, for %d events", withoutAllocs, withAllocs, len(rec.History))
+	}
+}
+
+// BenchmarkDecodeRecordWithoutHistory: a replay's decoding of the record it answers
+// from (two events, as an executed and committed record holds), whole and without its
+// history.
+func BenchmarkDecodeRecordWithoutHistory(b *testing.B) {
+	rec := typicalRecord()
+	rec.AddEvent(idemkv.HistoryEvent{At: rec.CreatedAt, Event: idemkv.EventExecute, Fence: rec.Fence, AttemptID: rec.AttemptID, Actor: rec.Actor})
+	rec.AddEvent(idemkv.HistoryEvent{At: rec.UpdatedAt, Event: idemkv.EventCommit, Fence: rec.Fence, AttemptID: rec.AttemptID, Actor: rec.Actor, Detail: "linear LIN-1842"})
+	v, err := encodeRecord(nil, rec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, history := range []bool{true, false} {
+		b.Run(map[bool]string{true: "whole", false: "without-history"}[history], func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := decodeRecordKeeping(rec.Tenant, rec.Key, v, history); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -263,6 +263,17 @@ func (s *Store) Sync() error {
 // Record returns the stored record of (tenant, key), or nil if there is none. Expiry
 // is not applied here: deciding what an expired record means is the caller's business.
 func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
+	return s.record(tenant, key, true)
+}
+
+// RecordWithoutHistory is Record without the record's history (nil, and
+// HistoryDropped 0), for the readers that answer without it: a reserve's answers
+// never carry it, and decoding its events was most of a replay's decoding.
+func (s *Store) RecordWithoutHistory(tenant, key string) (*idemkv.Record, error) {
+	return s.record(tenant, key, false)
+}
+
+func (s *Store) record(tenant, key string, history bool) (*idemkv.Record, error) {
 	if err := s.Failure(); err != nil {
 		return nil, err
 	}
@@ -286,7 +297,7 @@ func (s *Store) Record(tenant, key string) (*idemkv.Record, error) {
 	if v == nil {
 		return nil, nil
 	}
-	return decodeRecord(tenant, key, v)
+	return decodeRecordKeeping(tenant, key, v, history)
 }
 
 // ScanRecords calls fn for the records of tenant whose key starts with prefix and is
