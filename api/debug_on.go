@@ -2,7 +2,11 @@
 
 package api
 
-import "github.com/idemkv/idemkv/internal/testhooks"
+import (
+	"net/http"
+
+	"github.com/idemkv/idemkv/internal/testhooks"
+)
 
 // stateHasher is what the debug endpoint of the test build reads from a node that has
 // it; a Store without it still gets the hook endpoints.
@@ -23,5 +27,10 @@ func (s *Server) mountDebug() {
 			return testhooks.Snapshot{AppliedIndex: applied, StateHash: hash}, err
 		}
 	}
-	testhooks.Mount(s.mux, snap)
+	// On both muxes, as handle registers every route: the one that serves, and the
+	// routes alone, which tell unmatched a method a hook does not allow (405) from a
+	// path no route has (404).
+	for _, mux := range []*http.ServeMux{s.mux, s.routes} {
+		testhooks.Mount(mux, snap)
+	}
 }

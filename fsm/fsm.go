@@ -703,7 +703,8 @@ func (f *FSM) Get(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, err
 // names the key: an allocation and a format for each new operation on every node that
 // looks), and a record comes without its history. A reserve's answer never carries
 // the history, and a decision that would carry it into a next record is proposed and
-// made by the batch, which reads the record whole.
+// made by the batch, which reads the record whole: what Decide makes of a looked-up
+// record is for telling whether the decision changes it, never to be stored.
 func (f *FSM) Lookup(tenant, key string, now idemkv.Timestamp) (*idemkv.Record, error) {
 	return f.lookup(tenant, key, now, false)
 }
