@@ -403,11 +403,7 @@ func decodeRecordKeeping(tenant, key string, v []byte, history bool) (*idemkv.Re
 		r.Effect = d.Bytes()
 	}
 	if flags&flagHistory != 0 {
-		if history {
-			decodeHistory(&d, r)
-		} else {
-			skipHistory(&d)
-		}
+		r.History, r.HistoryDropped = scanHistory(&d, history)
 	}
 	if flags&flagEffectMask != 0 {
 		n := d.Uvarint()
@@ -422,16 +418,6 @@ func decodeRecordKeeping(tenant, key string, v []byte, history bool) (*idemkv.Re
 		return nil, fmt.Errorf("%w: record %q/%q", err, tenant, key)
 	}
 	return r, nil
-}
-
-func decodeHistory(d *wire.Decoder, r *idemkv.Record) {
-	r.History, r.HistoryDropped = readHistory(d)
-}
-
-// skipHistory reads past a history as readHistory does, with its checks, and keeps
-// nothing of it.
-func skipHistory(d *wire.Decoder) {
-	scanHistory(d, false)
 }
 
 // appendHistory appends a history (a record's, a tombstone's): history_dropped, the
@@ -459,8 +445,9 @@ func readHistory(d *wire.Decoder) (h []idemkv.HistoryEvent, dropped uint32) {
 	return scanHistory(d, true)
 }
 
-// scanHistory reads a history and checks it; it builds the events only when keep is
-// set (the one reader of the format, for readHistory and skipHistory alike).
+// scanHistory reads a history and checks it: the one reader of the format. It returns
+// the events and history_dropped only when keep is set, and otherwise (nil, 0),
+// without building the events.
 func scanHistory(d *wire.Decoder, keep bool) (h []idemkv.HistoryEvent, dropped uint32) {
 	n64 := d.Uvarint()
 	if n64 > 1<<32-1 {
@@ -483,22 +470,12 @@ func scanHistory(d *wire.Decoder, keep bool) (h []idemkv.HistoryEvent, dropped u
 			d.Fail("unknown history event %d", code)
 			return nil, 0
 		}
-		if !keep {
-			d.Varint()
-			d.Uvarint()
-			d.Raw()
-			d.Raw()
-			d.Raw()
-			continue
+		at, fence := d.Varint(), d.Uvarint()
+		attempt, actor, detail := d.Raw(), d.Raw(), d.Raw()
+		if keep {
+			h = append(h, idemkv.HistoryEvent{Event: eventByCode[code], At: idemkv.Timestamp(at), Fence: fence,
+				AttemptID: string(attempt), Actor: string(actor), Detail: string(detail)})
 		}
-		h = append(h, idemkv.HistoryEvent{
-			Event:     eventByCode[code],
-			At:        idemkv.Timestamp(d.Varint()),
-			Fence:     d.Uvarint(),
-			AttemptID: d.Text(),
-			Actor:     d.Text(),
-			Detail:    d.Text(),
-		})
 	}
 	if !keep {
 		return nil, 0
