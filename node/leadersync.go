@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/hashicorp/raft-wal/types"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
@@ -77,7 +76,6 @@ type logSync struct {
 	// the lock by the state machine's gate).
 	deferred atomic.Uint64
 	failed   atomic.Bool
-	err      error // why it failed (under syncMu)
 	// waitMu and waitCh wake whoever waits for durable to move (waitCh is closed and
 	// replaced each time it moves).
 	waitMu sync.Mutex
@@ -117,21 +115,19 @@ func (s *logSync) start(inner raft.LogStore, isLeader func() bool, fail func(err
 	return nil
 }
 
-// close makes the last put-off syncs and stops the goroutine; its error is a sync
-// that failed. The log must not be written after.
-func (s *logSync) close() error {
+// close makes the last put-off syncs and stops the goroutine. The log must not be
+// written after.
+func (s *logSync) close() {
 	if s.inner == nil {
-		return nil // never started
+		return // never started
 	}
 	select {
 	case <-s.stop:
+		return
 	default:
-		close(s.stop)
-		<-s.done
 	}
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	return s.err
+	close(s.stop)
+	<-s.done
 }
 
 func (s *logSync) run() {
@@ -183,12 +179,8 @@ func (s *logSync) round() {
 	}
 	for _, f := range files {
 		if err := f.realSync(); err != nil {
-			// The replica stops before anything waiting on durable hears of the
-			// failure, so no entry is answered as failed by a state machine that
-			// would still snapshot past it.
-			s.err = fmt.Errorf("syncing the raft log up to entry %d: %w", target, err)
-			s.fail(s.err)
 			s.failed.Store(true)
+			s.fail(fmt.Errorf("syncing the raft log up to entry %d: %w", target, err))
 			s.wake()
 			return
 		}
@@ -261,14 +253,6 @@ func (s *logSync) StoreLogs(logs []*raft.Log) error {
 		return errLogSyncFailed
 	}
 	if s.deferrable && onlyCommands(logs) && s.isLeader() {
-		// One batch unsynced at a time: raft-wal's recovery checks the checksum of
-		// a segment's last commit only, trusting every commit before it to have been
-		// synced before the next was written. Its sync goes on beside the batch's
-		// replication; the next batch's write waits for it.
-		s.round()
-		if s.failed.Load() {
-			return errLogSyncFailed
-		}
 		s.deferring.Store(true)
 		err := s.inner.StoreLogs(logs)
 		s.deferring.Store(false)
@@ -334,24 +318,6 @@ func (s *logSync) DeleteRange(lo, hi uint64) error {
 func (s *logSync) FirstIndex() (uint64, error)        { return s.inner.FirstIndex() }
 func (s *logSync) LastIndex() (uint64, error)         { return s.inner.LastIndex() }
 func (s *logSync) GetLog(i uint64, l *raft.Log) error { return s.inner.GetLog(i, l) }
-
-// syncedMeta is raft-wal's store of its segment list, which commits a state only once
-// every put-off sync is made: a segment it records as sealed (with its last index and
-// index block) or as removed must hold on disk what the record says.
-type syncedMeta struct {
-	types.MetaStore
-	sync *logSync
-}
-
-func (m syncedMeta) CommitState(st types.PersistentState) error {
-	if m.sync != nil {
-		m.sync.round()
-		if m.sync.failed.Load() {
-			return errLogSyncFailed
-		}
-	}
-	return m.MetaStore.CommitState(st)
-}
 
 var errLogSyncFailed = fmt.Errorf("node: the raft log could not be synced; the node must restart")
 

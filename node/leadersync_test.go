@@ -191,54 +191,6 @@ func TestLeaderAppendIsSyncedBesideIt(t *testing.T) {
 	if got := l.s.Durable(); got != 8 {
 		t.Fatalf("durable %d after the sync, want 8", got)
 	}
-
-	// One batch unsynced at a time: raft-wal's recovery trusts every commit but a
-	// segment's last to have been synced before the next was written.
-	l.h.hold()
-	if err, ok := returned(async(func() error { return l.s.StoreLogs(commands(9, 10)) }), 2*time.Second); !ok || err != nil {
-		t.Fatalf("append 9-10: returned %v, %v; want at once", ok, err)
-	}
-	next := async(func() error { return l.s.StoreLogs(commands(11, 12)) })
-	if _, ok := returned(next, 200*time.Millisecond); ok {
-		t.Fatal("append 11-12 was written while 9-10 were not yet synced")
-	}
-	l.h.let()
-	if err, ok := returned(next, 2*time.Second); !ok || err != nil {
-		t.Fatalf("append 11-12 once 9-10 synced: returned %v, %v", ok, err)
-	}
-}
-
-// fakeMeta records whether CommitState was reached.
-type fakeMeta struct {
-	types.MetaStore
-	committed chan struct{}
-}
-
-func (f fakeMeta) CommitState(types.PersistentState) error { close(f.committed); return nil }
-
-// raft-wal records a segment as sealed (its last index, its index block) in its meta
-// store: not before the segment's put-off sync is made.
-func TestWALMetaCommitsAfterThePutOffSyncs(t *testing.T) {
-	l := newSyncedLog(t)
-	l.leader.Store(true)
-	l.h.hold()
-	if err := l.s.StoreLogs(commands(1, 3)); err != nil {
-		t.Fatal(err)
-	}
-	m := syncedMeta{fakeMeta{committed: make(chan struct{})}, l.s}
-	done := async(func() error { return m.CommitState(types.PersistentState{}) })
-	select {
-	case <-m.MetaStore.(fakeMeta).committed:
-		t.Fatal("the meta store committed while a segment's sync was put off")
-	case <-time.After(200 * time.Millisecond):
-	}
-	l.h.let()
-	if err, ok := returned(done, 2*time.Second); !ok || err != nil {
-		t.Fatalf("the commit once synced: returned %v, %v", ok, err)
-	}
-	if got := l.s.Durable(); got != 3 {
-		t.Fatalf("durable %d after the commit, want 3", got)
-	}
 }
 
 func TestFollowerStoreIsSyncedBeforeItReturns(t *testing.T) {

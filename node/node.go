@@ -581,7 +581,7 @@ func (n *Node) closeResources() error {
 		errs = append(errs, n.verifier.Close()) // stops its goroutine; the store is closed below
 	}
 	if n.logSync != nil {
-		errs = append(errs, n.logSync.close())
+		n.logSync.close()
 	}
 	if n.raftLog != nil {
 		errs = append(errs, n.raftLog.Close())

@@ -215,7 +215,7 @@ func openRaftLogSync(dataDir, backend string, walSegmentBytes int, hlog hclog.Lo
 		armed := new(atomic.Bool)
 		fsys := shortReadWALFS{privateWALFS{walfs.New()}, armed, ls}
 		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(walSegmentBytes),
-			wal.WithSegmentFiler(segment.NewFiler(dir, fsys)), wal.WithMetaStore(syncedMeta{&metadb.BoltMetaDB{}, ls}))
+			wal.WithSegmentFiler(segment.NewFiler(dir, fsys)))
 		if err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
