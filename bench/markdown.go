@@ -327,15 +327,14 @@ func stageTable(b *strings.Builder, r *Results, idem []SystemInfo, peer, peerLab
 		{"validation (API)", func(s *Stages) float64 { return s.Validate }, false},
 		{"validation and local look-ups (node)", func(s *Stages) float64 { return s.Prepare }, false},
 		{"hand-offs to Raft's goroutines and back", func(s *Stages) float64 { return s.Handoffs }, false},
-		{"leader's log append (synced beside the replication)", func(s *Stages) float64 { return s.LeaderAppend }, false},
+		{"leader's log append, until durable", func(s *Stages) float64 { return s.LeaderAppend }, false},
 		{"then until a quorum has it", func(s *Stages) float64 { return s.Quorum }, true},
-		{"then until applied (after the leader's sync)", func(s *Stages) float64 { return s.Applied }, false},
+		{"then until applied", func(s *Stages) float64 { return s.Applied }, false},
 		{"answer encoded and written", func(s *Stages) float64 { return s.Respond }, false},
 		{"rest of the endpoint (routing, authentication, headers)", func(s *Stages) float64 { return s.Rest }, false},
 		{"**the endpoint, in all**", func(s *Stages) float64 { return s.Handler }, false},
 		{"inside the quorum wait: one AppendEntries round trip", func(s *Stages) float64 { return s.AppendRPC }, true},
 		{"inside that: a follower's log write", func(s *Stages) float64 { return s.FollowerAppend }, true},
-		{"beside them: one sync of the leader's log", func(s *Stages) float64 { return s.LeaderSync }, false},
 		{"idemkv's own work: reading, checks, look-ups, the answer, the rest", (*Stages).Own, false},
 	}
 	for _, row := range rows {

@@ -36,13 +36,10 @@ type Stages struct {
 	// in flight, its wait there while the loop appends the batch before), and the
 	// answer's way back (the propose time less the rest of Raft's stages).
 	Handoffs float64 `json:"handoffs_ms"`
-	// LeaderAppend is the leader's log write (the node syncs it beside the
-	// replication: LeaderSync is one such sync); Quorum from its end until a quorum
-	// has the entry (Raft's commit time less the leader's append); Applied the
-	// hand-off of the committed entry to the state machine and its apply, which waits
-	// for the leader's sync.
+	// LeaderAppend is the leader's log write until durable; Quorum from its end until
+	// a quorum has the entry (Raft's commit time less the leader's append); Applied
+	// the hand-off of the committed entry to the state machine and its apply.
 	LeaderAppend float64 `json:"leader_append_ms"`
-	LeaderSync   float64 `json:"leader_sync_ms"`
 	Quorum       float64 `json:"quorum_ms"`
 	Applied      float64 `json:"applied_ms"`
 	// Respond is encoding and writing the answer.
@@ -207,7 +204,7 @@ func (w *stageWindow) breakdown() *Stages {
 		return mean(b, a, stageSeries(stage, "sum"), stageSeries(stage, "count"))
 	}
 	s := &Stages{Writes: uint64(most), Read: st("read"), Validate: st("validate"), Prepare: st("prepare"),
-		LeaderAppend: st("leader_append"), LeaderSync: st("leader_sync"), Respond: st("respond"), AppendRPC: st("append_rpc")}
+		LeaderAppend: st("leader_append"), Respond: st("respond"), AppendRPC: st("append_rpc")}
 	commit := st("commit")
 	s.Quorum = commit - s.LeaderAppend
 	s.Applied = st("fsm_enqueue") + st("fsm_apply")

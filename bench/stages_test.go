@@ -44,7 +44,7 @@ func TestStageBreakdownFromScrapes(t *testing.T) {
 	// leader append 0.4, commit 1.0, enqueue 0.05, apply 0.1, respond 0.03,
 	// append RPC 0.5; propose 1.3; the endpoints 1.5.
 	leader := map[string]float64{"read": 0.05, "validate": 0.01, "prepare": 0.02, "leader_append": 0.4, "commit": 1.0,
-		"fsm_enqueue": 0.05, "fsm_apply": 0.1, "respond": 0.03, "append_rpc": 0.5, "leader_sync": 0.25}
+		"fsm_enqueue": 0.05, "fsm_apply": 0.1, "respond": 0.03, "append_rpc": 0.5}
 	follower := map[string]float64{"follower_append": 0.3, "fsm_apply": 0.2}
 	w := stageWindow{
 		before: []scrape{mustScrape(t, metricsText(0, zero, 0, 0, 0)), mustScrape(t, metricsText(0, zero, 0, 0, 0)), mustScrape(t, metricsText(0, zero, 0, 0, 0))},
@@ -57,7 +57,7 @@ func TestStageBreakdownFromScrapes(t *testing.T) {
 	}
 	for name, c := range map[string][2]float64{
 		"read": {s.Read, 0.05}, "validate": {s.Validate, 0.01}, "prepare": {s.Prepare, 0.02},
-		"leader append": {s.LeaderAppend, 0.4}, "leader sync": {s.LeaderSync, 0.25}, "quorum": {s.Quorum, 0.6}, "applied": {s.Applied, 0.15},
+		"leader append": {s.LeaderAppend, 0.4}, "quorum": {s.Quorum, 0.6}, "applied": {s.Applied, 0.15},
 		"hand-offs": {s.Handoffs, 0.15}, "respond": {s.Respond, 0.03}, "handler": {s.Handler, 1.5},
 		"rest": {s.Rest, 1.5 - (0.05 + 0.01 + 0.02 + 1.3 + 0.03)}, "append rpc": {s.AppendRPC, 0.5},
 		"follower append": {s.FollowerAppend, 0.3},
@@ -75,16 +75,15 @@ func TestStageBreakdownFromScrapes(t *testing.T) {
 // shows no quorum wait or follower figures.
 func TestMarkdownStageTables(t *testing.T) {
 	r := results()
-	find(r.New, "idemkv-3/wal", 1).Stages = &Stages{Read: 0.05, LeaderAppend: 0.4, LeaderSync: 0.2, Quorum: 0.6, Handler: 1.5, AppendRPC: 0.5, FollowerAppend: 0.3}
+	find(r.New, "idemkv-3/wal", 1).Stages = &Stages{Read: 0.05, LeaderAppend: 0.4, Quorum: 0.6, Handler: 1.5, AppendRPC: 0.5, FollowerAppend: 0.3}
 	find(r.New, "idemkv-1/wal", 1).Stages = &Stages{Read: 0.05, LeaderAppend: 0.4, Quorum: 0.001, Handler: 0.6}
 	r.Targets = verdicts(r)
 	md := markdown(r)
-	if n := strings.Count(md, "| leader's log append (synced beside the replication) |"); n != 2 {
+	if n := strings.Count(md, "| leader's log append, until durable |"); n != 2 {
 		t.Errorf("%d stage tables, want 2 (three nodes once, one node once):\n%s", n, md)
 	}
 	for _, want := range []string{
-		"| leader's log append (synced beside the replication) | 0.400 |",
-		"| beside them: one sync of the leader's log | 0.200 |",
+		"| leader's log append, until durable | 0.400 |",
 		"| then until a quorum has it | 0.600 |",
 		"| then until a quorum has it | — |",
 		"| inside that: a follower's log write | 0.300 |",

@@ -333,11 +333,6 @@ func (f *FSM) halt(err error) error {
 	return err
 }
 
-// Halt stops the state machine as a storage error inside Apply does (see halt): the
-// node calls it when the Raft log under the state machine cannot make entries durable
-// that Raft has already counted as stored.
-func (f *FSM) Halt(err error) { f.halt(err) }
-
 // haltedResults answers every entry of a batch that was not stored: the entries are
 // committed in Raft and the other replicas apply them, so for the proposer the
 // outcome is unknown.

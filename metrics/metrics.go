@@ -77,11 +77,10 @@ const namespace = "idemkv"
 // The stages of a write that WriteStages times. The API's own: reading and decoding
 // the body, the checks before the store is called, writing the answer. The node's:
 // its checks and local look-ups before proposing. Raft's, as hashicorp/raft times them
-// (node.RaftStageSink): the leader's append of a batch (its log write, whose sync the
-// node makes beside the replication: leader_sync), from that append's start until a
-// quorum has the entry (commit), the hand-off of committed entries to the state
-// machine's goroutine, one batch's apply (which waits for the leader's sync), and on the
-// way: one AppendEntries round trip to a follower and a follower's own log write.
+// (node.RaftStageSink): the leader's append until its log write is durable, from that
+// append's start until a quorum has the entry (commit), the hand-off of committed
+// entries to the state machine's goroutine, one batch's apply, and on the way: one
+// AppendEntries round trip to a follower and a follower's own log write.
 const (
 	StageRead = iota
 	StageValidate
@@ -93,7 +92,6 @@ const (
 	StageFSMApply
 	StageAppendRPC
 	StageFollowerAppend
-	StageLeaderSync
 	numStages
 )
 
@@ -102,7 +100,6 @@ var StageNames = [numStages]string{
 	StageRead: "read", StageValidate: "validate", StagePrepare: "prepare", StageRespond: "respond",
 	StageLeaderAppend: "leader_append", StageCommit: "commit", StageFSMEnqueue: "fsm_enqueue",
 	StageFSMApply: "fsm_apply", StageAppendRPC: "append_rpc", StageFollowerAppend: "follower_append",
-	StageLeaderSync: "leader_sync",
 }
 
 // Stage returns the observer of stage s (a Stage* constant), looked up once in New.
@@ -201,7 +198,7 @@ func New() *Metrics {
 		}),
 		WriteStages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "write_stage_duration_seconds",
-			Help:    "Stages of a write on the node that serves it: read, validate, respond (API), prepare (node, before proposing), leader_append, commit, fsm_enqueue, fsm_apply, append_rpc, follower_append (Raft's own timers), leader_sync (the leader's own log sync, made beside the replication).",
+			Help:    "Stages of a write on the node that serves it: read, validate, respond (API), prepare (node, before proposing), leader_append, commit, fsm_enqueue, fsm_apply, append_rpc, follower_append (Raft's own timers).",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 2, 20),
 		}, []string{"stage"}),
 		LeaderChanges: prometheus.NewCounter(prometheus.CounterOpts{

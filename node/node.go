@@ -284,8 +284,6 @@ type Node struct {
 	// raftLog is the Raft log and stable store opened in the data dir, closed by the
 	// node even when WrapRaftStores put others in front of it.
 	raftLog raftLogStore
-	logSync *logSync
-	raftPtr atomic.Pointer[raft.Raft]
 	// logs is Raft's log as Raft reads it: the cache over the verifier over the
 	// (possibly wrapped) store.
 	logs     *raft.LogCache
@@ -376,8 +374,7 @@ func (n *Node) open() error {
 		n.clock.prev = c.Time()
 	}
 	hlog := newHCLogger(n.log)
-	n.logSync = newLogSync(backend == RaftLogWAL)
-	if n.raftLog, err = openRaftLogSync(n.cfg.DataDir, backend, n.cfg.RaftWALSegmentBytes, hlog, n.logSync); err != nil {
+	if n.raftLog, err = openRaftLog(n.cfg.DataDir, backend, n.cfg.RaftWALSegmentBytes, hlog); err != nil {
 		return err
 	}
 	n.log.Info("raft log opened", "backend", backend)
@@ -390,16 +387,6 @@ func (n *Node) open() error {
 		stores = n.cfg.WrapRaftStores(stores)
 		stores.Log = keepMonotonic(n.raftLog, stores.Log)
 	}
-	// The leader's appends are synced beside their replication (leadersync.go). In
-	// front of whatever a hook made of the log: the durable index is the log's Raft
-	// writes to, and a log that syncs for itself just syncs before the goroutine looks.
-	isLeader := func() bool { r := n.raftPtr.Load(); return r != nil && r.State() == raft.Leader }
-	leaderSync := n.metrics.Stage(metrics.StageLeaderSync)
-	took := func(d time.Duration) { leaderSync.Observe(d.Seconds()) }
-	if err := n.logSync.start(stores.Log, isLeader, n.fsm.Halt, took); err != nil {
-		return fmt.Errorf("node: raft log: %w", err)
-	}
-	stores.Log = keepMonotonic(n.raftLog, n.logSync)
 	if n.cfg.RaftLogVerifyInterval > 0 {
 		n.verifier = n.verifyLog(stores.Log)
 		stores.Log = n.verifier
@@ -456,10 +443,9 @@ func (n *Node) open() error {
 	rc.NotifyCh = notify
 	n.leaderNotify = notify
 
-	if n.raft, err = raft.NewRaft(rc, n.durableFSM(), logs, stable, snaps, commitClamp{n.transport, n.logSync}); err != nil {
+	if n.raft, err = raft.NewRaft(rc, n.raftFSM(), logs, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
-	n.raftPtr.Store(n.raft)
 	stream.preferMembers(n.raft, n.cfg.PeerAddresses)
 	if peers != nil {
 		peers.raft.Store(n.raft)
@@ -579,9 +565,6 @@ func (n *Node) closeResources() error {
 	}
 	if n.verifier != nil {
 		errs = append(errs, n.verifier.Close()) // stops its goroutine; the store is closed below
-	}
-	if n.logSync != nil {
-		n.logSync.close()
 	}
 	if n.raftLog != nil {
 		errs = append(errs, n.raftLog.Close())

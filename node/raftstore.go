@@ -185,10 +185,6 @@ func writeFileSynced(dir, name string, data []byte) error {
 // openRaftLog opens (or creates) the Raft log of dataDir in the given backend;
 // walSegmentBytes sizes the segment files raft-wal creates from now on.
 func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger) (raftLogStore, error) {
-	return openRaftLogSync(dataDir, backend, walSegmentBytes, hlog, nil)
-}
-
-func openRaftLogSync(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger, ls *logSync) (raftLogStore, error) {
 	switch backend {
 	case RaftLogBolt:
 		// Once the log has been compacted, raft.db is mostly free pages; syncing the
@@ -213,7 +209,7 @@ func openRaftLogSync(dataDir, backend string, walSegmentBytes int, hlog hclog.Lo
 		// The files read raft-wal's speculative frame reads short once the log is
 		// open (walread.go); its recovery of the last segment reads them in full.
 		armed := new(atomic.Bool)
-		fsys := shortReadWALFS{privateWALFS{walfs.New()}, armed, ls}
+		fsys := shortReadWALFS{privateWALFS{walfs.New()}, armed}
 		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(walSegmentBytes),
 			wal.WithSegmentFiler(segment.NewFiler(dir, fsys)))
 		if err != nil {

@@ -58,8 +58,6 @@ var probeBufs = sync.Pool{New: func() any { return new([walFrameHeaderBytes + fr
 type shortReadWALFS struct {
 	types.VFS
 	armed *atomic.Bool
-	// sync puts off the syncs of the leader's appends (leadersync.go); nil: never.
-	sync *logSync
 }
 
 func (s shortReadWALFS) Create(dir, name string, size uint64) (types.WritableFile, error) {
@@ -67,7 +65,7 @@ func (s shortReadWALFS) Create(dir, name string, size uint64) (types.WritableFil
 	if err != nil {
 		return nil, err
 	}
-	return shortReadWritable{f, s.armed, s.sync}, nil
+	return shortReadWritable{f, s.armed}, nil
 }
 
 func (s shortReadWALFS) OpenWriter(dir, name string) (types.WritableFile, error) {
@@ -75,7 +73,7 @@ func (s shortReadWALFS) OpenWriter(dir, name string) (types.WritableFile, error)
 	if err != nil {
 		return nil, err
 	}
-	return shortReadWritable{f, s.armed, s.sync}, nil
+	return shortReadWritable{f, s.armed}, nil
 }
 
 func (s shortReadWALFS) OpenReader(dir, name string) (types.ReadableFile, error) {
@@ -89,23 +87,6 @@ func (s shortReadWALFS) OpenReader(dir, name string) (types.ReadableFile, error)
 type shortReadWritable struct {
 	types.WritableFile
 	armed *atomic.Bool
-	sync  *logSync
-}
-
-// Sync syncs the file, or leaves it to the log's sync goroutine while the leader's
-// append is written (logSync).
-func (f shortReadWritable) Sync() error {
-	if f.sync.deferSync(f) {
-		return nil
-	}
-	return f.WritableFile.Sync()
-}
-
-func (f shortReadWritable) realSync() error { return f.WritableFile.Sync() }
-
-func (f shortReadWritable) same(o syncer) bool {
-	g, ok := o.(shortReadWritable)
-	return ok && g.WritableFile == f.WritableFile
 }
 
 func (f shortReadWritable) ReadAt(p []byte, off int64) (int, error) {

@@ -144,7 +144,7 @@ func TestWALReadsBackAnEntryWithoutItsBuffer(t *testing.T) {
 	var read atomic.Int64
 	armed := new(atomic.Bool)
 	const entries = 100
-	w := walOfSmallEntries(t, shortReadWALFS{countingVFS{walfs.New(), &read}, armed, nil}, entries)
+	w := walOfSmallEntries(t, shortReadWALFS{countingVFS{walfs.New(), &read}, armed}, entries)
 	readAll := func() int64 {
 		t.Helper()
 		read.Store(0)
@@ -228,7 +228,7 @@ func BenchmarkWALGetLog(b *testing.B) {
 		b.Run(fmt.Sprintf("armed=%v", armedNow), func(b *testing.B) {
 			armed := new(atomic.Bool)
 			const entries = 4096
-			w := walOfSmallEntries(b, shortReadWALFS{walfs.New(), armed, nil}, entries)
+			w := walOfSmallEntries(b, shortReadWALFS{walfs.New(), armed}, entries)
 			armed.Store(armedNow)
 			b.ReportAllocs()
 			var l raft.Log
