@@ -210,8 +210,12 @@ func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger
 		// open (walread.go); its recovery of the last segment reads them in full.
 		armed := new(atomic.Bool)
 		fsys := shortReadWALFS{privateWALFS{walfs.New()}, armed}
-		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(walSegmentBytes),
-			wal.WithSegmentFiler(segment.NewFiler(dir, fsys)))
+		// A zero size is raft-wal's default, which is ours; the meta store's repair
+		// (walrotation.go) records the size of the segment it adds.
+		size := cmp.Or(walSegmentBytes, DefaultRaftWALSegmentBytes)
+		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(size),
+			wal.WithSegmentFiler(segment.NewFiler(dir, fsys)),
+			wal.WithMetaStore(newRotatingMeta(dir, fsys, size, hlog.Named("wal"))))
 		if err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}

@@ -42,11 +42,13 @@ const walReadBufBytes = 64 << 10
 // every entry this node writes is smaller, bar a command carrying a large result.
 const frameProbeBytes = 4 << 10
 
-// walFrameHeaderBytes is the length of raft-wal's frame header; walFrameEntry the type
-// of an entry frame.
+// walFrameHeaderBytes is the length of raft-wal's frame header; walFrameEntry and
+// walFrameIndex the types of an entry frame and of a sealed segment's index frame
+// (raft-wal's segment/format.go).
 const (
 	walFrameHeaderBytes = 8
 	walFrameEntry       = 1
+	walFrameIndex       = 2
 )
 
 // probeBufs holds the buffers of probe reads: the 8 bytes before a read and

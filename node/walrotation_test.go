@@ -1,0 +1,151 @@
+package node
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
+	walfs "github.com/hashicorp/raft-wal/fs"
+	"github.com/hashicorp/raft-wal/metadb"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
+)
+
+// TestRaftWALFinishesAnInterruptedRotation: the crash TestPowerLossOnLazyFS once hit
+// (a rack cut while followers rotated their last segment). The append that fills a
+// segment seals its file; the meta store learns of the rotation only afterwards. With
+// the file sealed and the meta store still naming it the open tail, raft-wal v0.4.2
+// opens the log and then refuses every append ("segment is sealed"), so the node could
+// never store an entry again. The log must open, keep every entry the seal committed,
+// and take appends, across a second restart too.
+//
+// The torn case: the seal's commit never became durable (its index block is garbage).
+// raft-wal then keeps only the entries of the commit before, yet still reads the
+// segment as sealed; the log must drop the torn index and take appends after the last
+// intact commit.
+func TestRaftWALFinishesAnInterruptedRotation(t *testing.T) {
+	for _, torn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("torn=%v", torn), func(t *testing.T) { interruptedRotation(t, torn) })
+	}
+}
+
+func interruptedRotation(t *testing.T, torn bool) {
+	hlog := newHCLogger(slog.New(slog.DiscardHandler))
+	const segmentBytes = 4 << 10
+	dataDir := t.TempDir()
+	walDir := filepath.Join(dataDir, walLogDir)
+	entry := func(i uint64) *raft.Log {
+		return &raft.Log{Index: i, Term: 3, Type: raft.LogCommand, Data: fmt.Appendf(nil, "entry-%d-%0100d", i, i)}
+	}
+	open := func() raftLogStore {
+		t.Helper()
+		s, err := openRaftLog(dataDir, RaftLogWAL, segmentBytes, hlog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	closeStore := func(s raftLogStore) {
+		t.Helper()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(s raftLogStore, last uint64) {
+		t.Helper()
+		if l, err := s.LastIndex(); err != nil || l != last {
+			t.Fatalf("last index %d (%v), want %d", l, err, last)
+		}
+		for i := uint64(1); i <= last; i++ {
+			var got raft.Log
+			if err := s.GetLog(i, &got); err != nil {
+				t.Fatalf("entry %d: %v", i, err)
+			}
+			if want := entry(i); !bytes.Equal(got.Data, want.Data) {
+				t.Fatalf("entry %d: %q, want %q", i, got.Data, want.Data)
+			}
+		}
+	}
+
+	// A log with a few entries in its first segment.
+	s := open()
+	const first = 5
+	for i := uint64(1); i <= first; i++ {
+		if err := s.StoreLogs([]*raft.Log{entry(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closeStore(s)
+
+	// Then, as raft-wal's writer does, appends until one seals the segment, and a
+	// crash before the rotation reaches the meta store.
+	var meta metadb.BoltMetaDB
+	ps, err := meta.Load(walDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := meta.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tail := ps.Segments[len(ps.Segments)-1]
+	w, err := segment.NewFiler(walDir, walfs.New()).RecoverTail(tail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codec wal.BinaryCodec
+	last := uint64(first)
+	var indexStart uint64
+	for sealed := false; !sealed; {
+		last++
+		var buf bytes.Buffer
+		if err := codec.Encode(entry(last), &buf); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Append([]types.LogEntry{{Index: last, Data: buf.Bytes()}}); err != nil {
+			t.Fatal(err)
+		}
+		if sealed, indexStart, err = w.Sealed(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if torn {
+		// The seal's index block half written: its commit's checksum fails, and the
+		// entry of the sealing append was never durable.
+		f, err := walfs.New().OpenWriter(walDir, segment.FileName(tail))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, 8), int64(indexStart)); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		last--
+	}
+	t.Logf("segment sealed at index %d with its index at offset %d", last, indexStart)
+
+	for restart := range 2 {
+		s = open()
+		check(s, last)
+		for range 40 { // past the next segment's end too
+			last++
+			if err := s.StoreLogs([]*raft.Log{entry(last)}); err != nil {
+				if errors.Is(err, wal.ErrSealed) {
+					t.Fatalf("restart %d: append %d: %v: the interrupted rotation was never finished", restart, last, err)
+				}
+				t.Fatalf("restart %d: append %d: %v", restart, last, err)
+			}
+		}
+		check(s, last)
+		closeStore(s)
+	}
+}
