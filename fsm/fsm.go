@@ -333,6 +333,12 @@ func (f *FSM) halt(err error) error {
 	return err
 }
 
+// Halt halts the state machine for a failure outside it that leaves this replica unable
+// to go on, as a storage error while applying does: the store of Raft's log refusing
+// every append for good (node/walrotation.go). It returns the error the state machine
+// now reports.
+func (f *FSM) Halt(err error) error { return f.halt(err) }
+
 // haltedResults answers every entry of a batch that was not stored: the entries are
 // committed in Raft and the other replicas apply them, so for the proposer the
 // outcome is unknown.

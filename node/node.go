@@ -377,6 +377,7 @@ func (n *Node) open() error {
 	if n.raftLog, err = openRaftLog(n.cfg.DataDir, backend, n.cfg.RaftWALSegmentBytes, hlog); err != nil {
 		return err
 	}
+	n.raftLog = haltWhenSealed(n.raftLog, n.fsm.Halt)
 	n.log.Info("raft log opened", "backend", backend)
 	fileSnaps, err := openSnapshotStore(n.cfg.DataDir, hlog)
 	if err != nil {

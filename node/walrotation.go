@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/segment"
@@ -184,4 +185,41 @@ func (m *rotatingMeta) indexMatches(tail types.SegmentInfo, w types.SegmentWrite
 		}
 	}
 	return true, nil
+}
+
+// A rotation can also fail while the node runs: raft-wal records it in the meta store,
+// then creates the new segment's file, and a failure of either (a failed write of
+// wal-meta.db, a full disk when the file is preallocated) is only logged, as "rotate
+// error". The last segment stays sealed and every later append fails with ErrSealed;
+// it is the only way raft-wal's writer answers ErrSealed, as an append waits for the
+// rotation its predecessor started. Raft takes each failure as a passing one, so the
+// node would go on refusing every entry, with /readyz answering ready. A restart
+// finishes the rotation (above); until then the node halts, as for a storage error
+// while applying: Raft stops, and /readyz and the log say why.
+
+// sealedWAL is raft-wal's log store, halting the node when an append finds the last
+// segment sealed.
+type sealedWAL struct {
+	*wal.WAL
+	halt func(error) error
+}
+
+// haltWhenSealed returns s, with appends that find raft-wal's last segment sealed
+// halting the node through halt; a store of the other backend is returned as it is.
+func haltWhenSealed(s raftLogStore, halt func(error) error) raftLogStore {
+	w, ok := s.(*wal.WAL)
+	if !ok {
+		return s
+	}
+	return sealedWAL{WAL: w, halt: halt}
+}
+
+func (s sealedWAL) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{l}) }
+
+func (s sealedWAL) StoreLogs(logs []*raft.Log) error {
+	err := s.WAL.StoreLogs(logs)
+	if errors.Is(err, wal.ErrSealed) {
+		return s.halt(fmt.Errorf("raft log: the last segment is sealed and raft-wal failed to rotate it (its \"rotate error\" says why); a restart finishes the rotation: %w", err))
+	}
+	return err
 }

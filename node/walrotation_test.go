@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -147,5 +148,93 @@ func interruptedRotation(t *testing.T, torn bool) {
 		}
 		check(s, last)
 		closeStore(s)
+	}
+}
+
+// TestRaftWALHaltsWhenARotationFails: a rotation that fails while the node runs (here
+// the new segment's file cannot be created: a directory holds its name) leaves the
+// last segment sealed, and raft-wal refuses every later append. The store must halt
+// the node at the first refusal, with an error that says so, rather than let Raft take
+// the refusals for passing ones; a restart, with the disk healthy again, must keep
+// every entry stored and take appends.
+func TestRaftWALHaltsWhenARotationFails(t *testing.T) {
+	hlog := newHCLogger(slog.New(slog.DiscardHandler))
+	const segmentBytes = 4 << 10
+	dataDir := t.TempDir()
+	walDir := filepath.Join(dataDir, walLogDir)
+	entry := func(i uint64) *raft.Log {
+		return &raft.Log{Index: i, Term: 2, Type: raft.LogCommand, Data: fmt.Appendf(nil, "entry-%d-%0100d", i, i)}
+	}
+	open := func() raftLogStore {
+		t.Helper()
+		s, err := openRaftLog(dataDir, RaftLogWAL, segmentBytes, hlog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if err := open().Close(); err != nil {
+		t.Fatal(err)
+	}
+	var meta metadb.BoltMetaDB
+	ps, err := meta.Load(walDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := meta.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Whichever append fills the first segment, the next one's file is taken.
+	var decoys []string
+	for base := uint64(2); base <= 200; base++ {
+		d := filepath.Join(walDir, segment.FileName(types.SegmentInfo{BaseIndex: base, ID: ps.NextSegmentID}))
+		decoys = append(decoys, d)
+	}
+	s := open()
+	for _, d := range decoys {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var halted error
+	g := haltWhenSealed(s, func(err error) error { halted = err; return err })
+	var stored uint64
+	for i := uint64(1); i <= 200; i++ {
+		if err := g.StoreLogs([]*raft.Log{entry(i)}); err != nil {
+			if !errors.Is(err, wal.ErrSealed) {
+				t.Fatalf("append %d: %v, want the sealed segment's error", i, err)
+			}
+			break
+		}
+		stored = i
+	}
+	if stored == 200 {
+		t.Fatal("200 appends and no rotation failed: the test proved nothing")
+	}
+	if halted == nil || !errors.Is(halted, wal.ErrSealed) {
+		t.Fatalf("append %d was refused for a sealed segment and the store did not halt the node (halt got %v)", stored+1, halted)
+	}
+	t.Logf("halted after %d appends: %v", stored, halted)
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, d := range decoys {
+		if err := os.Remove(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = open()
+	defer s.Close() //nolint:errcheck // a test's store
+	for i := uint64(1); i <= stored; i++ {
+		var got raft.Log
+		if err := s.GetLog(i, &got); err != nil || !bytes.Equal(got.Data, entry(i).Data) {
+			t.Fatalf("after the restart, entry %d: %q (%v)", i, got.Data, err)
+		}
+	}
+	for i := stored + 1; i <= stored+60; i++ {
+		if err := s.StoreLogs([]*raft.Log{entry(i)}); err != nil {
+			t.Fatalf("after the restart, append %d: %v", i, err)
+		}
 	}
 }
