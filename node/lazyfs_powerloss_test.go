@@ -199,13 +199,26 @@ func (r *lazyRig) fail(format string, args ...any) {
 	for _, m := range r.members {
 		b, _ := os.ReadFile(m.logPath)
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		// Each distinct warning once, at its first time, with how often it came: a
+		// stuck node repeats one error many times a second ("nothing new to
+		// snapshot"), which once hid the one that said why ("segment is sealed").
 		var warned []string
+		count := map[string]int{}
 		for _, l := range lines {
 			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
-				warned = append(warned, l)
+				_, what, _ := strings.Cut(l, " ") // without its time
+				if count[what]++; count[what] == 1 {
+					warned = append(warned, l)
+				}
 			}
 		}
-		r.t.Logf("--- %s: its last warnings and errors:\n%s\n--- the last lines of its log:\n%s", m.spec.ID,
+		for i, l := range warned {
+			_, what, _ := strings.Cut(l, " ")
+			if n := count[what]; n > 1 {
+				warned[i] = fmt.Sprintf("%s (×%d)", l, n)
+			}
+		}
+		r.t.Logf("--- %s: its last distinct warnings and errors:\n%s\n--- the last lines of its log:\n%s", m.spec.ID,
 			strings.Join(warned[max(0, len(warned)-15):], "\n"), strings.Join(lines[max(0, len(lines)-10):], "\n"))
 	}
 	r.t.Fatalf(format, args...)
