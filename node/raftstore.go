@@ -184,7 +184,17 @@ func writeFileSynced(dir, name string, data []byte) error {
 
 // openRaftLog opens (or creates) the Raft log of dataDir in the given backend;
 // walSegmentBytes sizes the segment files raft-wal creates from now on.
+//
+// The log's files are synced before it opens. A process killed between a write and its
+// sync leaves the write in the page cache, where the next process reads it as if it were
+// on disk: bbolt and raft-wal's recovery both take the last commit they find, and Raft
+// then tells a leader it holds those entries, and the leader may count them toward a
+// commit. Were the power to go before the kernel wrote them back, a log that had
+// reported them would have lost them.
 func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger) (raftLogStore, error) {
+	if err := syncRaftLogFiles(dataDir, backend); err != nil {
+		return nil, fmt.Errorf("node: raft log (%s): syncing what a previous process wrote: %w", backend, err)
+	}
 	switch backend {
 	case RaftLogBolt:
 		// Once the log has been compacted, raft.db is mostly free pages; syncing the
@@ -227,6 +237,46 @@ func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger
 		return w, nil
 	}
 	return nil, fmt.Errorf("node: unknown raft log backend %q", backend)
+}
+
+// syncRaftLogFiles syncs the files of dataDir's Raft log in backend, those there are:
+// raft.db, or every file in wal/ (the segments and the meta store) and wal/ itself.
+func syncRaftLogFiles(dataDir, backend string) error {
+	var files []string
+	switch backend {
+	case RaftLogBolt:
+		files = []string{filepath.Join(dataDir, boltLogFile)}
+	case RaftLogWAL:
+		dir := filepath.Join(dataDir, walLogDir)
+		des, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		for _, de := range des {
+			if de.Type().IsRegular() {
+				files = append(files, filepath.Join(dir, de.Name()))
+			}
+		}
+		if err := syncDir(dir); err != nil {
+			return err
+		}
+	}
+	for _, name := range files {
+		f, err := os.Open(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := errors.Join(f.Sync(), f.Close()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // monotonicLog declares a wrapped log store monotonic (see keepMonotonic).
