@@ -84,7 +84,7 @@ func TestRaftLogOpenSyncsWhatAKilledProcessWrote(t *testing.T) {
 				t.Fatal(err)
 			}
 			s = open(backing) // after the power cut
-			defer s.Close() //nolint:errcheck // a test's store
+			defer s.Close()   //nolint:errcheck // a test's store
 			last, err := s.LastIndex()
 			if err != nil {
 				t.Fatal(err)
