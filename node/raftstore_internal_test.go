@@ -3,7 +3,6 @@ package node
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -17,7 +16,6 @@ import (
 // ("sealed segment has no index block", hashicorp/raft-wal#31, fixed in v0.4.1).
 // With small segments every step crosses segment boundaries.
 func TestRaftLogSurvivesTruncationsAcrossReopen(t *testing.T) {
-	hlog := newHCLogger(slog.New(slog.DiscardHandler))
 	for _, tc := range []struct {
 		name, backend string
 		segment       int
@@ -29,20 +27,8 @@ func TestRaftLogSurvivesTruncationsAcrossReopen(t *testing.T) {
 		backend := tc.backend
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			open := func() raftLogStore {
-				t.Helper()
-				s, err := openRaftLog(dir, backend, tc.segment, hlog)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return s
-			}
-			closeStore := func(s raftLogStore) {
-				t.Helper()
-				if err := s.Close(); err != nil {
-					t.Fatal(err)
-				}
-			}
+			open := func() raftLogStore { return mustOpenRaftLog(t, dir, backend, tc.segment) }
+			closeStore := func(s raftLogStore) { t.Helper(); mustClose(t, s) }
 			entry := func(i, term uint64) *raft.Log {
 				return &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: fmt.Appendf(nil, "e%d-t%d-%064d", i, term, i)}
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -36,27 +37,10 @@ func TestRaftWALFinishesAnInterruptedRotation(t *testing.T) {
 }
 
 func interruptedRotation(t *testing.T, torn bool) {
-	hlog := newHCLogger(slog.New(slog.DiscardHandler))
-	const segmentBytes = 4 << 10
 	dataDir := t.TempDir()
 	walDir := filepath.Join(dataDir, walLogDir)
-	entry := func(i uint64) *raft.Log {
-		return &raft.Log{Index: i, Term: 3, Type: raft.LogCommand, Data: fmt.Appendf(nil, "entry-%d-%0100d", i, i)}
-	}
-	open := func() raftLogStore {
-		t.Helper()
-		s, err := openRaftLog(dataDir, RaftLogWAL, segmentBytes, hlog)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	closeStore := func(s raftLogStore) {
-		t.Helper()
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	entry := func(i uint64) *raft.Log { return testEntry(i, 3) }
+	open := func() raftLogStore { return mustOpenRaftLog(t, dataDir, RaftLogWAL, walTestSegmentBytes) }
 	check := func(s raftLogStore, last uint64) {
 		t.Helper()
 		if l, err := s.LastIndex(); err != nil || l != last {
@@ -81,18 +65,11 @@ func interruptedRotation(t *testing.T, torn bool) {
 			t.Fatal(err)
 		}
 	}
-	closeStore(s)
+	mustClose(t, s)
 
 	// Then, as raft-wal's writer does, appends until one seals the segment, and a
 	// crash before the rotation reaches the meta store.
-	var meta metadb.BoltMetaDB
-	ps, err := meta.Load(walDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := meta.Close(); err != nil {
-		t.Fatal(err)
-	}
+	ps := walMeta(t, walDir)
 	tail := ps.Segments[len(ps.Segments)-1]
 	w, err := segment.NewFiler(walDir, walfs.New()).RecoverTail(tail)
 	if err != nil {
@@ -114,9 +91,7 @@ func interruptedRotation(t *testing.T, torn bool) {
 			t.Fatal(err)
 		}
 	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	mustClose(t, w)
 	if torn {
 		// The seal's index block half written: its commit's checksum fails, and the
 		// entry of the sealing append was never durable.
@@ -147,7 +122,7 @@ func interruptedRotation(t *testing.T, torn bool) {
 			}
 		}
 		check(s, last)
-		closeStore(s)
+		mustClose(t, s)
 	}
 }
 
@@ -158,32 +133,12 @@ func interruptedRotation(t *testing.T, torn bool) {
 // the refusals for passing ones; a restart, with the disk healthy again, must keep
 // every entry stored and take appends.
 func TestRaftWALHaltsWhenARotationFails(t *testing.T) {
-	hlog := newHCLogger(slog.New(slog.DiscardHandler))
-	const segmentBytes = 4 << 10
 	dataDir := t.TempDir()
 	walDir := filepath.Join(dataDir, walLogDir)
-	entry := func(i uint64) *raft.Log {
-		return &raft.Log{Index: i, Term: 2, Type: raft.LogCommand, Data: fmt.Appendf(nil, "entry-%d-%0100d", i, i)}
-	}
-	open := func() raftLogStore {
-		t.Helper()
-		s, err := openRaftLog(dataDir, RaftLogWAL, segmentBytes, hlog)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	if err := open().Close(); err != nil {
-		t.Fatal(err)
-	}
-	var meta metadb.BoltMetaDB
-	ps, err := meta.Load(walDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := meta.Close(); err != nil {
-		t.Fatal(err)
-	}
+	entry := func(i uint64) *raft.Log { return testEntry(i, 2) }
+	open := func() raftLogStore { return mustOpenRaftLog(t, dataDir, RaftLogWAL, walTestSegmentBytes) }
+	mustClose(t, open())
+	ps := walMeta(t, walDir)
 	// Whichever append fills the first segment, the next one's file is taken.
 	var decoys []string
 	for base := uint64(2); base <= 200; base++ {
@@ -215,9 +170,7 @@ func TestRaftWALHaltsWhenARotationFails(t *testing.T) {
 		t.Fatalf("append %d was refused for a sealed segment and the store did not halt the node (halt got %v)", stored+1, halted)
 	}
 	t.Logf("halted after %d appends: %v", stored, halted)
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
+	mustClose(t, g)
 
 	for _, d := range decoys {
 		if err := os.Remove(d); err != nil {
@@ -238,3 +191,41 @@ func TestRaftWALHaltsWhenARotationFails(t *testing.T) {
 		}
 	}
 }
+
+// mustOpenRaftLog opens dataDir's Raft log in backend, failing the test on an error.
+func mustOpenRaftLog(t testing.TB, dataDir, backend string, walSegmentBytes int) raftLogStore {
+	t.Helper()
+	s, err := openRaftLog(dataDir, backend, walSegmentBytes, newHCLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// mustClose closes a test's log store, failing the test on an error.
+func mustClose(t testing.TB, s io.Closer) {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// walMeta is the state in dir's raft-wal meta store (the log must be closed).
+func walMeta(t testing.TB, dir string) types.PersistentState {
+	t.Helper()
+	var meta metadb.BoltMetaDB
+	ps, err := meta.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustClose(t, &meta)
+	return ps
+}
+
+// testEntry is entry i of a test's log, about 120 bytes.
+func testEntry(i, term uint64) *raft.Log {
+	return &raft.Log{Index: i, Term: term, Type: raft.LogCommand, Data: fmt.Appendf(nil, "entry-%d-%0100d", i, i)}
+}
+
+// walTestSegmentBytes makes segments of a few dozen test entries.
+const walTestSegmentBytes = 4 << 10
