@@ -280,7 +280,7 @@ type Node struct {
 	store     *storage.Store
 	fsm       *fsm.FSM
 	raft      *raft.Raft
-	transport *raft.NetworkTransport
+	transport *heartbeatTransport
 	// raftLog is the Raft log and stable store opened in the data dir, closed by the
 	// node even when WrapRaftStores put others in front of it.
 	raftLog raftLogStore
@@ -421,7 +421,7 @@ func (n *Node) open() error {
 		peers = &peerAddresses{overrides: n.cfg.PeerAddresses, self: raft.ServerID(n.cfg.ID), advertise: raft.ServerAddress(stream.Addr().String())}
 		tcfg.ServerAddressProvider = peers
 	}
-	n.transport = raft.NewNetworkTransportWithConfig(tcfg)
+	n.transport = &heartbeatTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(tcfg)}
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(n.cfg.ID)
@@ -562,6 +562,7 @@ func (n *Node) Close() error {
 func (n *Node) closeResources() error {
 	var errs []error
 	if n.transport != nil {
+		n.transport.stopHeartbeats() // before the log store closes under a heartbeat
 		errs = append(errs, n.transport.Close())
 	}
 	if n.verifier != nil {

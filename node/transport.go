@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -142,3 +143,39 @@ func (p *peerAddresses) ServerAddr(id raft.ServerID) (raft.ServerAddress, error)
 }
 
 var errNoOverride = errors.New("no address override")
+
+// heartbeatTransport is Raft's network transport with its heartbeat handler fenced
+// off from Close. The transport runs Raft's heartbeat handler on the goroutine of the
+// connection it came in on, outside Raft's own goroutines: Raft.Shutdown does not wait
+// for it, and its check that Raft is still running may pass just before the shutdown.
+// A heartbeat of a newer term then saved the term through a log store that Close had
+// closed meanwhile, and Raft panicked ("failed to save current term: closed") and took
+// the process down (seen under -race in CI). stopHeartbeats waits for a handler under
+// way and turns later heartbeats away, unanswered, as Raft itself does once shut down.
+type heartbeatTransport struct {
+	*raft.NetworkTransport
+	mu      sync.RWMutex
+	stopped bool
+}
+
+// SetHeartbeatHandler installs cb behind the fence.
+func (t *heartbeatTransport) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
+	if cb == nil {
+		t.NetworkTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	t.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		t.mu.RLock()
+		defer t.mu.RUnlock()
+		if !t.stopped {
+			cb(rpc)
+		}
+	})
+}
+
+// stopHeartbeats returns once no heartbeat handler runs, and none will again.
+func (t *heartbeatTransport) stopHeartbeats() {
+	t.mu.Lock()
+	t.stopped = true
+	t.mu.Unlock()
+}
