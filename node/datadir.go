@@ -167,7 +167,7 @@ func (p *privateSnapshots) Create(version raft.SnapshotVersion, index, term uint
 	if err := makePrivate(tmp, filepath.Join(tmp, "meta.json"), filepath.Join(tmp, "state.bin")); err != nil {
 		return nil, errors.Join(fmt.Errorf("node: snapshot store: %w", err), sink.Cancel())
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := syncPath(tmp); err != nil {
 		return nil, errors.Join(fmt.Errorf("node: snapshot store: %w", err), sink.Cancel())
 	}
 	return sink, nil

@@ -39,17 +39,17 @@ func makeDir(dir string) error {
 	}
 	// The deepest first is no better than any order: nothing is durable until all are.
 	for _, p := range created {
-		if err := syncDir(filepath.Dir(p)); err != nil {
+		if err := syncPath(filepath.Dir(p)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// syncDir makes the entries of dir durable: files and directories created in it,
-// renamed into it or out of it.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
+// syncPath makes durable what path holds: a directory's entries (files and
+// directories created in it, renamed into it or out of it), a file's data.
+func syncPath(path string) error {
+	d, err := os.Open(path)
 	if err != nil {
 		return err
 	}

@@ -179,7 +179,7 @@ func writeFileSynced(dir, name string, data []byte) error {
 	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	return syncPath(dir)
 }
 
 // openRaftLog opens (or creates) the Raft log of dataDir in the given backend;
@@ -207,7 +207,7 @@ func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
 		// bbolt syncs the file it may just have created, never the directory holding it.
-		if err := syncDir(dataDir); err != nil {
+		if err := syncPath(dataDir); err != nil {
 			return nil, errors.Join(fmt.Errorf("node: raft log (%s): %w", backend, err), s.Close())
 		}
 		return s, nil
@@ -223,9 +223,9 @@ func openRaftLog(dataDir, backend string, walSegmentBytes int, hlog hclog.Logger
 		// A zero size is raft-wal's default, which is ours; the meta store's repair
 		// (walrotation.go) records the size of the segment it adds.
 		size := cmp.Or(walSegmentBytes, DefaultRaftWALSegmentBytes)
+		sf := segment.NewFiler(dir, fsys)
 		w, err := wal.Open(dir, wal.WithLogger(hlog.Named("wal")), wal.WithSegmentSize(size),
-			wal.WithSegmentFiler(segment.NewFiler(dir, fsys)),
-			wal.WithMetaStore(newRotatingMeta(dir, fsys, size, hlog.Named("wal"))))
+			wal.WithSegmentFiler(sf), wal.WithMetaStore(newRotatingMeta(dir, fsys, sf, size, hlog.Named("wal"))))
 		if err != nil {
 			return nil, fmt.Errorf("node: raft log (%s): %w", backend, err)
 		}
@@ -260,19 +260,12 @@ func syncRaftLogFiles(dataDir, backend string) error {
 				files = append(files, filepath.Join(dir, de.Name()))
 			}
 		}
-		if err := syncDir(dir); err != nil {
+		if err := syncPath(dir); err != nil {
 			return err
 		}
 	}
 	for _, name := range files {
-		f, err := os.Open(name)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if err := errors.Join(f.Sync(), f.Close()); err != nil {
+		if err := syncPath(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}

@@ -41,9 +41,10 @@ type rotatingMeta struct {
 	log          hclog.Logger
 }
 
-func newRotatingMeta(dir string, vfs types.VFS, segmentBytes int, log hclog.Logger) *rotatingMeta {
-	return &rotatingMeta{BoltMetaDB: &metadb.BoltMetaDB{}, sf: segment.NewFiler(dir, vfs), vfs: vfs, dir: dir,
-		segmentBytes: segmentBytes, log: log}
+// newRotatingMeta is the meta store of the raft-wal log in dir, whose files are vfs's,
+// opened by sf.
+func newRotatingMeta(dir string, vfs types.VFS, sf *segment.Filer, segmentBytes int, log hclog.Logger) *rotatingMeta {
+	return &rotatingMeta{BoltMetaDB: &metadb.BoltMetaDB{}, sf: sf, vfs: vfs, dir: dir, segmentBytes: segmentBytes, log: log}
 }
 
 // Load loads the persisted state and finishes an interrupted rotation of its tail.
