@@ -107,6 +107,9 @@ type Nemesis struct {
 	removed map[int]bool
 	// findings of the fault in force, moved into its Fault when it ends.
 	findings []Finding
+	// clockRestarts counts the clock-restart faults begun, which set their direction
+	// (clockRestart); like r, it is only used by the fault in force.
+	clockRestarts int
 }
 
 // New returns a nemesis for c.
