@@ -257,7 +257,7 @@ func (r *SetApprovalRuleRequest) Validate() error {
 	if err := ValidTenant(r.Tenant); err != nil {
 		return err
 	}
-	if err := validText("tool", r.Tool, MaxToolLen, true); err != nil {
+	if err := ValidTool(r.Tool); err != nil {
 		return err
 	}
 	if r.Remove {

@@ -125,6 +125,9 @@ func ValidKey(key string) error {
 	return nil
 }
 
+// ValidTool reports why tool is not 1–MaxToolLen bytes of printable UTF-8, or nil.
+func ValidTool(tool string) error { return validText("tool", tool, MaxToolLen, true) }
+
 // ClipText makes s a text field the server stores (printable UTF-8, at most max bytes)
 // instead of one it refuses: an invalid byte becomes U+FFFD, any other unprintable rune
 // (a newline from errors.Join, a tab, a control byte) a space, and the end is cut at a
@@ -234,7 +237,7 @@ func (r *ReserveRequest) Validate(l Limits, now Timestamp) error {
 	if err := validJSON("effect", effect); err != nil {
 		return err
 	}
-	if err := validText("tool", r.Tool, MaxToolLen, true); err != nil {
+	if err := ValidTool(r.Tool); err != nil {
 		return err
 	}
 	if err := validText("actor", r.Actor, MaxActorLen, false); err != nil {

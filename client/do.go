@@ -355,8 +355,10 @@ func (op *Op) validate() error {
 	if err := idemkv.ValidKey(op.Key); err != nil {
 		return err
 	}
-	if op.Tool == "" {
-		return idemkv.Invalid("tool", "tool is required")
+	// The server checks the tool too, but only after encoding/json has turned any
+	// invalid byte into U+FFFD: two tools would reach it as one.
+	if err := idemkv.ValidTool(op.Tool); err != nil {
+		return err
 	}
 	switch op.Class {
 	case ReadOnly:

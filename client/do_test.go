@@ -665,6 +665,11 @@ func TestDoRejectsBadOps(t *testing.T) {
 		"invalid JSON":       {Tenant: "t", Key: "k", Tool: "x", Effect: json.RawMessage(`{"a":1,"a":2}`)},
 		"short lease":        {Tenant: "t", Key: "k", Tool: "x", Fingerprint: "sha256:00", LeaseTTL: time.Millisecond},
 		"unmarshalable blob": {Tenant: "t", Key: "k", Tool: "x", Effect: func() {}},
+		// encoding/json would send each of these with U+FFFD for the invalid byte, so
+		// that two different ops reached the server as one.
+		"effect not UTF-8":     {Tenant: "t", Key: "k", Tool: "x", Effect: map[string]string{"title": "a\xff"}},
+		"effect key not UTF-8": {Tenant: "t", Key: "k", Tool: "x", Effect: map[string]int{"a\xfe": 1}},
+		"tool not UTF-8":       {Tenant: "t", Key: "k", Tool: "x\xff", Fingerprint: "sha256:00"},
 	}
 	for name, op := range cases {
 		if _, err := e.runner.Do(ctxT(t), op, fn); !errors.Is(err, idemkv.ErrInvalidArgument) {

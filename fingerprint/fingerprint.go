@@ -77,6 +77,34 @@ func CanonicalizeWithout(data []byte, drop ...string) ([]byte, error) {
 	return v.appendTo(make([]byte, 0, len(data))), nil
 }
 
+// Check reports why data is not one JSON value that every parser reads alike, or
+// nil: it must be valid UTF-8, escape no lone surrogate and name no member twice in
+// any object (compared after unescaping), the rules Canonicalize holds it to, but
+// for numbers, which need only follow the grammar (a number a double does not keep
+// is read alike as long as nobody converts it). Check suits JSON that is decoded,
+// not fingerprinted whole: encoding/json would read such input silently, turning
+// the bad text into U+FFFD and keeping the last of two members.
+func Check(data []byte) error {
+	_, err := (&parser{data: data, anyNumber: true}).all()
+	return err
+}
+
+// replacedText returns the offset in data, the output of encoding/json, of the first
+// \ufffd escape (what encoding/json writes for an invalid UTF-8 byte; it writes a
+// valid U+FFFD as itself), or -1.
+func replacedText(data []byte) int {
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' || i+1 >= len(data) {
+			continue
+		}
+		if data[i+1] == 'u' && i+6 <= len(data) && strings.EqualFold(string(data[i+2:i+6]), "fffd") {
+			return i
+		}
+		i++ // the escaped byte: \\ must not start another escape
+	}
+	return -1
+}
+
 // Sum returns the fingerprint of bytes that are already canonical.
 func Sum(canonical []byte) string {
 	h := sha256.Sum256(canonical)
@@ -95,11 +123,19 @@ func Of(effect []byte) (string, error) {
 // OfValue returns the fingerprint of v as encoding/json marshals it, without the
 // volatile fields that drop names (see CanonicalizeWithout). A number that a double
 // does not hold exactly (an integer beyond 2^53 such as a uint64 identifier) is
-// refused with ErrInvalid: send such identifiers as strings.
+// refused with ErrInvalid: send such identifiers as strings. So is a string (or a map
+// key) that is not valid UTF-8: encoding/json writes each invalid byte as U+FFFD, so
+// that "a\xff" and "a\xfe" would share a fingerprint. (A json.Marshaler or
+// json.RawMessage in v that escapes U+FFFD as \ufffd is refused too: it reads as that
+// replacement; write U+FFFD as itself.)
 func OfValue(v any, drop ...string) (string, error) {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return "", fmt.Errorf("fingerprint: marshal effect: %w", err)
+	}
+	if at := replacedText(data); at >= 0 {
+		return "", &SyntaxError{Offset: at, Msg: "a string that is not valid UTF-8 (encoding/json wrote U+FFFD for its " +
+			"invalid bytes, so different effects would share a fingerprint); pass text as valid UTF-8, and bytes encoded (base64, hex)"}
 	}
 	c, err := CanonicalizeWithout(data, drop...)
 	if err != nil {

@@ -37,10 +37,16 @@ type member struct {
 type parser struct {
 	data []byte
 	pos  int
+	// anyNumber takes every number the grammar allows as it is written, without
+	// the round trip through a double (Check).
+	anyNumber bool
 }
 
 func parse(data []byte) (*value, error) {
-	p := &parser{data: data}
+	return (&parser{data: data}).all()
+}
+
+func (p *parser) all() (*value, error) {
 	p.skipSpace()
 	v, err := p.value(0)
 	if err != nil {
@@ -330,6 +336,9 @@ func (p *parser) number() (*value, error) {
 		if p.digits() == 0 {
 			return nil, p.errorf("invalid number: no digits in the exponent")
 		}
+	}
+	if p.anyNumber {
+		return &value{kind: kindNumber, text: string(d[start:p.pos])}, nil
 	}
 	f, err := strconv.ParseFloat(string(d[start:p.pos]), 64)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/fingerprint"
 	"github.com/idemkv/idemkv/telemetry/semconv"
 )
 
@@ -430,6 +431,11 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	c := &call{tenant: g.cfg.Policy.tenant(), raw: req.Params.Arguments}
 	if len(bytes.TrimSpace(c.raw)) == 0 || bytes.Equal(bytes.TrimSpace(c.raw), []byte("null")) {
 		c.raw = json.RawMessage("{}")
+	}
+	if err := fingerprint.Check(c.raw); err != nil {
+		// clean.go: encoding/json would read other arguments than were sent.
+		return nil, errorResult(CodeInvalidArgument, "idemkv gateway: the arguments are not JSON that every reader reads alike "+
+			"(text must be valid UTF-8, and each member named once): "+err.Error(), nil)
 	}
 	dec := json.NewDecoder(bytes.NewReader(c.raw))
 	dec.UseNumber()

@@ -153,6 +153,12 @@ type preInitReader struct {
 func (p *preInitReader) Read(b []byte) (int, error) {
 	for len(p.pending) == 0 {
 		line, err := p.src.ReadBytes('\n')
+		if answer := uncleanAnswer(line); answer != nil {
+			if _, werr := p.out.Write(append(answer, '\n')); werr != nil {
+				return 0, werr
+			}
+			line = nil
+		}
 		if len(line) > 0 && p.through {
 			p.pending = liftSEP3182Key(line)
 		} else if len(line) > 0 {
@@ -217,6 +223,12 @@ func (g *Gateway) eras(opts *mcp.StreamableHTTPOptions) http.Handler {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if answer := uncleanAnswer(body); answer != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write(answer)
 			return
 		}
 		body = liftSEP3182Key(body)

@@ -1,0 +1,115 @@
+package mcpgw_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkv/idemkv/internal/testcluster"
+)
+
+// encoding/json reads "o\xff" and "o\xfe" (and "o\ud800") alike, as "o\uFFFD", and
+// keeps the last of two members named alike. Without the gateway's checks the second
+// of two calls that differ only so would be taken for the first: its key template, its
+// effect fields or its _meta key the same, it would replay a receipt for an operation
+// that never ran. Each such message is refused, over HTTP and stdio, and never runs.
+func TestUncleanJSONIsRefusedBeforeAnythingReadsIt(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newGoUpstream(false)
+	g := newGW(t, cluster, up.inMemory(t), gwOptions{
+		policy: "tenant: clean\ntools:\n  place_order:\n    key: \"o:{order_id}\"\n    effect: [order_id, amount]\n",
+	})
+	meta := `"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",` +
+		`"io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}`
+	call := func(id int, args, extraMeta string) string {
+		return fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"place_order","arguments":%s,%s%s}}}`,
+			id, args, meta, extraMeta)
+	}
+	unclean := map[string]string{
+		"invalid UTF-8 in an argument":        call(1, "{\"order_id\":\"o\xff\",\"amount\":1,\"currency\":\"EUR\"}", ""),
+		"other invalid UTF-8 in the argument": call(2, "{\"order_id\":\"o\xfe\",\"amount\":1,\"currency\":\"EUR\"}", ""),
+		"a lone surrogate in an argument":     call(3, `{"order_id":"o\ud800","amount":1,"currency":"EUR"}`, ""),
+		"an argument named twice":             call(4, `{"order_id":"o-dup","amount":1,"amount":2,"currency":"EUR"}`, ""),
+		"invalid UTF-8 in the _meta key":      call(5, `{"order_id":"o-meta","amount":1,"currency":"EUR"}`, ",\"io.idemkv/idempotency_key\":\"k\xff\""),
+		"a lone surrogate in the _meta key":   call(6, `{"order_id":"o-meta","amount":1,"currency":"EUR"}`, `,"io.idemkv/idempotency_key":"k\udfff"`),
+		"the _meta key named twice":           call(7, `{"order_id":"o-meta","amount":1,"currency":"EUR"}`, `,"io.idemkv/idempotency_key":"k1","io.idemkv/idempotency_key":"k2"`),
+	}
+	headers := map[string]string{"Mcp-Protocol-Version": modernEra, "Mcp-Method": "tools/call", "Mcp-Name": "place_order"}
+
+	srv := httptest.NewServer(g.gw.HTTPHandler(nil))
+	t.Cleanup(srv.Close)
+	for name, msg := range unclean {
+		code, body := postHeaders(t, srv.URL, msg, headers)
+		var ans wireMessage
+		if err := json.Unmarshal([]byte(body), &ans); code != http.StatusBadRequest || err != nil || ans.Error == nil || ans.Error.Code != -32700 {
+			t.Errorf("http, %s: HTTP %d %s; want 400 with a parse error (-32700)", name, code, body)
+		}
+	}
+	stdio := serveStdio(t, g.gw)
+	id := 10
+	for name, msg := range unclean {
+		id++
+		msg = strings.Replace(msg, `"id":`, fmt.Sprintf(`"id":%d,"x":`, id), 1)
+		stdio.send(msg)
+		if ans, _ := stdio.answer(id); ans.Error == nil || ans.Error.Code != -32700 {
+			t.Errorf("stdio, %s: %s; want a parse error (-32700)", name, ans.line)
+		}
+	}
+	for _, order := range []string{"o\uFFFD", "o-dup", "o-meta"} {
+		if n := up.runs(order); n != 0 {
+			t.Errorf("place_order ran %d times for %q, want 0", n, order)
+		}
+	}
+
+	// U+FFFD itself is text like any other.
+	code, body := postHeaders(t, srv.URL, call(20, `{"order_id":"o`+"\uFFFD"+`","amount":1,"currency":"EUR"}`, ""), headers)
+	if code != http.StatusOK || !strings.Contains(body, `"io.idemkv/decision":"execute"`) {
+		t.Errorf("a call with U+FFFD in its arguments: HTTP %d %s, want execute", code, body)
+	}
+}
+
+// A gateway served without its transports (Server(), as a library) still refuses
+// arguments encoding/json would misread: the go-sdk hands them over as they came.
+func TestUncleanArgumentsAreRefusedByTheCallItself(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newGoUpstream(false)
+	g := newGW(t, cluster, up.inMemory(t), gwOptions{
+		policy: "tenant: clean\ntools:\n  place_order:\n    key: \"o:{order_id}\"\n",
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := g.gw.Server().Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ss.Close() })
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "lib", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	for _, args := range []string{
+		"{\"order_id\":\"p\xff\",\"amount\":1,\"currency\":\"EUR\"}",
+		"{\"order_id\":\"p\xfe\",\"amount\":1,\"currency\":\"EUR\"}",
+		`{"order_id":"p-dup","order_id":"p-dup2","amount":1,"currency":"EUR"}`,
+	} {
+		res := goCall(t, cs, "place_order", json.RawMessage(args), nil)
+		if !res.IsError || !strings.Contains(show(res), "every reader reads alike") {
+			t.Errorf("arguments %q: %s, want refused", args, show(res))
+		}
+	}
+	if n := up.runs("p\uFFFD") + up.runs("p-dup") + up.runs("p-dup2"); n != 0 {
+		t.Errorf("place_order ran %d times, want 0", n)
+	}
+	if res := goCall(t, cs, "place_order", json.RawMessage(`{"order_id":"p-ok","amount":1,"currency":"EUR"}`), nil); res.IsError {
+		t.Errorf("clean arguments: %s", show(res))
+	}
+}
