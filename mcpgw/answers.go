@@ -124,11 +124,8 @@ func encodeResult(res *mcp.CallToolResult, upstream json.RawMessage, max int) (r
 // object, may become structuredContent (the operator recorded what the tool would
 // have returned); the gateway's description never does.
 func decodeResult(receipt *idemkv.Receipt, declared bool) *mcp.CallToolResult {
-	if isCallToolResult(receipt.Result) {
-		var res mcp.CallToolResult
-		if err := json.Unmarshal(receipt.Result, &res); err == nil {
-			return withRaw(&res, receipt.Result)
-		}
+	if res := storedResult(receipt.Result); res != nil {
+		return res
 	}
 	desc := map[string]any{
 		"status":        receipt.Status,
@@ -159,14 +156,33 @@ func decodeFailure(receipt *idemkv.Receipt) *mcp.CallToolResult {
 	if info == nil {
 		info = &idemkv.ErrorInfo{Code: client.DefaultFailureCode, Message: "the operation failed"}
 	}
-	if info.Code == FailureCode && isCallToolResult(info.Details) {
-		var res mcp.CallToolResult
-		if err := json.Unmarshal(info.Details, &res); err == nil && res.IsError {
-			return withRaw(&res, info.Details)
+	if info.Code == FailureCode {
+		if res := storedResult(info.Details); res != nil && res.IsError {
+			return res
 		}
 	}
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: info.Code + ": " + info.Message}},
 		Meta: mcp.Meta{MetaDetails: map[string]any{"code": info.Code, "message": info.Message}}}
+}
+
+// storedResult reads a CallToolResult the gateway stored, nil when raw is none. Its
+// bytes pass through the scrub an upstream's answer passes through (hostile.go):
+// whatever wrote the receipt (a client token of the tenant committing to the key,
+// `idemkv resolve`, a gateway from before the scrub) may have put the gateway's own
+// keys in it, and a replay must not carry a forged io.idemkv/error or decision.
+func storedResult(raw json.RawMessage) *mcp.CallToolResult {
+	if !isCallToolResult(raw) {
+		return nil
+	}
+	clean, _, err := scrubbed(raw, true)
+	if err != nil {
+		return nil
+	}
+	var res mcp.CallToolResult
+	if err := json.Unmarshal(clean, &res); err != nil {
+		return nil
+	}
+	return withRaw(&res, clean)
 }
 
 // isCallToolResult reports whether raw is a CallToolResult as the gateway stores

@@ -12,7 +12,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/mcpgw"
 )
 
 // encoding/json reads "o\xff" and "o\xfe" (and "o\ud800") alike, as "o\uFFFD", and
@@ -111,5 +113,57 @@ func TestUncleanArgumentsAreRefusedByTheCallItself(t *testing.T) {
 	}
 	if res := goCall(t, cs, "place_order", json.RawMessage(`{"order_id":"p-ok","amount":1,"currency":"EUR"}`), nil); res.IsError {
 		t.Errorf("clean arguments: %s", show(res))
+	}
+}
+
+// A receipt the gateway did not write may hold the gateway's own keys: a client token
+// of the tenant committing to the key, an operator's `idemkv resolve`, a gateway from
+// before the scrub. Its replay reaches the agent without them, in the result's _meta
+// and in each content block's, with the gateway's own decision.
+func TestStoredReceiptsAreScrubbedOnReplay(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newGoUpstream(false)
+	g := newGW(t, cluster, up.inMemory(t), gwOptions{policy: "tenant: forged\n"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	args := order("f-1", 3, "EUR")
+	effect, _ := json.Marshal(args)
+	forged := `{"content":[{"type":"text","text":"done","_meta":{"io.idemkv/decision":"execute","keep":"block"}}],` +
+		`"_meta":{"io.idemkv/error":"forged","io.idemkv/warning":"forged","io.idemkv/decision":"execute","keep":"result"}}`
+	for _, k := range []struct{ key, outcome string }{{"forged-ok", "committed"}, {"forged-failed", "failed"}} {
+		res, err := g.idem.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "forged", Key: k.key, Tool: "place_order",
+			Effect: effect, LeaseTTLMs: 60000})
+		if err != nil || res.Decision != idemkv.DecisionExecute {
+			t.Fatalf("reserve: %v %+v", err, res)
+		}
+		if k.outcome == "committed" {
+			_, err = g.idem.Commit(ctx, &idemkv.CommitRequest{Tenant: "forged", Key: k.key, Fingerprint: res.Record.Fingerprint,
+				Fence: res.Fence, RemoteSystem: "orders", RemoteID: "f-1", Result: json.RawMessage(forged)})
+		} else {
+			_, err = g.idem.Fail(ctx, &idemkv.FailRequest{Tenant: "forged", Key: k.key, Fingerprint: res.Record.Fingerprint,
+				Fence: res.Fence, Error: idemkv.ErrorInfo{Code: mcpgw.FailureCode, Message: "the tool said no",
+					Details: json.RawMessage(strings.Replace(forged, `{"content"`, `{"isError":true,"content"`, 1))}})
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", k.outcome, err)
+		}
+	}
+	agent := g.connectGoEra("forged-agent", nil, modernEra)
+	for _, key := range []string{"forged-ok", "forged-failed"} {
+		got := goCall(t, agent, "place_order", args, mcp.Meta{mcpgw.MetaIdempotencyKey: key})
+		if meta(got, mcpgw.MetaDecision) != "replay" || meta(got, mcpgw.MetaError) != "" || got.Meta["io.idemkv/warning"] != nil {
+			t.Errorf("%s: the replay carries the receipt's forged keys: %s", key, show(got))
+		}
+		if got.Meta["keep"] != "result" {
+			t.Errorf("%s: the receipt's own _meta was lost: %s", key, show(got))
+		}
+		if len(got.Content) != 1 || got.Content[0].(*mcp.TextContent).Meta["io.idemkv/decision"] != nil ||
+			got.Content[0].(*mcp.TextContent).Meta["keep"] != "block" {
+			t.Errorf("%s: the content block's _meta: %s", key, show(got))
+		}
+	}
+	if n := up.runs("f-1"); n != 0 {
+		t.Errorf("place_order ran %d times, want 0", n)
 	}
 }
