@@ -11,11 +11,12 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkv/idemkv/internal/connlimit"
 )
 
 // The defaults of HTTPConfig. A tools/call body is a tool's arguments: a few KiB
@@ -28,6 +29,7 @@ const (
 	DefaultReadBodyTimeout   = 30 * time.Second
 	DefaultIdleTimeout       = 2 * time.Minute
 	DefaultMaxConns          = 128
+	DefaultMaxConnsPerSource = 32
 	DefaultShutdownGrace     = 5 * time.Second
 )
 
@@ -48,8 +50,13 @@ type HTTPConfig struct {
 	ReadHeaderTimeout time.Duration
 	ReadBodyTimeout   time.Duration
 	IdleTimeout       time.Duration
-	// MaxConns bounds the connections served at once; more wait to be accepted.
-	MaxConns int
+	// MaxConns bounds the connections served at once, MaxConnsPerSource those of
+	// one source (an IPv4 address, an IPv6 /64). A new connection past either takes
+	// the place of an idle one (no request in flight) of its own source, or past
+	// MaxConns of the source holding the most; when all are busy it waits (past
+	// MaxConns) or is closed (past its source's share).
+	MaxConns          int
+	MaxConnsPerSource int
 	// ShutdownGrace is how long Serve waits for calls in flight once its context
 	// ends; past it connections are cut.
 	ShutdownGrace time.Duration
@@ -61,7 +68,8 @@ type HTTPConfig struct {
 func DefaultHTTPConfig() HTTPConfig {
 	return HTTPConfig{MaxBodyBytes: DefaultMaxBodyBytes, ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadBodyTimeout: DefaultReadBodyTimeout, IdleTimeout: DefaultIdleTimeout, MaxConns: DefaultMaxConns,
-		ShutdownGrace: DefaultShutdownGrace}
+		MaxConnsPerSource: DefaultMaxConnsPerSource,
+		ShutdownGrace:     DefaultShutdownGrace}
 }
 
 // EnsureDefaults fills the zero fields.
@@ -82,6 +90,9 @@ func (c *HTTPConfig) EnsureDefaults() {
 	if c.MaxConns == 0 {
 		c.MaxConns = d.MaxConns
 	}
+	if c.MaxConnsPerSource == 0 {
+		c.MaxConnsPerSource = min(d.MaxConnsPerSource, c.MaxConns)
+	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = d.ShutdownGrace
 	}
@@ -94,8 +105,8 @@ func (c HTTPConfig) Validate() error {
 		return errors.New("mcpgw: MaxBodyBytes must be at least 4 KiB")
 	case c.ReadHeaderTimeout < 0 || c.ReadBodyTimeout < 0 || c.IdleTimeout < 0 || c.ShutdownGrace < 0:
 		return errors.New("mcpgw: HTTP timeouts must not be negative")
-	case c.MaxConns < 0:
-		return errors.New("mcpgw: MaxConns must not be negative")
+	case c.MaxConns < 0 || c.MaxConnsPerSource < 0:
+		return errors.New("mcpgw: MaxConns and MaxConnsPerSource must not be negative")
 	case strings.ContainsAny(c.Token, " \t\r\n"):
 		return errors.New("mcpgw: the listen token must not contain white space")
 	}
@@ -172,7 +183,10 @@ func httpError(w http.ResponseWriter, status int, msg string) {
 		http.Error(w, msg, status)
 		return
 	}
-	if status == http.StatusRequestEntityTooLarge || status == http.StatusRequestTimeout {
+	// A body not read to its end, or a caller without the token: the connection is
+	// not kept for another request (an unauthenticated one would sit idle in the
+	// gateway's connection bound).
+	if status == http.StatusRequestEntityTooLarge || status == http.StatusRequestTimeout || status == http.StatusUnauthorized {
 		w.Header().Set("Connection", "close")
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -195,7 +209,9 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener, cfg HTTPConfig) er
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", g.Handler(cfg))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	limited := connlimit.New(ln, cfg.MaxConns, cfg.MaxConnsPerSource)
 	srv := &http.Server{
+		ConnState:         limited.ConnState,
 		Handler:           mux,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
@@ -203,7 +219,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener, cfg HTTPConfig) er
 		ErrorLog:          slog.NewLogLogger(atLeast{logger.Handler(), slog.LevelWarn}, slog.LevelWarn),
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(limitListener(ln, cfg.MaxConns)) }()
+	go func() { served <- srv.Serve(limited) }()
 	select {
 	case err := <-served:
 		return err
@@ -217,48 +233,4 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener, cfg HTTPConfig) er
 	}
 	<-served
 	return nil
-}
-
-// limitListener accepts at most n connections at once: Accept waits for one to
-// close (net/http has no bound of its own).
-func limitListener(ln net.Listener, n int) net.Listener {
-	return &limited{Listener: ln, slots: make(chan struct{}, n), done: make(chan struct{})}
-}
-
-type limited struct {
-	net.Listener
-	slots chan struct{}
-	once  sync.Once
-	done  chan struct{}
-}
-
-func (l *limited) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
-	}
-	return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
-}
-
-func (l *limited) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return l.Listener.Close()
-}
-
-type slotConn struct {
-	net.Conn
-	once sync.Once
-	free func()
-}
-
-func (c *slotConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.free)
-	return err
 }

@@ -95,6 +95,10 @@ func TestListenRequiresItsToken(t *testing.T) {
 		if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
 			t.Errorf("%s: %d %q %s, want 401 with WWW-Authenticate: Bearer", name, resp.StatusCode, resp.Header.Get("WWW-Authenticate"), body)
 		}
+		// A caller without the token keeps no connection to sit idle in the bound.
+		if !resp.Close {
+			t.Errorf("%s: the 401 keeps the connection open (no Connection: close)", name)
+		}
 	}
 
 	c := mcp.NewClient(&mcp.Implementation{Name: "holder", Version: "1"}, nil)
@@ -165,8 +169,16 @@ func TestListenBoundsWhatItReads(t *testing.T) {
 		}
 	})
 
+	// Each subtest dials from a loopback address of its own: MaxConns 2 is also the
+	// share of one source, which the connections of the subtest before may still hold
+	// while net/http lingers over their close.
+	dialFrom := func(src string) (net.Conn, error) {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		return d.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(url, "/mcp"), "http://"))
+	}
+
 	t.Run("stalled body", func(t *testing.T) {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(url, "/mcp"), "http://"))
+		conn, err := dialFrom("127.0.0.20")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,7 +196,7 @@ func TestListenBoundsWhatItReads(t *testing.T) {
 	})
 
 	t.Run("stalled headers", func(t *testing.T) {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(url, "/mcp"), "http://"))
+		conn, err := dialFrom("127.0.0.21")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,6 +210,16 @@ func TestListenBoundsWhatItReads(t *testing.T) {
 
 	t.Run("connections", func(t *testing.T) {
 		addr := strings.TrimPrefix(strings.TrimSuffix(url, "/mcp"), "http://")
+		dial := func(src string) net.Conn {
+			t.Helper()
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+			c, err := d.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
 		healthz := func(conn net.Conn, within time.Duration) error {
 			fmt.Fprintf(conn, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
 			_ = conn.SetReadDeadline(time.Now().Add(within))
@@ -208,36 +230,53 @@ func TestListenBoundsWhatItReads(t *testing.T) {
 			resp.Body.Close()
 			return nil
 		}
-		var held []net.Conn
+		// A flood of idle sockets from one host (MaxConns 2) does not keep another
+		// host out: the newcomer takes the place of the flood's oldest.
+		var flood []net.Conn
 		for range 2 {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := dial("127.0.0.2")
 			if err := healthz(c, 20*time.Second); err != nil {
 				t.Fatalf("one of the first two connections: %v", err)
 			}
-			held = append(held, c)
+			flood = append(flood, c)
 		}
-		third, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
+		if err := healthz(dial("127.0.0.3"), 20*time.Second); err != nil {
+			t.Fatalf("another host is not served while one host holds idle connections: %v", err)
 		}
-		defer third.Close()
+		closed := 0
+		for _, c := range flood {
+			_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := c.Read(make([]byte, 1)); !isNetTimeout(err) {
+				closed++
+			}
+		}
+		if closed != 1 {
+			t.Fatalf("%d of the flood's 2 idle connections were closed for the newcomer, want 1", closed)
+		}
+
+		// With every connection busy (a body on its way), a third waits for one.
+		busy := func(c net.Conn) {
+			fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+		}
+		held := []net.Conn{dial("127.0.0.4"), dial("127.0.0.5")}
+		for _, c := range held {
+			busy(c)
+		}
+		time.Sleep(200 * time.Millisecond) // the server reads their headers
+		third := dial("127.0.0.6")
 		fmt.Fprintf(third, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-		_ = third.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-		r := bufio.NewReader(third)
-		if _, err := http.ReadResponse(r, nil); !isNetTimeout(err) {
-			t.Fatalf("a third connection was served while two were open (MaxConns 2): %v", err)
-		}
-		held[0].Close()
 		_ = third.SetReadDeadline(time.Now().Add(20 * time.Second))
-		resp, err := http.ReadResponse(r, nil)
+		resp, err := http.ReadResponse(bufio.NewReader(third), nil)
 		if err != nil {
-			t.Fatalf("the third connection is not served after one of the two closed: %v", err)
+			t.Fatalf("the third connection is not served once a busy one ended (its body timed out): %v", err)
 		}
 		resp.Body.Close()
+		for _, c := range held {
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			if r, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || r.StatusCode != http.StatusRequestTimeout {
+				t.Errorf("a busy connection: %v, %v; want its 408", r, err)
+			}
+		}
 	})
 }
 

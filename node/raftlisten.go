@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemkv/idemkv/internal/connlimit"
 )
 
 // Bounds of the Raft listener. hashicorp/raft's transport sets no deadline on the
@@ -60,7 +62,7 @@ type listenPolicy struct {
 }
 
 // guardedListener hands Raft only connections that completed their handshake within
-// a deadline, holds at most maxPending in that state and perSource per source (sourceIP), and
+// a deadline, holds at most maxPending in that state and perSource per source (connlimit.Source), and
 // closes established ones after idle time without traffic. With peer TLS, every RPC
 // on a connection must claim a node id the peer's certificate names (rpcGuard).
 type guardedListener struct {
@@ -70,7 +72,7 @@ type guardedListener struct {
 	log    *slog.Logger
 	closed *prometheus.CounterVec // may be nil
 
-	// members holds the sources (sourceKey) of the Raft configuration's servers; their
+	// members holds the sources (connlimit.SourceOfIP) of the Raft configuration's servers; their
 	// pending connections are never evicted for a stranger's.
 	members   atomic.Pointer[map[string]bool]
 	memberSrc atomic.Pointer[func() []string]
@@ -146,7 +148,7 @@ func (g *guardedListener) resolveMembers() {
 			continue
 		}
 		if ip := net.ParseIP(host); ip != nil {
-			set[sourceKey(ip)] = true
+			set[connlimit.SourceOfIP(ip)] = true
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -160,7 +162,7 @@ func (g *guardedListener) resolveMembers() {
 			continue
 		}
 		for _, ip := range ips {
-			set[sourceKey(ip.IP)] = true
+			set[connlimit.SourceOfIP(ip.IP)] = true
 		}
 	}
 	g.members.Store(&set)
@@ -208,7 +210,7 @@ func (g *guardedListener) admitPending(c net.Conn) bool {
 	if admitted, handled := g.admitLegacy(c); handled {
 		return admitted
 	}
-	source := sourceIP(c.RemoteAddr())
+	source := connlimit.Source(c.RemoteAddr())
 	g.mu.Lock()
 	var victim *pendingConn
 	reason := ""
@@ -292,32 +294,6 @@ func (g *guardedListener) forget(p *pendingConn) {
 	} else {
 		g.bySource[p.source] = list
 	}
-}
-
-// sourceIP is the source a connection came from, as a map key: its IPv4 address, or
-// the /64 of its IPv6 address (one host holds a whole /64, and may pick any address
-// in it for each connection).
-func sourceIP(a net.Addr) string {
-	if tcp, ok := a.(*net.TCPAddr); ok {
-		return sourceKey(tcp.IP)
-	}
-	host, _, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return a.String()
-	}
-	if ip := net.ParseIP(host); ip != nil {
-		return sourceKey(ip)
-	}
-	return host
-}
-
-var ipv6Source = net.CIDRMask(64, 128)
-
-func sourceKey(ip net.IP) string {
-	if v4 := ip.To4(); v4 != nil {
-		return v4.String()
-	}
-	return ip.Mask(ipv6Source).String() + "/64"
 }
 
 // admit runs the handshake of c under the deadline and hands the result to Accept.

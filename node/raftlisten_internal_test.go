@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/idemkv/idemkv/internal/connlimit"
 )
 
 // policyListener is a guarded listener on 127.0.0.1 without TLS (the first byte is the
@@ -232,8 +234,8 @@ func TestSourceKeys(t *testing.T) {
 	} {
 		a, _ := net.ResolveTCPAddr("tcp", c.a)
 		b, _ := net.ResolveTCPAddr("tcp", c.b)
-		if sourceIP(a) != sourceIP(b) {
-			t.Errorf("%s and %s are different sources (%s, %s)", c.a, c.b, sourceIP(a), sourceIP(b))
+		if connlimit.Source(a) != connlimit.Source(b) {
+			t.Errorf("%s and %s are different sources (%s, %s)", c.a, c.b, connlimit.Source(a), connlimit.Source(b))
 		}
 	}
 	for _, c := range []struct{ a, b string }{
@@ -242,8 +244,8 @@ func TestSourceKeys(t *testing.T) {
 	} {
 		a, _ := net.ResolveTCPAddr("tcp", c.a)
 		b, _ := net.ResolveTCPAddr("tcp", c.b)
-		if sourceIP(a) == sourceIP(b) {
-			t.Errorf("%s and %s are one source (%s)", c.a, c.b, sourceIP(a))
+		if connlimit.Source(a) == connlimit.Source(b) {
+			t.Errorf("%s and %s are one source (%s)", c.a, c.b, connlimit.Source(a))
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
+	"github.com/idemkv/idemkv/internal/connlimit"
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/storage"
 )
@@ -219,7 +220,7 @@ func (g *guardedListener) admitLegacy(c net.Conn) (admitted, handled bool) {
 	full := len(g.pending) >= legacyMaxPending
 	if !full {
 		g.seq++
-		p := &pendingConn{conn: c, source: sourceIP(c.RemoteAddr()), seq: g.seq}
+		p := &pendingConn{conn: c, source: connlimit.Source(c.RemoteAddr()), seq: g.seq}
 		g.pending[c] = p
 		g.bySource[p.source] = append(g.bySource[p.source], p)
 	}

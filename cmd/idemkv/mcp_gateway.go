@@ -76,7 +76,9 @@ template from the --policy file. See docs/mcp-gateway.md.
 	f.DurationVar(&o.http.ReadHeaderTimeout, "read-header-timeout", o.http.ReadHeaderTimeout, "how long --listen waits for a request's headers")
 	f.DurationVar(&o.http.ReadBodyTimeout, "read-body-timeout", o.http.ReadBodyTimeout, "how long --listen waits for a request's body (larger: 408)")
 	f.DurationVar(&o.http.IdleTimeout, "idle-timeout", o.http.IdleTimeout, "how long --listen keeps an idle connection open")
-	f.IntVar(&o.http.MaxConns, "max-conns", o.http.MaxConns, "most connections --listen serves at once (more wait to be accepted)")
+	f.IntVar(&o.http.MaxConns, "max-conns", o.http.MaxConns, "most connections --listen serves at once (a new one takes an idle one's place, or waits)")
+	f.IntVar(&o.http.MaxConnsPerSource, "max-conns-per-source", o.http.MaxConnsPerSource,
+		"most connections --listen serves from one IPv4 address or IPv6 /64 (a new one takes the place of that source's idle one, or is closed)")
 	o.conn.register(cmd)
 	return cmd
 }
