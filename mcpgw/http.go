@@ -28,6 +28,7 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadBodyTimeout   = 30 * time.Second
 	DefaultIdleTimeout       = 2 * time.Minute
+	DefaultSessionIdle       = 30 * time.Minute
 	DefaultMaxConns          = 128
 	DefaultMaxConnsPerSource = 32
 	DefaultShutdownGrace     = 5 * time.Second
@@ -50,6 +51,10 @@ type HTTPConfig struct {
 	ReadHeaderTimeout time.Duration
 	ReadBodyTimeout   time.Duration
 	IdleTimeout       time.Duration
+	// SessionIdle closes a session of MCP 2025-11-25 (or earlier) that has had no
+	// request, and no stream open, for this long; its client initializes anew.
+	// Every initialize makes a session, and the gateway keeps each until then.
+	SessionIdle time.Duration
 	// MaxConns bounds the connections served at once, MaxConnsPerSource those of
 	// one source (an IPv4 address, an IPv6 /64). A new connection past either takes
 	// the place of an idle one (no request in flight) of its own source, or past
@@ -68,8 +73,8 @@ type HTTPConfig struct {
 func DefaultHTTPConfig() HTTPConfig {
 	return HTTPConfig{MaxBodyBytes: DefaultMaxBodyBytes, ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadBodyTimeout: DefaultReadBodyTimeout, IdleTimeout: DefaultIdleTimeout, MaxConns: DefaultMaxConns,
-		MaxConnsPerSource: DefaultMaxConnsPerSource,
-		ShutdownGrace:     DefaultShutdownGrace}
+		MaxConnsPerSource: DefaultMaxConnsPerSource, SessionIdle: DefaultSessionIdle,
+		ShutdownGrace: DefaultShutdownGrace}
 }
 
 // EnsureDefaults fills the zero fields.
@@ -87,6 +92,9 @@ func (c *HTTPConfig) EnsureDefaults() {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = d.IdleTimeout
 	}
+	if c.SessionIdle == 0 {
+		c.SessionIdle = d.SessionIdle
+	}
 	if c.MaxConns == 0 {
 		c.MaxConns = d.MaxConns
 	}
@@ -103,7 +111,7 @@ func (c HTTPConfig) Validate() error {
 	switch {
 	case c.MaxBodyBytes < 0 || (c.MaxBodyBytes > 0 && c.MaxBodyBytes < 4<<10):
 		return errors.New("mcpgw: MaxBodyBytes must be at least 4 KiB")
-	case c.ReadHeaderTimeout < 0 || c.ReadBodyTimeout < 0 || c.IdleTimeout < 0 || c.ShutdownGrace < 0:
+	case c.ReadHeaderTimeout < 0 || c.ReadBodyTimeout < 0 || c.IdleTimeout < 0 || c.ShutdownGrace < 0 || c.SessionIdle < 0:
 		return errors.New("mcpgw: HTTP timeouts must not be negative")
 	case c.MaxConns < 0 || c.MaxConnsPerSource < 0:
 		return errors.New("mcpgw: MaxConns and MaxConnsPerSource must not be negative")
@@ -116,7 +124,8 @@ func (c HTTPConfig) Validate() error {
 // Handler is HTTPHandler behind the checks of cfg: the bearer token, and a body read
 // whole, within MaxBodyBytes and ReadBodyTimeout, before anything decodes it.
 func (g *Gateway) Handler(cfg HTTPConfig) http.Handler {
-	return g.httpHandler(cfg, &mcp.StreamableHTTPOptions{Logger: g.log})
+	cfg.EnsureDefaults()
+	return g.httpHandler(cfg, &mcp.StreamableHTTPOptions{Logger: g.log, SessionTimeout: cfg.SessionIdle})
 }
 
 func (g *Gateway) httpHandler(cfg HTTPConfig, opts *mcp.StreamableHTTPOptions) http.Handler {

@@ -284,3 +284,40 @@ func isNetTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
+
+// Every initialize opens a session; one left without requests is closed after
+// SessionIdle, and its client gets 404 for it (then initializes anew).
+func TestIdleSessionsAreClosed(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	g := newGW(t, cluster, httpUpstream(newM3Upstream().serveHTTP(t)), gwOptions{policy: "tenant: sessions\n"})
+	url, _ := g.serve(mcpgw.HTTPConfig{SessionIdle: 500 * time.Millisecond})
+	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(initialize))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	id := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || id == "" {
+		t.Fatalf("initialize: %d, session %q", resp.StatusCode, id)
+	}
+	ping := func() int {
+		code, _ := postHeaders(t, url, `{"jsonrpc":"2.0","id":2,"method":"ping"}`,
+			map[string]string{"Mcp-Session-Id": id, "Mcp-Protocol-Version": "2025-11-25"})
+		return code
+	}
+	if code := ping(); code != http.StatusOK {
+		t.Fatalf("a ping on the new session: %d", code)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for ping() != http.StatusNotFound {
+		if time.Now().After(deadline) {
+			t.Fatal("a session left idle past SessionIdle is still open after 20 s")
+		}
+		time.Sleep(time.Second) // longer than SessionIdle: the ping itself restarts it
+	}
+}
