@@ -20,9 +20,12 @@ const (
 	MaxRemoteLen      = 512 // remote_system, remote_id, remote_url
 	MaxErrorCodeLen   = 128
 	MaxErrorMsgLen    = 4096
-	MaxRequestBytes   = 1 << 20
-	DefaultListLimit  = 100
-	MaxListLimit      = 1000
+	// DefaultMaxPayloadBytes is Limits.MaxPayloadBytes by default: what one record's
+	// result, or its error's details and message together, may hold.
+	DefaultMaxPayloadBytes = 64 << 10
+	MaxRequestBytes        = 1 << 20
+	DefaultListLimit       = 100
+	MaxListLimit           = 1000
 )
 
 // CeilingTTL bounds every configurable TTL and lease, and the state machine caps
@@ -46,7 +49,7 @@ type Limits struct {
 // DefaultLimits returns the limits of docs/protocol.md section 2.
 func DefaultLimits() Limits {
 	return Limits{
-		MaxPayloadBytes: 64 << 10,
+		MaxPayloadBytes: DefaultMaxPayloadBytes,
 		DefaultLeaseTTL: 30 * time.Second,
 		MinLeaseTTL:     time.Second,
 		MaxLeaseTTL:     time.Hour,

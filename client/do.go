@@ -763,7 +763,7 @@ func attempts(g grant) uint32 {
 }
 
 func (x *run) fail(ctx context.Context, g grant, perm *PermanentError, ferr error) (*Outcome, error) {
-	req := &idemkv.FailRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence, Error: perm.info()}
+	req := &idemkv.FailRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fingerprint: x.fp, Fence: g.fence, Error: perm.Info()}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
 	rec, err := retry(gctx, x, "fail", func(ctx context.Context) (*idemkv.Record, error) {

@@ -258,7 +258,11 @@ func Permanent(err error) error { return &PermanentError{Err: err} }
 func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
 
-func (e *PermanentError) info() idemkv.ErrorInfo {
+// Info is the failure as Do stores it: the code (DefaultFailureCode when empty) and
+// the message clipped to what the server stores, with the details. The server bounds
+// the details and the message together (--max-payload-bytes); a caller that sizes
+// its details sizes them against this message.
+func (e *PermanentError) Info() idemkv.ErrorInfo {
 	code := idemkv.ClipText(e.Code, idemkv.MaxErrorCodeLen)
 	if code == "" {
 		code = DefaultFailureCode

@@ -75,7 +75,7 @@ const FailureCode = "mcp_tool_error"
 
 // DefaultMaxReceiptBytes is how large a stored result may be by default: idemkv's
 // default limit for a record's result and error details.
-const DefaultMaxReceiptBytes = 64 << 10
+const DefaultMaxReceiptBytes = idemkv.DefaultMaxPayloadBytes
 
 // encodeResult turns a CallToolResult into what idemkv stores, within max bytes. A
 // result too large loses its unstructured content first (the structured content says

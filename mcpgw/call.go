@@ -364,11 +364,17 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 			if r.policy.RetryableErrors || (r.notExec == Release && validationError(res)) {
 				return nil, client.NotExecuted(te)
 			}
-			details, _, derr := encodeResult(res, raw, g.cfg.MaxReceiptBytes)
-			if derr != nil {
+			// The server bounds the details and the message together: the details
+			// get what the message leaves of MaxReceiptBytes (else a payload_too_large
+			// would leave the call pending though the tool ran and said no).
+			perm := &client.PermanentError{Code: FailureCode, Err: te}
+			budget := g.cfg.MaxReceiptBytes - len(perm.Info().Message)
+			details, _, derr := encodeResult(res, raw, budget)
+			if derr != nil || len(details) > budget {
 				details = nil
 			}
-			return nil, &client.PermanentError{Code: FailureCode, Details: details, Err: te}
+			perm.Details = details
+			return nil, perm
 		}
 		return g.receipt(r, c.key, res, raw)
 	}

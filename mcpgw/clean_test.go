@@ -167,3 +167,45 @@ func TestStoredReceiptsAreScrubbedOnReplay(t *testing.T) {
 		t.Errorf("place_order ran %d times, want 0", n)
 	}
 }
+
+// The server bounds a failure's details and message together. An upstream's isError
+// answer whose details fit MaxReceiptBytes alone, beside its message, must still be
+// stored: refused as too large, it would leave the call pending though the tool ran
+// and said no, and the next attempt would have to recover it.
+func TestALargeToolErrorIsStored(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	srv := mcp.NewServer(&mcp.Implementation{Name: "refuser", Version: "1"}, nil)
+	destructive := true
+	runs := 0
+	big := strings.Repeat("no ", 21000) // 63,000 bytes: under 64 KiB alone
+	mcp.AddTool(srv, &mcp.Tool{Name: "refund", Annotations: &mcp.ToolAnnotations{DestructiveHint: &destructive}},
+		func(context.Context, *mcp.CallToolRequest, struct {
+			ID string `json:"id"`
+		}) (*mcp.CallToolResult, any, error) {
+			runs++
+			return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: big}}}, nil, nil
+		})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	transport := func() mcp.Transport {
+		c, s := mcp.NewInMemoryTransports()
+		if _, err := srv.Connect(ctx, s, nil); err != nil {
+			t.Errorf("upstream connect: %v", err)
+		}
+		return c
+	}
+	g := newGW(t, cluster, transport, gwOptions{policy: "tenant: refusals\n"})
+	agent := g.connectGoEra("refund-agent", nil, modernEra)
+	first := goCall(t, agent, "refund", map[string]any{"id": "r-1"}, key("refund-1"))
+	again := goCall(t, agent, "refund", map[string]any{"id": "r-1"}, key("refund-1"))
+	if !first.IsError || meta(first, mcpgw.MetaDecision) != "execute" || !again.IsError || meta(again, mcpgw.MetaDecision) != "replay" {
+		t.Fatalf("want the tool's refusal, then its replay; got %.300s then %.300s", show(first), show(again))
+	}
+	if runs != 1 {
+		t.Fatalf("refund ran %d times, want 1", runs)
+	}
+	rec, err := g.idem.Get(ctx, &idemkv.GetRequest{Tenant: "refusals", Key: "refund-1"})
+	if err != nil || rec.Status != idemkv.StatusFailed {
+		t.Fatalf("the record: %v %+v, want failed", err, rec)
+	}
+}
