@@ -288,6 +288,10 @@ type Node struct {
 	// (possibly wrapped) store.
 	logs     *raft.LogCache
 	verifier *verifier.LogStore
+	// logCuts is where Raft cut the log's tail, and verifiedLog the store behind
+	// the verifier, for its reports (verify.go).
+	logCuts     tailCuts
+	verifiedLog raft.LogStore
 
 	clock *stampClock
 
