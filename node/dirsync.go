@@ -9,13 +9,18 @@ import (
 	"github.com/idemkv/idemkv/storage"
 )
 
-// makeDir creates dir and any missing parents, and makes each new entry durable: it
-// syncs the directory that holds it, up to the closest ancestor that existed (Pebble's
-// mkdirAllAndSyncParents does the same for pebble/). A directory entry is data of its
-// parent; without that sync a power cut may drop a directory whose files were all
-// synced, e.g. wal/ with the term and vote of a node that just joined, which could
-// then vote twice in one term (issue 22, point 5).
-func makeDir(dir string) error {
+// makeDir creates dir and any missing parents, and makes each entry durable: it
+// syncs the directory that holds each one it creates, up to the closest ancestor that
+// existed (Pebble's mkdirAllAndSyncParents does the same for pebble/), and the one
+// that holds dir even when dir existed. A directory entry is data of its parent;
+// without that sync a power cut may drop a directory whose files were all synced, e.g.
+// wal/ with the term and vote of a node that just joined, which could then vote twice
+// in one term (issue 22, point 5). dir may exist from a start that was killed between
+// its mkdir and the sync: MkdirAll changes nothing then, so the sync is never skipped.
+func makeDir(dir string) error { return makeDirSyncing(dir, syncPath) }
+
+// makeDirSyncing is makeDir with the sync it makes of each directory.
+func makeDirSyncing(dir string, sync func(string) error) error {
 	dir = filepath.Clean(dir)
 	var created []string
 	for p := dir; ; p = filepath.Dir(p) {
@@ -31,15 +36,16 @@ func makeDir(dir string) error {
 			break
 		}
 	}
-	if len(created) == 0 {
-		return nil
-	}
-	if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
-		return err
+	if len(created) > 0 {
+		if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
+			return err
+		}
+	} else {
+		created = []string{dir}
 	}
 	// The deepest first is no better than any order: nothing is durable until all are.
 	for _, p := range created {
-		if err := syncPath(filepath.Dir(p)); err != nil {
+		if err := sync(filepath.Dir(p)); err != nil {
 			return err
 		}
 	}
