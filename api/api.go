@@ -180,6 +180,14 @@ func New(cfg Config) *Server {
 // Handler returns the handler of every endpoint.
 func (s *Server) Handler() http.Handler { return s.handler }
 
+// The bounds of the API's connections (idemkv serve's --max-conns and
+// --max-conns-per-source): room for a fleet of workers on one host, while one host's
+// flood of idle sockets fills its share and no more (internal/connlimit).
+const (
+	DefaultMaxConns          = 8192
+	DefaultMaxConnsPerSource = 1024
+)
+
 // NewHTTPServer returns an *http.Server for h with timeouts that bound slow clients
 // while still letting the longest long-poll (idemkv.MaxWait) finish.
 func NewHTTPServer(addr string, h http.Handler) *http.Server {

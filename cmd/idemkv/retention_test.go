@@ -146,6 +146,7 @@ func TestServeRefusesContradictoryRetention(t *testing.T) {
 		{"default ttl shorter than the default lease", []string{"--default-ttl", "1m", "--default-lease-ttl", "2m"}, [2]string{}},
 		{"min ttl above max ttl", []string{"--min-ttl", "2h", "--max-ttl", "1h", "--default-ttl", "1h"}, [2]string{}},
 		{"default ttl below the minimum, from the environment", nil, [2]string{"IDEMKV_DEFAULT_TTL", "30s"}},
+		{"no connection allowed", []string{"--max-conns-per-source", "0"}, [2]string{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.env[0] != "" {

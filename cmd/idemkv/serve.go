@@ -20,6 +20,7 @@ import (
 	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/console"
 	"github.com/idemkv/idemkv/expiry"
+	"github.com/idemkv/idemkv/internal/connlimit"
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/metrics"
 	"github.com/idemkv/idemkv/node"
@@ -40,6 +41,8 @@ type serveOptions struct {
 	maxToolsTenant int
 	maxLongPolls   int
 	maxPollsToken  int
+	maxConns       int
+	maxConnsSource int
 	cacheMB        int64
 	shutdownGrace  time.Duration
 	noConsole      bool
@@ -49,7 +52,8 @@ type serveOptions struct {
 
 func newServeCommand() *cobra.Command {
 	o := serveOptions{node: node.DefaultConfig(), limits: idemkv.DefaultLimits(), shutdownGrace: 10 * time.Second,
-		maxToolLabels: metrics.DefaultMaxToolLabels, maxToolsTenant: metrics.DefaultMaxToolLabelsPerTenant, maxLongPolls: api.DefaultMaxLongPolls, maxPollsToken: api.DefaultMaxLongPollsPerCaller}
+		maxToolLabels: metrics.DefaultMaxToolLabels, maxToolsTenant: metrics.DefaultMaxToolLabelsPerTenant, maxLongPolls: api.DefaultMaxLongPolls, maxPollsToken: api.DefaultMaxLongPollsPerCaller,
+		maxConns: api.DefaultMaxConns, maxConnsSource: api.DefaultMaxConnsPerSource}
 	o.node.Sweep = expiry.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -87,6 +91,10 @@ asks the cluster to add it and retries until it is in.
 	f.IntVar(&o.maxToolsTenant, "metrics-max-tools-per-tenant", o.maxToolsTenant, "of those, how many one tenant's requests may claim (a name counts for the tenant that used it first)")
 	f.IntVar(&o.maxLongPolls, "max-long-polls", o.maxLongPolls, "long-polls (get with wait_ms) this node holds at once; beyond, 429 resource_exhausted")
 	f.IntVar(&o.maxPollsToken, "max-long-polls-per-token", o.maxPollsToken, "long-polls one token holds on this node at once; beyond, 429 resource_exhausted")
+	f.IntVar(&o.maxConns, "max-conns", o.maxConns,
+		"API connections this node holds at once; past it a new one takes the place of an idle one (no request in flight) of the source holding the most, or waits")
+	f.IntVar(&o.maxConnsSource, "max-conns-per-source", o.maxConnsSource,
+		"API connections held from one IPv4 address or IPv6 /64; past it a new one takes the place of that source's oldest idle one, or is closed")
 	f.BoolVar(&o.noConsole, "no-console", false, "do not serve the operator console at /ui (docs/console.md)")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
 
@@ -166,6 +174,9 @@ func runServe(ctx context.Context, o serveOptions) error {
 	o.node.CacheBytes = o.cacheMB << 20
 	if sh := o.node.Sweep.Share; sh <= 0 || sh > 1 {
 		return fmt.Errorf("--sweep-share must be in (0, 1], not %g", sh)
+	}
+	if o.maxConns < 1 || o.maxConnsSource < 1 {
+		return fmt.Errorf("--max-conns and --max-conns-per-source must be at least 1, not %d and %d", o.maxConns, o.maxConnsSource)
 	}
 	peers, err := parsePeerAddresses(o.peerAddresses)
 	if err != nil {
@@ -251,6 +262,9 @@ func runServe(ctx context.Context, o serveOptions) error {
 		handler = console.New(cc).Mount(handler)
 	}
 	srv := api.NewHTTPServer(o.httpAddr, handler)
+	// A flood of idle sockets from one host fills that host's share, not the node.
+	limited := connlimit.New(ln, o.maxConns, o.maxConnsSource)
+	ln, srv.ConnState = limited, limited.ConnState
 	srv.ErrorLog = httpErrorLog(logger)
 	srv.TLSConfig = ex.apiTLS
 	serveErr := make(chan error, 1)

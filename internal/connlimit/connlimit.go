@@ -202,7 +202,16 @@ func (l *Listener) forget(c *Conn) {
 // connections have a request in flight.
 func (l *Listener) ConnState(nc net.Conn, state http.ConnState) {
 	c, ok := nc.(*Conn)
-	if !ok || c.l != l {
+	for !ok {
+		// A server that serves TLS over the listener hands over its *tls.Conn.
+		u, wraps := nc.(interface{ NetConn() net.Conn })
+		if !wraps {
+			return
+		}
+		nc = u.NetConn()
+		c, ok = nc.(*Conn)
+	}
+	if c.l != l {
 		return
 	}
 	l.mu.Lock()

@@ -1,6 +1,7 @@
 package connlimit
 
 import (
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -205,5 +206,20 @@ func TestSource(t *testing.T) {
 		if got := Source(addr); got != want {
 			t.Errorf("Source(%v) = %q, want %q", addr, got, want)
 		}
+	}
+}
+
+// A server that serves TLS over the listener tells the states of its *tls.Conn.
+func TestConnStateOfATLSConnection(t *testing.T) {
+	l := newListener(t, 4, 4)
+	_, s := dialFrom(t, l, "127.0.0.13")
+	tc := tls.Server(s, &tls.Config{})
+	l.ConnState(tc, http.StateActive)
+	if _, idle, _, _ := l.Stats(); idle != 0 {
+		t.Fatalf("a TLS connection with a request in flight counts as idle (%d idle)", idle)
+	}
+	l.ConnState(tc, http.StateIdle)
+	if _, idle, _, _ := l.Stats(); idle != 1 {
+		t.Fatalf("%d idle, want 1", idle)
 	}
 }
