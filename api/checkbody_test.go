@@ -40,8 +40,12 @@ func oracle(body []byte) (lone, dup string, hasLone, hasDup, sure bool) {
 			return "", "", false, false, false
 		}
 		name, _ := tok.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return "", "", false, false, false
+		}
 		var value any
-		if err := dec.Decode(&value); err != nil {
+		if err := json.Unmarshal(raw, &value); err != nil {
 			return "", "", false, false, false
 		}
 		if !hasLone && (strings.ContainsRune(name, utf8.RuneError) || holdsReplacement(value)) {
@@ -53,8 +57,44 @@ func oracle(body []byte) (lone, dup string, hasLone, hasDup, sure bool) {
 			}
 		}
 		names = append(names, name)
+		// An object a struct field takes (not a raw effect or result) is read by
+		// names the same way.
+		if raw := bytes.TrimLeft(raw, " \t\r\n"); !hasDup && len(raw) > 0 && raw[0] == '{' &&
+			!strings.EqualFold(name, "effect") && !strings.EqualFold(name, "result") {
+			if d, ok := repeatedName(raw); ok {
+				dup, hasDup = d, true
+			}
+		}
 	}
 	return lone, dup, hasLone, hasDup, true
+}
+
+// repeatedName is the first name of the object raw that repeats one before it, as
+// encoding/json matches names.
+func repeatedName(raw []byte) (string, bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if _, err := dec.Token(); err != nil {
+		return "", false
+	}
+	var names []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", false
+		}
+		name, _ := tok.(string)
+		for _, prev := range names {
+			if bytes.EqualFold([]byte(prev), []byte(name)) {
+				return name, true
+			}
+		}
+		names = append(names, name)
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", false
+		}
+	}
+	return "", false
 }
 
 func holdsReplacement(v any) bool {
@@ -143,6 +183,10 @@ var checkBodySeeds = []string{
 	`{"\u0074enant":"a","tenant":"b"}`,
 	`{"tenant":"a","\u0054ENANT":"b"}`,
 	`{"a":{"x":1,"x":2},"b":[{"y":1,"y":2}]}`,
+	`{"approval":{"required":true,"Required":false},"tool":"t"}`,
+	`{"error":{"code":"a","CODE":"b","details":{"k":1,"K":2}}}`,
+	`{"effect":{"a":1,"A":2},"result":{"b":1,"B":2},"approval":{"summary":"s"}}`,
+	`{"effect":{"a":{"x":1,"X":2}},"tenant":"t","Tenant":"u"}`,
 	`{"a":"{\"b\":1,","b":2}`,
 	`{"a":"\"","a\"":1}`,
 	`{"k":"\ud83d\ude00","j":"\ud800"}`,

@@ -96,9 +96,11 @@ func refuseExplicitZero(named bodyNames, v any) error {
 //     without its pair): encoding/json would rewrite both to U+FFFD, so that keys
 //     "inv\xff" and "inv\xfe" name one record, and a result would be stored that no
 //     JSON parser reads back.
-//   - A member named twice at the top level: encoding/json lets the last one win,
-//     matching names without regard to case, while a proxy in front may read the
-//     first; {"tenant":"a","Tenant":"b"} must not mean two tenants to two readers.
+//   - A member named twice at the top level, or in an object a request's struct
+//     takes (approval, error): encoding/json lets the last one win, matching names
+//     without regard to case, while a proxy in front may read the first;
+//     {"tenant":"a","Tenant":"b"} must not mean two tenants to two readers, nor
+//     {"approval":{"required":true,"Required":false}} an approval asked for to one.
 //
 // Every request body passes through here before encoding/json, so it is on the path
 // of every write: it reads the body once and folds ASCII names without Unicode tables.
@@ -135,20 +137,41 @@ func scanBody(body []byte) (bodyNames, error) {
 		raw    [memberNamesLinear][]byte
 	)
 	names := memberNames{folded: folded[:0], ends: ends[:0], raw: raw[:0]}
+	// The object that is the value of the last top-level member, when encoding/json
+	// decodes it into a struct as well (approval, error): its names are checked the
+	// same way. Raw members (effect, result) keep what they hold, and the fingerprint
+	// refuses a name twice in an effect; a name cased two ways there is two names.
+	var (
+		lastTop string
+		nested  *memberNames
+	)
 	depth := 0
 	for i := 0; i < len(body); i++ {
 		switch body[i] {
 		case '{', '[':
 			depth++
+			if object && depth == 2 && body[i] == '{' && lastTop != foldedEffect && lastTop != foldedResult {
+				nested = &memberNames{}
+			}
 		case '}', ']':
 			depth--
+			if depth < 2 {
+				nested = nil
+			}
 		case '"':
 			end, escaped, err := scanString(body, i)
 			if err != nil || end < 0 {
 				return bodyNames{}, err // end < 0: the string never ends, which the decoder reports
 			}
 			if object && depth == 1 && followedByColon(body, end+1) {
+				before := len(names.folded)
 				if err := names.add(body[i+1:end], escaped); err != nil {
+					return bodyNames{}, err
+				}
+				lastTop = string(names.folded[before:])
+			}
+			if nested != nil && depth == 2 && followedByColon(body, end+1) {
+				if err := nested.add(body[i+1:end], escaped); err != nil {
 					return bodyNames{}, err
 				}
 			}
@@ -157,6 +180,12 @@ func scanBody(body []byte) (bodyNames, error) {
 	}
 	return names.named, nil
 }
+
+// The raw members of requests, folded as memberNames folds.
+const (
+	foldedEffect = "EFFECT"
+	foldedResult = "RESULT"
+)
 
 // scanString reads the JSON string whose opening quote is at body[start] and returns
 // the index of its closing quote (-1 if there is none) and whether it holds an escape.
