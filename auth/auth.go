@@ -277,7 +277,7 @@ type Authenticator struct {
 	path    string
 	log     *slog.Logger
 	entries atomic.Pointer[[]entry]
-	refused refusalLog
+	refused RefusalLog
 }
 
 // New returns an Authenticator for f, which must be valid.
@@ -389,16 +389,18 @@ const (
 	maxLoggedPathBytes      = 256
 )
 
-// refusalLog decides which refusals are logged.
-type refusalLog struct {
+// RefusalLog decides which refusals of callers who proved nothing are logged: one a
+// second, with how many were left out before it. The console's refused logins use it
+// too. The zero value is ready.
+type RefusalLog struct {
 	mu         sync.Mutex
 	next       time.Time // no line before this
 	suppressed int       // refusals left out since the last line
 }
 
-// admit reports whether a refusal at now is logged and, if so, how many were left out
+// Admit reports whether a refusal at now is logged and, if so, how many were left out
 // before it.
-func (l *refusalLog) admit(now time.Time) (log bool, suppressed int) {
+func (l *RefusalLog) Admit(now time.Time) (log bool, suppressed int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if now.Before(l.next) {
@@ -434,7 +436,7 @@ func (a *Authenticator) Middleware(next http.Handler) http.Handler {
 		}
 		p, err := a.Authenticate(BearerToken(r))
 		if err != nil {
-			if log, suppressed := a.refused.admit(time.Now()); log {
+			if log, suppressed := a.refused.Admit(time.Now()); log {
 				a.log.LogAttrs(r.Context(), slog.LevelInfo, "unauthenticated request",
 					slog.String("method", idemkv.ClipText(r.Method, maxLoggedPathBytes)),
 					slog.String("path", idemkv.ClipText(r.URL.Path, maxLoggedPathBytes)), slog.Int("path_bytes", len(r.URL.Path)),

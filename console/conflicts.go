@@ -11,17 +11,19 @@ import (
 // DefaultConflictsKept is how many recent conflicts a node keeps for the console.
 const DefaultConflictsKept = 500
 
-// Conflicts is a bounded ring of the conflicts this node answered, newest kept. No
-// store keeps conflicts (a conflict changes no record and is never written to the
-// log), so this is what the console can honestly show: what this node answered since
-// it started, the oldest dropped first; other nodes keep their own. Feed it with
-// Observe as api.Config.OnReserve.
+// Conflicts keeps the conflicts this node answered, a bounded number. No store keeps
+// conflicts (a conflict changes no record and is never written to the log), so this is
+// what the console can honestly show: what this node answered since it started; other
+// nodes keep their own. When full, the oldest entry of the tenant holding the most
+// goes, so that one tenant's flood of conflicting reserves cannot push every other
+// tenant's out. Feed it with Observe as api.Config.OnReserve.
 type Conflicts struct {
-	mu      sync.Mutex
-	ring    []ConflictEntry
-	next    int    // where the next entry goes
-	seq     uint64 // of the newest entry
-	dropped uint64
+	mu       sync.Mutex
+	entries  []ConflictEntry // oldest first
+	max      int
+	byTenant map[string]int // entries held per tenant
+	seq      uint64         // of the newest entry
+	dropped  uint64
 }
 
 // ConflictEntry is one conflict answer. Seq numbers them from 1 in arrival order; the
@@ -36,12 +38,12 @@ type ConflictEntry struct {
 	Conflict idemkv.Conflict
 }
 
-// NewConflicts returns a ring of n entries (DefaultConflictsKept when n <= 0).
+// NewConflicts keeps n entries (DefaultConflictsKept when n <= 0).
 func NewConflicts(n int) *Conflicts {
 	if n <= 0 {
 		n = DefaultConflictsKept
 	}
-	return &Conflicts{ring: make([]ConflictEntry, 0, n)}
+	return &Conflicts{entries: make([]ConflictEntry, 0, n), max: n, byTenant: map[string]int{}}
 }
 
 // Observe keeps res when it is a conflict. Its signature is api.Config.OnReserve's.
@@ -54,29 +56,36 @@ func (c *Conflicts) Observe(_ context.Context, req *idemkv.ReserveRequest, res *
 	defer c.mu.Unlock()
 	c.seq++
 	e.Seq = c.seq
-	if len(c.ring) < cap(c.ring) {
-		c.ring = append(c.ring, e)
-		return
+	if len(c.entries) >= c.max {
+		most := e.Tenant
+		for t, n := range c.byTenant {
+			if n > c.byTenant[most] {
+				most = t
+			}
+		}
+		for i := range c.entries {
+			if c.entries[i].Tenant == most {
+				c.entries = append(c.entries[:i], c.entries[i+1:]...)
+				break
+			}
+		}
+		if c.byTenant[most]--; c.byTenant[most] == 0 {
+			delete(c.byTenant, most)
+		}
+		c.dropped++
 	}
-	c.ring[c.next] = e
-	c.next = (c.next + 1) % len(c.ring)
-	c.dropped++
+	c.entries = append(c.entries, e)
+	c.byTenant[e.Tenant]++
 }
 
 // Page returns up to limit entries that visible lets through, newest first, older
 // than before (0: from the newest), and the Seq to ask for the next page before (0
-// when there is none). Kept is how many the ring holds, Dropped how many it let go.
+// when there is none). Kept is how many are held, Dropped how many were let go.
 func (c *Conflicts) Page(before uint64, limit int, visible func(*ConflictEntry) bool) (page []ConflictEntry, next uint64, kept int, dropped uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := len(c.ring)
-	// Newest first: the entry before c.next when the ring is full, else the last.
-	for i := range n {
-		idx := (c.next - 1 - i + 2*n) % n
-		if len(c.ring) < cap(c.ring) {
-			idx = n - 1 - i
-		}
-		e := &c.ring[idx]
+	for i := len(c.entries) - 1; i >= 0; i-- {
+		e := &c.entries[i]
 		if before != 0 && e.Seq >= before {
 			continue
 		}
@@ -89,18 +98,18 @@ func (c *Conflicts) Page(before uint64, limit int, visible func(*ConflictEntry) 
 		}
 		page = append(page, *e)
 	}
-	return page, next, n, c.dropped
+	return page, next, len(c.entries), c.dropped
 }
 
-func (c *Conflicts) capacity() int { return cap(c.ring) }
+func (c *Conflicts) capacity() int { return c.max }
 
 // count returns how many kept entries visible lets through.
 func (c *Conflicts) count(visible func(*ConflictEntry) bool) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
-	for i := range c.ring {
-		if visible(&c.ring[i]) {
+	for i := range c.entries {
+		if visible(&c.entries[i]) {
 			n++
 		}
 	}

@@ -28,6 +28,9 @@ const Prefix = "/ui/"
 // Defaults of Config.
 const (
 	DefaultMaxSessions = 1000
+	// DefaultMaxSessionsPerCaller is one token's share of them (with authentication
+	// off, one source address's): past it the caller's own oldest session ends.
+	DefaultMaxSessionsPerCaller = 50
 	// DefaultSessionIdle ends a session nobody used for that long; DefaultSessionLifetime
 	// ends every session, used or not, so a stolen cookie is worth a bounded time.
 	DefaultSessionIdle     = 30 * time.Minute
@@ -67,9 +70,12 @@ type Config struct {
 	Logger    *slog.Logger // default: discard
 	// MaxSessions bounds the sessions held; a login beyond it ends the least recently
 	// used one. Defaults DefaultMaxSessions, DefaultSessionIdle, DefaultSessionLifetime.
-	MaxSessions     int
-	SessionIdle     time.Duration
-	SessionLifetime time.Duration
+	MaxSessions int
+	// MaxSessionsPerCaller is one token's share of MaxSessions (with authentication
+	// off, one source address's); default DefaultMaxSessionsPerCaller.
+	MaxSessionsPerCaller int
+	SessionIdle          time.Duration
+	SessionLifetime      time.Duration
 }
 
 // Server serves the console.
@@ -81,11 +87,13 @@ type Server struct {
 	conflicts  *Conflicts
 	log        *slog.Logger
 	sessions   *sessions
-	pages      *pages
-	static     http.Handler
-	origin     *http.CrossOriginProtection
-	rates      rates
-	mux        *http.ServeMux
+	// loginRefusals bounds the log lines of refused logins.
+	loginRefusals auth.RefusalLog
+	pages         *pages
+	static        http.Handler
+	origin        *http.CrossOriginProtection
+	rates         rates
+	mux           *http.ServeMux
 }
 
 //go:embed templates/*.html
@@ -131,7 +139,10 @@ func New(cfg Config) *Server {
 	if cfg.SessionLifetime <= 0 {
 		cfg.SessionLifetime = DefaultSessionLifetime
 	}
-	s.sessions = newSessions(cfg.MaxSessions, cfg.SessionIdle, cfg.SessionLifetime)
+	if cfg.MaxSessionsPerCaller <= 0 {
+		cfg.MaxSessionsPerCaller = DefaultMaxSessionsPerCaller
+	}
+	s.sessions = newSessions(cfg.MaxSessions, cfg.MaxSessionsPerCaller, cfg.SessionIdle, cfg.SessionLifetime)
 	sub, err := fs.Sub(staticFiles, "static")
 	if err != nil {
 		panic(err)

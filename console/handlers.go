@@ -37,13 +37,16 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	token := strings.TrimSpace(r.PostFormValue("token"))
 	p, err := s.auth.Authenticate(token)
 	if err != nil {
-		s.log.Info("console: login refused", "remote", r.RemoteAddr)
+		// Anyone may send a login: a refused one is logged once a second at most.
+		if log, suppressed := s.loginRefusals.Admit(time.Now()); log {
+			s.log.Info("console: login refused", "remote", r.RemoteAddr, "suppressed", suppressed)
+		}
 		d := &pageData{Title: "Log in", Nav: "login", page: "login", Body: loginBody{Next: next},
 			Err: &uiError{Code: idemkv.CodeUnauthenticated, Message: "That token is not valid."}}
 		s.render(w, http.StatusUnauthorized, d)
 		return
 	}
-	sess := s.sessions.start(token, time.Now())
+	sess := s.sessions.start(token, p.Name, time.Now())
 	s.setCookie(w, r, sess)
 	s.log.Info("console: login", "token", p.Name, "role", string(p.Role), "remote", r.RemoteAddr)
 	http.Redirect(w, r, next, http.StatusSeeOther)

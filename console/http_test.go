@@ -238,6 +238,26 @@ func TestConflictsRing(t *testing.T) {
 	}
 }
 
+// One tenant's flood of conflicting reserves pushes out its own oldest conflicts, not
+// every other tenant's.
+func TestConflictsShareByTenant(t *testing.T) {
+	ring := console.NewConflicts(4)
+	conflict := &idemkv.ReserveResult{Decision: idemkv.DecisionConflict, Conflict: &idemkv.Conflict{Status: "conflict"}}
+	ring.Observe(context.Background(), &idemkv.ReserveRequest{Tenant: "quiet", Key: "q1"}, conflict)
+	ring.Observe(context.Background(), &idemkv.ReserveRequest{Tenant: "calm", Key: "c1"}, conflict)
+	for i := range 100 {
+		ring.Observe(context.Background(), &idemkv.ReserveRequest{Tenant: "noisy", Key: fmt.Sprint("n", i)}, conflict)
+	}
+	page, _, kept, dropped := ring.Page(0, 10, func(*console.ConflictEntry) bool { return true })
+	var keys []string
+	for _, e := range page {
+		keys = append(keys, e.Key)
+	}
+	if got := strings.Join(keys, ","); got != "n99,n98,c1,q1" || kept != 4 || dropped != 98 {
+		t.Fatalf("kept %s (%d, dropped %d), want n99,n98,c1,q1 (4, dropped 98)", got, kept, dropped)
+	}
+}
+
 // TestRevokedTokenEndsSession: removing a token from the token file (and reloading it,
 // as SIGHUP does) ends the sessions opened with it at once.
 func TestRevokedTokenEndsSession(t *testing.T) {

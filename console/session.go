@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv/auth"
+	"github.com/idemkv/idemkv/internal/connlimit"
 )
 
 // cookiePrefix starts the name of the cookie that carries the session id, never the
@@ -33,8 +34,11 @@ func cookieName(r *http.Request) string {
 
 // session is one browser's login. token is "" when authentication is off.
 type session struct {
-	id      string
-	token   string
+	id    string
+	token string
+	// owner is whose share the session counts in: its token's name, or with
+	// authentication off the source address of the browser that opened it.
+	owner   string
 	csrf    string
 	created time.Time
 	seen    time.Time
@@ -59,12 +63,13 @@ type sessions struct {
 	mu       sync.Mutex
 	byID     map[string]*session
 	max      int
+	perOwner int
 	idle     time.Duration
 	lifetime time.Duration
 }
 
-func newSessions(max int, idle, lifetime time.Duration) *sessions {
-	return &sessions{byID: map[string]*session{}, max: max, idle: idle, lifetime: lifetime}
+func newSessions(max, perOwner int, idle, lifetime time.Duration) *sessions {
+	return &sessions{byID: map[string]*session{}, max: max, perOwner: min(perOwner, max), idle: idle, lifetime: lifetime}
 }
 
 func randomID() string {
@@ -73,21 +78,40 @@ func randomID() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// start makes a new session, ending the least recently used one when full.
-func (ss *sessions) start(token string, now time.Time) *session {
+// start makes a new session of owner. An owner that holds its share ends its own least
+// recently used session; when the table is full, the owner holding the most does. One
+// token logging in over and over, or a script without a cookie while authentication is
+// off, ends its own sessions and nobody else's.
+func (ss *sessions) start(token, owner string, now time.Time) *session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.expireLocked(now)
-	if len(ss.byID) >= ss.max {
+	held := map[string]int{}
+	for _, s := range ss.byID {
+		held[s.owner]++
+	}
+	if held[owner] >= ss.perOwner || len(ss.byID) >= ss.max {
+		// Whose session ends: the owner's own at its share, else one of the owners
+		// holding the most; of theirs the least recently used.
+		gives := func(o string) bool { return o == owner }
+		if held[owner] < ss.perOwner {
+			most := 0
+			for _, n := range held {
+				most = max(most, n)
+			}
+			gives = func(o string) bool { return held[o] == most }
+		}
 		var lru *session
 		for _, s := range ss.byID {
-			if lru == nil || s.seen.Before(lru.seen) {
+			if gives(s.owner) && (lru == nil || s.seen.Before(lru.seen)) {
 				lru = s
 			}
 		}
-		delete(ss.byID, lru.id)
+		if lru != nil {
+			delete(ss.byID, lru.id)
+		}
 	}
-	s := &session{id: randomID(), token: token, csrf: randomID(), created: now, seen: now}
+	s := &session{id: randomID(), token: token, owner: owner, csrf: randomID(), created: now, seen: now}
 	ss.byID[s.id] = s
 	return s
 }
@@ -186,7 +210,7 @@ func (s *Server) viewerOf(w http.ResponseWriter, r *http.Request) (viewer, bool)
 	}
 	if s.auth == nil {
 		if !ok {
-			sess = *s.sessions.start("", now)
+			sess = *s.sessions.start("", connlimit.SourceOfHostPort(r.RemoteAddr), now)
 			s.setCookie(w, r, &sess)
 		}
 		return viewer{sess: sess}, true

@@ -15,14 +15,14 @@ import (
 // and the least recently used one gives way when the table is full.
 func TestSessionsBounded(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0)
-	ss := newSessions(2, time.Minute, time.Hour)
-	a := ss.start("ta", t0)
-	b := ss.start("tb", t0.Add(time.Second))
+	ss := newSessions(2, 2, time.Minute, time.Hour)
+	a := ss.start("ta", "ta", t0)
+	b := ss.start("tb", "tb", t0.Add(time.Second))
 	if _, ok := ss.get(a.id, t0.Add(2*time.Second)); !ok {
 		t.Fatal("a fresh session is gone")
 	}
 	// b is now the least recently used: a third login ends it.
-	c := ss.start("tc", t0.Add(3*time.Second))
+	c := ss.start("tc", "tc", t0.Add(3*time.Second))
 	if _, ok := ss.get(b.id, t0.Add(4*time.Second)); ok {
 		t.Fatal("the least recently used session survived a login beyond the bound")
 	}
@@ -33,7 +33,7 @@ func TestSessionsBounded(t *testing.T) {
 		t.Fatal("a session idle past the idle limit is still open")
 	}
 	// Used every 30 s, a session still ends at its lifetime.
-	d := ss.start("td", t0)
+	d := ss.start("td", "td", t0)
 	at := t0
 	for at.Sub(t0) < time.Hour-30*time.Second {
 		at = at.Add(30 * time.Second)
@@ -46,6 +46,46 @@ func TestSessionsBounded(t *testing.T) {
 	}
 	if a.csrf == b.csrf || a.id == a.csrf || len(a.id) < 40 {
 		t.Fatalf("session ids and CSRF tokens must be distinct random values: %q %q", a.id, a.csrf)
+	}
+}
+
+// One caller logging in over and over (a token, or a script without a cookie while
+// authentication is off) ends its own sessions, never another's; when the table is
+// full, the caller holding the most gives way.
+func TestSessionsShareByCaller(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	ss := newSessions(6, 3, time.Hour, time.Hour)
+	operator := ss.start("op", "operator", t0)
+	second := ss.start("op2", "other", t0.Add(time.Second))
+	at := t0.Add(2 * time.Second)
+	for range 100 {
+		at = at.Add(time.Millisecond)
+		ss.start("x", "flooder", at)
+	}
+	for _, s := range []*session{operator, second} {
+		if _, ok := ss.get(s.id, at); !ok {
+			t.Fatalf("%s's session was ended by another caller's logins", s.owner)
+		}
+	}
+	if ss.len() != 5 {
+		t.Fatalf("%d sessions, want 5 (the flooder's share of 3 and two others)", ss.len())
+	}
+	// Full: the next caller's login ends a session of the one holding the most.
+	ss.start("y", "fourth", at.Add(time.Second))
+	ss.start("z", "fifth", at.Add(2*time.Second))
+	for _, s := range []*session{operator, second} {
+		if _, ok := ss.get(s.id, at.Add(3*time.Second)); !ok {
+			t.Fatalf("%s's session was ended to make room, while the flooder held more", s.owner)
+		}
+	}
+	held := 0
+	for _, s := range ss.byID {
+		if s.owner == "flooder" {
+			held++
+		}
+	}
+	if held != 2 || ss.len() != 6 {
+		t.Fatalf("flooder holds %d of %d sessions, want 2 of 6", held, ss.len())
 	}
 }
 

@@ -22,9 +22,14 @@ func Source(a net.Addr) string {
 	if tcp, ok := a.(*net.TCPAddr); ok {
 		return SourceOfIP(tcp.IP)
 	}
-	host, _, err := net.SplitHostPort(a.String())
+	return SourceOfHostPort(a.String())
+}
+
+// SourceOfHostPort is Source of a peer written "host:port" (http.Request.RemoteAddr).
+func SourceOfHostPort(hostPort string) string {
+	host, _, err := net.SplitHostPort(hostPort)
 	if err != nil {
-		return a.String()
+		return hostPort
 	}
 	if ip := net.ParseIP(host); ip != nil {
 		return SourceOfIP(ip)
