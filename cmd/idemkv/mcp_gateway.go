@@ -30,6 +30,7 @@ type mcpGatewayOptions struct {
 	logFormat       string
 	storeWait       time.Duration
 	listenTokenFile string
+	insecureListen  bool
 	approverToken   string // file
 	stateKeyFile    string
 	http            mcpgw.HTTPConfig
@@ -70,6 +71,7 @@ template from the --policy file. See docs/mcp-gateway.md.
 	f.DurationVar(&o.storeWait, "store-wait", o.storeWait, "how long a mutating call waits for an unreachable idemkv before it fails with store_unavailable (the tool is not called)")
 	f.DurationVar(&o.http.ShutdownGrace, "shutdown-grace", o.http.ShutdownGrace, "how long shutdown waits for calls in flight (--listen)")
 	f.StringVar(&o.listenTokenFile, "listen-token-file", "", "file holding the bearer token every request to --listen must carry (Authorization: Bearer TOKEN)")
+	f.BoolVar(&o.insecureListen, "insecure-listen", false, "serve --listen beyond loopback without --listen-token-file (anyone who reaches the port calls tools with the gateway's idemkv token)")
 	f.StringVar(&o.approverToken, "approver-token-file", "", "file holding an idemkv token of the approver role, with which the gateway records the decisions its agents' users take in band (policy approval_in_band); default: --token")
 	f.StringVar(&o.stateKeyFile, "state-key-file", "", "file holding at least 32 bytes that seal the request state of 2026-07-28 approval questions; give every gateway behind one load balancer the same (default: a random key per process)")
 	f.Int64Var(&o.http.MaxBodyBytes, "max-body-bytes", o.http.MaxBodyBytes, "largest request body --listen reads (larger: 413)")
@@ -89,6 +91,10 @@ template from the --policy file. See docs/mcp-gateway.md.
 func runMCPGateway(ctx context.Context, o mcpGatewayOptions, stderr io.Writer) error {
 	if (o.upstreamCmd == "") == (o.upstreamURL == "") {
 		return errors.New("give exactly one of --upstream-cmd and --upstream-url")
+	}
+	if o.listen != "" && o.listenTokenFile == "" && !loopback(o.listen) && !o.insecureListen {
+		// As serve refuses an API beyond loopback without --auth-file.
+		return fmt.Errorf("refusing to serve MCP on %s without a token: set --listen-token-file, listen on loopback, or pass --insecure-listen", o.listen)
 	}
 	logger, err := newLogger(o.logLevel, o.logFormat, stderr)
 	if err != nil {

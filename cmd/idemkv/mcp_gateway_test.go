@@ -345,3 +345,14 @@ func TestSplitCommand(t *testing.T) {
 		}
 	}
 }
+
+// As serve refuses an API beyond loopback without --auth-file, the gateway refuses
+// to serve MCP beyond loopback without its listen token: anyone who reached the port
+// would call tools with the gateway's idemkv token.
+func TestMCPGatewayRefusesAnOpenListenWithoutAToken(t *testing.T) {
+	_, err := cli(t, "mcp-gateway", "--upstream-url", "http://127.0.0.1:1/mcp", "--listen", "0.0.0.0:0",
+		"--endpoint", "http://127.0.0.1:1")
+	if err == nil || !strings.Contains(err.Error(), "--listen-token-file") {
+		t.Fatalf("--listen 0.0.0.0:0 without a token: %v, want a refusal naming --listen-token-file", err)
+	}
+}
