@@ -358,7 +358,7 @@ type call struct {
 func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err error) {
 	var body []byte
 	if cl.body != nil {
-		if body, err = json.Marshal(cl.body); err != nil {
+		if body, err = encodeBody(cl.body); err != nil {
 			return false, fmt.Errorf("client: encoding %s: %w", cl.route, err)
 		}
 	}
@@ -527,4 +527,18 @@ func escapeSegment(s string) string {
 		return strings.Repeat("%2E", len(e))
 	}
 	return e
+}
+
+// encodeBody is v as JSON without encoding/json's HTML escaping: the server stores a
+// result's or an error's details as they arrive and bounds their size so, and escaping
+// turns each <, > and & of a raw result into six bytes. A result that fits the bound as
+// the tool gave it must fit as sent.
+func encodeBody(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }

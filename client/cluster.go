@@ -37,7 +37,7 @@ const (
 // has nothing better to do. It returns the membership the accepting node reported,
 // or ctx's error joined to the last failure.
 func (c *Client) JoinCluster(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
-	body, err := json.Marshal(req)
+	body, err := encodeBody(req)
 	if err != nil {
 		return nil, fmt.Errorf("client: encoding the join: %w", err)
 	}

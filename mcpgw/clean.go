@@ -2,7 +2,6 @@ package mcpgw
 
 import (
 	"bytes"
-	"encoding/json"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
@@ -14,28 +13,32 @@ import (
 // into U+FFFD, so that the idempotency keys "k\xff" and "k\xfe" in _meta would name
 // one operation, and the second call would replay the first's receipt; and it keeps the
 // last of two members of one name, where a proxy, a log or liftSEP3182Key may read the
-// first. The gateway refuses such a message before anything decodes it, on every
-// transport (uncleanAnswer), and the arguments of a call again before it reads them
-// (prepare), for a server served without the gateway's transports.
+// first. The gateway refuses such a tools/call before anything decodes it, on every
+// transport (uncleanAnswer), and a call's arguments again before it reads them
+// (prepare), for a server served without the gateway's transports. Other messages
+// pass as they are: a notification or a response has nobody to refuse it to, and
+// nothing in them names an operation.
 
-// uncleanAnswer returns the answer to msg, a JSON-RPC message as it came, when msg is
-// JSON that encoding/json would read but not as it is written (fingerprint.Check); nil
-// when msg is clean, or not JSON at all (the go-sdk answers that itself).
+// uncleanAnswer returns the answer to msg, a JSON-RPC message as it came, when msg is a
+// tools/call request that encoding/json would read but not as it is written
+// (fingerprint.Check): an invalid-params error with the request's id. nil otherwise.
 func uncleanAnswer(msg []byte) []byte {
 	msg = bytes.TrimSpace(msg)
-	err := fingerprint.Check(msg)
-	if err == nil || !json.Valid(msg) {
+	m, err := jsonrpc.DecodeMessage(msg)
+	if err != nil {
+		return nil // not one JSON-RPC message: the go-sdk answers it
+	}
+	req, ok := m.(*jsonrpc.Request)
+	if !ok || !req.IsCall() || req.Method != "tools/call" {
 		return nil
 	}
-	res := &jsonrpc.Response{Error: &jsonrpc.Error{Code: jsonrpc.CodeParseError,
-		Message: "idemkv gateway: the message is not JSON that every reader reads alike, so it was not read: " + err.Error() +
-			" (send text as valid UTF-8 and name each member once)"}}
-	if m, derr := jsonrpc.DecodeMessage(msg); derr == nil {
-		if req, ok := m.(*jsonrpc.Request); ok {
-			res.ID = req.ID
-		}
+	cerr := fingerprint.Check(msg)
+	if cerr == nil {
+		return nil
 	}
-	b, err := jsonrpc.EncodeMessage(res)
+	b, err := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams,
+		Message: "idemkv gateway: the call is not JSON that every reader reads alike, so it was not run: " + cerr.Error() +
+			" (send text as valid UTF-8, without lone surrogates, and name each member once)"}})
 	if err != nil {
 		return nil
 	}

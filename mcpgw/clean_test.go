@@ -50,8 +50,8 @@ func TestUncleanJSONIsRefusedBeforeAnythingReadsIt(t *testing.T) {
 	for name, msg := range unclean {
 		code, body := postHeaders(t, srv.URL, msg, headers)
 		var ans wireMessage
-		if err := json.Unmarshal([]byte(body), &ans); code != http.StatusBadRequest || err != nil || ans.Error == nil || ans.Error.Code != -32700 {
-			t.Errorf("http, %s: HTTP %d %s; want 400 with a parse error (-32700)", name, code, body)
+		if err := json.Unmarshal([]byte(body), &ans); code != http.StatusOK || err != nil || ans.Error == nil || ans.Error.Code != -32602 || string(ans.ID) != fmt.Sprint(idOf(msg)) {
+			t.Errorf("http, %s: HTTP %d %s; want invalid params (-32602) with the call's id", name, code, body)
 		}
 	}
 	stdio := serveStdio(t, g.gw)
@@ -60,9 +60,15 @@ func TestUncleanJSONIsRefusedBeforeAnythingReadsIt(t *testing.T) {
 		id++
 		msg = strings.Replace(msg, `"id":`, fmt.Sprintf(`"id":%d,"x":`, id), 1)
 		stdio.send(msg)
-		if ans, _ := stdio.answer(id); ans.Error == nil || ans.Error.Code != -32700 {
-			t.Errorf("stdio, %s: %s; want a parse error (-32700)", name, ans.line)
+		if ans, _ := stdio.answer(id); ans.Error == nil || ans.Error.Code != -32602 {
+			t.Errorf("stdio, %s: %s; want invalid params (-32602)", name, ans.line)
 		}
+	}
+	// A notification has nobody to refuse it to: it passes as it came (the go-sdk
+	// accepts it), and the gateway stays up for the next call.
+	if code, body := postHeaders(t, srv.URL, "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{\"requestId\":99,\"reason\":\"x\xff\"},"+
+		meta+"}}}", map[string]string{"Mcp-Protocol-Version": modernEra, "Mcp-Method": "notifications/cancelled"}); code != http.StatusAccepted {
+		t.Errorf("an unclean notification: HTTP %d %s, want 202 (passed on)", code, body)
 	}
 	for _, order := range []string{"o\uFFFD", "o-dup", "o-meta"} {
 		if n := up.runs(order); n != 0 {
@@ -208,4 +214,12 @@ func TestALargeToolErrorIsStored(t *testing.T) {
 	if err != nil || rec.Status != idemkv.StatusFailed {
 		t.Fatalf("the record: %v %+v, want failed", err, rec)
 	}
+}
+
+// idOf is the id a test message of TestUncleanJSONIsRefusedBeforeAnythingReadsIt
+// carries.
+func idOf(msg string) int {
+	var id int
+	_, _ = fmt.Sscanf(msg[strings.Index(msg, `"id":`)+5:], "%d", &id)
+	return id
 }

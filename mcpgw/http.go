@@ -52,14 +52,16 @@ type HTTPConfig struct {
 	ReadBodyTimeout   time.Duration
 	IdleTimeout       time.Duration
 	// SessionIdle closes a session of MCP 2025-11-25 (or earlier) that has had no
-	// request, and no stream open, for this long; its client initializes anew.
-	// Every initialize makes a session, and the gateway keeps each until then.
+	// request for this long, a GET stream open or not (the go-sdk times a session by
+	// its requests); its client gets 404 for the old session and initializes anew, as
+	// the protocol says it must. Every initialize makes a session, kept until then.
 	SessionIdle time.Duration
-	// MaxConns bounds the connections served at once, MaxConnsPerSource those of
-	// one source (an IPv4 address, an IPv6 /64). A new connection past either takes
-	// the place of an idle one (no request in flight) of its own source, or past
-	// MaxConns of the source holding the most; when all are busy it waits (past
-	// MaxConns) or is closed (past its source's share).
+	// MaxConns bounds the connections served at once. MaxConnsPerSource is one
+	// source's share (an IPv4 address, an IPv6 /64): past it a source's new
+	// connection takes the place of its own oldest idle one (no request in flight),
+	// and is held as any other when all of its are busy. Past MaxConns a new
+	// connection takes the place of an idle one of the source holding the most, or
+	// waits while every connection is busy.
 	MaxConns          int
 	MaxConnsPerSource int
 	// ShutdownGrace is how long Serve waits for calls in flight once its context

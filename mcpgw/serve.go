@@ -226,8 +226,9 @@ func (g *Gateway) eras(opts *mcp.StreamableHTTPOptions) http.Handler {
 			return
 		}
 		if answer := uncleanAnswer(body); answer != nil {
+			// A JSON-RPC error, as the go-sdk answers a call it refuses: the transport
+			// did its part, so a client shows the error rather than retrying.
 			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusBadRequest)
 			_, _ = w.Write(answer)
 			return
 		}

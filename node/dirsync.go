@@ -36,16 +36,22 @@ func makeDirSyncing(dir string, sync func(string) error) error {
 			break
 		}
 	}
-	if len(created) > 0 {
-		if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
-			return err
-		}
-	} else {
+	existed := len(created) == 0
+	if existed {
 		created = []string{dir}
+	} else if err := os.MkdirAll(dir, storage.PrivateDirMode); err != nil {
+		return err
 	}
 	// The deepest first is no better than any order: nothing is durable until all are.
 	for _, p := range created {
-		if err := sync(filepath.Dir(p)); err != nil {
+		err := sync(filepath.Dir(p))
+		if existed && errors.Is(err, fs.ErrPermission) {
+			// A parent this user may not read (a root-owned /srv holding the data dir)
+			// was not made by idemkv: the sync is its owner's, and a start must not
+			// fail for it where it did not before.
+			err = nil
+		}
+		if err != nil {
 			return err
 		}
 	}

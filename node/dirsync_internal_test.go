@@ -1,6 +1,7 @@
 package node
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,5 +32,23 @@ func TestMakeDirSyncsTheParentOfADirectoryThatExists(t *testing.T) {
 	}
 	if want := []string{filepath.Join(root, "a")}; !slices.Equal(synced, want) {
 		t.Fatalf("with %s there already, synced %v, want %v", dir, synced, want)
+	}
+}
+
+// The parent of a directory that exists may be one this user cannot read (a root-owned
+// /srv holding the data dir): its sync is best effort there, and the start goes on.
+// A parent of a directory makeDir creates must be synced.
+func TestMakeDirToleratesAnUnreadableParentOfADirectoryThatExists(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "data")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	denied := func(p string) error { return &os.PathError{Op: "open", Path: p, Err: os.ErrPermission} }
+	if err := makeDirSyncing(dir, denied); err != nil {
+		t.Fatalf("an existing dir under an unreadable parent: %v", err)
+	}
+	if err := makeDirSyncing(filepath.Join(root, "new"), denied); !errors.Is(err, os.ErrPermission) {
+		t.Fatalf("a new dir whose parent cannot be synced: %v, want the error", err)
 	}
 }

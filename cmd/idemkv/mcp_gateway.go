@@ -80,9 +80,9 @@ template from the --policy file. See docs/mcp-gateway.md.
 	f.DurationVar(&o.http.IdleTimeout, "idle-timeout", o.http.IdleTimeout, "how long --listen keeps an idle connection open")
 	f.IntVar(&o.http.MaxConns, "max-conns", o.http.MaxConns, "most connections --listen serves at once (a new one takes an idle one's place, or waits)")
 	f.DurationVar(&o.http.SessionIdle, "session-idle-timeout", o.http.SessionIdle,
-		"close a session of MCP 2025-11-25 or earlier after this long without a request or an open stream (its client initializes anew)")
+		"close a session of MCP 2025-11-25 or earlier after this long without a request, a GET stream open or not (its client initializes anew)")
 	f.IntVar(&o.http.MaxConnsPerSource, "max-conns-per-source", o.http.MaxConnsPerSource,
-		"most connections --listen serves from one IPv4 address or IPv6 /64 (a new one takes the place of that source's idle one, or is closed)")
+		"most connections --listen serves from one IPv4 address or IPv6 /64 (past it a new one takes the place of that source's oldest idle one)")
 	o.conn.register(cmd)
 	return cmd
 }

@@ -94,7 +94,7 @@ asks the cluster to add it and retries until it is in.
 	f.IntVar(&o.maxConns, "max-conns", o.maxConns,
 		"API connections this node holds at once; past it a new one takes the place of an idle one (no request in flight) of the source holding the most, or waits")
 	f.IntVar(&o.maxConnsSource, "max-conns-per-source", o.maxConnsSource,
-		"API connections held from one IPv4 address or IPv6 /64; past it a new one takes the place of that source's oldest idle one, or is closed")
+		"one IPv4 address's or IPv6 /64's share of --max-conns; past it a new one takes the place of that source's oldest idle one (busy ones are kept)")
 	f.BoolVar(&o.noConsole, "no-console", false, "do not serve the operator console at /ui (docs/console.md)")
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", o.shutdownGrace, "how long shutdown waits for requests in flight")
 

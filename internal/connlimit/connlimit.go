@@ -1,15 +1,20 @@
 // Package connlimit bounds the connections an HTTP server holds, in all and per
 // source, so that one host cannot fill the server for everyone: a flood of idle
-// sockets from one address takes that address's share and no more, and a newcomer
-// takes the place of an idle connection of whichever source holds the most.
+// sockets from one address takes the places of that address's own idle connections
+// past its share, and when the server is full a newcomer takes the place of an idle
+// connection of whichever source holds the most.
 //
 // A connection is idle while it has no request in flight: net/http tells its state
 // through http.Server.ConnState, which the server must send to Listener.ConnState.
 // Connections with a request in flight (a call under way, a stream) are never closed
-// to make room; when every connection is busy, Accept waits.
+// to make room, and no connection is refused: past its share with every connection
+// busy, a source's next one is held as any other while there is room; with the server
+// full and every connection busy, Accept waits.
 package connlimit
 
 import (
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -59,9 +64,8 @@ type Listener struct {
 	idle     int // of total
 	bySource map[string][]*Conn
 	ticks    uint64 // idleSince's clock
-	// Evicted counts the idle connections closed to make room, and refused those
-	// closed at once because their source held its share, every one busy.
-	evicted, refused int
+	// evicted counts the idle connections closed to make room.
+	evicted int
 }
 
 // New wraps ln. max and perSource must be positive; perSource above max is max.
@@ -109,9 +113,9 @@ func (l *Listener) Accept() (net.Conn, error) {
 	}
 }
 
-// admit makes room for nc and records it, or closes it and returns nil. Past the
-// whole bound with every connection busy (one turned busy since Accept looked), it
-// waits for a change.
+// admit makes room for nc and records it, or closes it and returns nil (the listener
+// closed). Past the whole bound with every connection busy (one turned busy since
+// Accept looked), it waits for a change.
 func (l *Listener) admit(nc net.Conn) *Conn {
 	src := Source(nc.RemoteAddr())
 	l.mu.Lock()
@@ -123,13 +127,10 @@ func (l *Listener) admit(nc net.Conn) *Conn {
 			return nil
 		}
 		if len(l.bySource[src]) >= l.perSource {
-			if victim = oldestIdle(l.bySource[src]); victim == nil {
-				l.refused++
-				l.mu.Unlock()
-				_ = nc.Close()
-				return nil
+			// Past its share the source gives up its own idle connection, if any.
+			if victim = oldestIdle(l.bySource[src]); victim != nil {
+				break
 			}
-			break
 		}
 		if l.total < l.max {
 			break
@@ -252,12 +253,30 @@ func (l *Listener) Close() error {
 	return l.Listener.Close()
 }
 
-// Stats returns the connections held, the idle among them, and how many were
-// evicted and refused so far.
-func (l *Listener) Stats() (held, idle, evicted, refused int) {
+// Stats returns the connections held, the idle among them, and how many idle ones
+// were closed to make room so far.
+func (l *Listener) Stats() (held, idle, evicted int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.total, l.idle, l.evicted, l.refused
+	return l.total, l.idle, l.evicted
+}
+
+// CloseWrite half-closes a TCP connection (net/http does after an answer to a body it
+// did not read, so that the client reads the answer rather than a reset).
+func (c *Conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
+// ReadFrom lets a copy into the connection use the kernel's (sendfile, splice) as the
+// bare connection's would.
+func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
+	if rf, ok := c.Conn.(io.ReaderFrom); ok {
+		return rf.ReadFrom(r)
+	}
+	return io.Copy(struct{ io.Writer }{c.Conn}, r)
 }
 
 // Close closes the connection and frees its place.
