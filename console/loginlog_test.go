@@ -1,41 +1,22 @@
 package console_test
 
 import (
-	"bytes"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 
 	"log/slog"
 
 	"github.com/idemkv/idemkv/console"
+	"github.com/idemkv/idemkv/internal/testlog"
 )
-
-// lockedBuffer is a log sink for a server's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Anyone may post a login; a loop of bad tokens gets its refusals, and the log a line
 // a second at most, with the count of those left out.
 func TestRefusedLoginsAreLoggedBoundedly(t *testing.T) {
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	srv := httptest.NewServer(console.New(console.Config{API: http.NotFoundHandler(), Auth: testAuth(t),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))}).Mount(http.NotFoundHandler()))
 	t.Cleanup(srv.Close)

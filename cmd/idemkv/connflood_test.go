@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,19 +14,7 @@ import (
 // connections (--max-conns-per-source), not the node: another host is served at once,
 // and the flooding host's own next connection takes the place of its oldest.
 func TestServeBoundsIdleConnectionsPerSource(t *testing.T) {
-	httpAddr := freePort(t)
-	cmd := exec.Command(idemkvBinary(t), "serve", "--id", "n1", "--data-dir", filepath.Join(t.TempDir(), "n1"),
-		"--http-addr", httpAddr, "--raft-addr", freePort(t), "--max-conns", "8", "--max-conns-per-source", "4")
-	logs := newLineLog(t, "n1")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	waitFor(t, 30*time.Second, "ready", func() error { return readyPlain(httpAddr) })
+	httpAddr := serveNode(t, nil, "--max-conns", "8", "--max-conns-per-source", "4")
 
 	dial := func(src string) net.Conn {
 		t.Helper()

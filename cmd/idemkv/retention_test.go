@@ -22,22 +22,9 @@ import (
 // from IDEMKV_* variables alike: the bounds they set are what the HTTP API enforces,
 // and the sweeper they configure deletes what expires.
 func TestRetentionFlagsAndEnvironment(t *testing.T) {
-	httpAddr := freePort(t)
-	cmd := exec.Command(idemkvBinary(t), "serve", "--id", "n1", "--data-dir", filepath.Join(t.TempDir(), "n1"),
-		"--http-addr", httpAddr, "--raft-addr", freePort(t),
+	httpAddr := serveNode(t, []string{"IDEMKV_MAX_TTL=48h", "IDEMKV_MAX_LEASE_TTL=30m"},
 		"--default-ttl", "2h", "--min-ttl", "1s", "--default-lease-ttl", "20s", "--min-lease-ttl", "500ms",
 		"--sweep-interval", "100ms", "--sweep-batch", "16")
-	cmd.Env = append(os.Environ(), "IDEMKV_MAX_TTL=48h", "IDEMKV_MAX_LEASE_TTL=30m")
-	logs := newLineLog(t, "n1")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	waitFor(t, 30*time.Second, "ready", func() error { return readyPlain(httpAddr) })
 
 	ms := func(d time.Duration) int64 { return d.Milliseconds() }
 	reserve := func(key string, extra map[string]any) (int, idemkv.ReserveResult, idemkv.Error) {
@@ -162,4 +149,25 @@ func TestServeRefusesContradictoryRetention(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveNode runs `idemkv serve` as a single node n1 with args, the environment
+// with env added, until the test ends, and returns its API address once it is ready.
+func serveNode(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	httpAddr := freePort(t)
+	cmd := exec.Command(idemkvBinary(t), append([]string{"serve", "--id", "n1", "--data-dir", filepath.Join(t.TempDir(), "n1"),
+		"--http-addr", httpAddr, "--raft-addr", freePort(t)}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	logs := newLineLog(t, "n1")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	waitFor(t, 30*time.Second, "ready", func() error { return readyPlain(httpAddr) })
+	return httpAddr
 }

@@ -51,3 +51,23 @@ func New(tb testing.TB) *slog.Logger { return NewLevel(tb, "", slog.LevelDebug) 
 func NewLevel(tb testing.TB, prefix string, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(NewWriter(tb, prefix), &slog.HandlerOptions{Level: level}))
 }
+
+// Buffer keeps what is written to it, for a test to read while the goroutines of a
+// server still write.
+type Buffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
