@@ -140,8 +140,8 @@ type RunConfig struct {
 	Logger *slog.Logger
 	// TracerProvider makes Do's spans. Default: the global provider.
 	TracerProvider trace.TracerProvider
-	// LeaseTTL is the lease of an Op that names none. Default 30 s (the server's
-	// default too); Do heartbeats every third of it.
+	// LeaseTTL is the lease of an Op that names none. Default the server's default
+	// (idemkv.DefaultLimits, 30 s); Do heartbeats every third of it.
 	LeaseTTL time.Duration
 	// CommitGrace bounds how long Do keeps trying to store an outcome after the tool
 	// ran, even when the caller's context has ended: an effect that happened must be
@@ -173,7 +173,7 @@ type RunConfig struct {
 // DefaultRunConfig returns the defaults of Do.
 func DefaultRunConfig() RunConfig {
 	return RunConfig{
-		LeaseTTL:           30 * time.Second,
+		LeaseTTL:           idemkv.DefaultLimits().DefaultLeaseTTL,
 		CommitGrace:        30 * time.Second,
 		PollWait:           30 * time.Second,
 		BackoffMin:         20 * time.Millisecond,
@@ -211,8 +211,8 @@ func (c *RunConfig) withDefaults() {
 func (c RunConfig) Validate() error {
 	c.withDefaults()
 	switch {
-	case c.LeaseTTL < time.Second:
-		return errors.New("client: LeaseTTL must be at least 1s (the server's minimum)")
+	case c.LeaseTTL < idemkv.DefaultLimits().MinLeaseTTL:
+		return fmt.Errorf("client: LeaseTTL must be at least %s (the server's minimum)", idemkv.DefaultLimits().MinLeaseTTL)
 	case c.CommitGrace < 0 || c.PollWait < 0:
 		return errors.New("client: CommitGrace and PollWait must not be negative")
 	case c.PollWait > idemkv.MaxWait:
@@ -372,8 +372,8 @@ func (op *Op) validate() error {
 		return idemkv.Invalid("effect", "give an effect or a fingerprint, not both")
 	case op.Fingerprint == "" && op.Effect == nil:
 		return idemkv.Invalid("effect", "a mutating tool call needs an effect or a fingerprint")
-	case op.LeaseTTL < time.Second:
-		return idemkv.Invalid("lease_ttl_ms", "the lease must be at least 1s")
+	case op.LeaseTTL < idemkv.DefaultLimits().MinLeaseTTL:
+		return idemkv.Invalid("lease_ttl_ms", "the lease must be at least %s", idemkv.DefaultLimits().MinLeaseTTL)
 	}
 	return nil
 }

@@ -28,7 +28,7 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultReadBodyTimeout   = 30 * time.Second
 	DefaultIdleTimeout       = 2 * time.Minute
-	DefaultSessionIdle       = 30 * time.Minute
+	DefaultSessionIdle       = time.Hour
 	DefaultMaxConns          = 128
 	DefaultMaxConnsPerSource = 32
 	DefaultShutdownGrace     = 5 * time.Second
