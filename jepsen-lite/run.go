@@ -33,6 +33,10 @@ var errAnomalies = errors.New("anomalies found")
 // not test what it claims to.
 var errFaults = errors.New("faults did not apply")
 
+// snapshotInterval is every node's --snapshot-interval: Raft checks whether to
+// snapshot every interval to twice it.
+const snapshotInterval = time.Second
+
 type config struct {
 	Nodes       int
 	Time        time.Duration
@@ -155,7 +159,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	serveFlags := []string{"--heartbeat-timeout", "500ms", "--election-timeout", "500ms", "--leader-lease-timeout", "250ms",
 		"--snapshot-threshold", fmt.Sprint(cfg.SnapshotThreshold), "--trailing-logs", fmt.Sprint(cfg.TrailingLogs),
-		"--snapshot-interval", "1s", "--raft-wal-segment-bytes", fmt.Sprint(cfg.RaftWALSegmentBytes),
+		"--snapshot-interval", snapshotInterval.String(), "--raft-wal-segment-bytes", fmt.Sprint(cfg.RaftWALSegmentBytes),
 		// The short-lease workload leases for 1-2 s and keeps records 3 s; the
 		// early-recover sabotage stores a quarter of a 1 s lease.
 		"--min-lease-ttl", "250ms", "--min-ttl", "2s"}
@@ -194,8 +198,9 @@ func run(ctx context.Context, cfg config) error {
 	var nem *nemesis.Nemesis
 	nem = nemesis.New(nemesis.Config{Families: cfg.Families, Quiet: cfg.Quiet, Hold: cfg.Hold, Logger: logger,
 		Now: rec.Now, Seed: cfg.Seed, SnapshotGap: cfg.SnapshotThreshold + cfg.TrailingLogs + 64,
-		AwaitRecovery: func(ctx context.Context, healed int64) { awaitRecovery(ctx, rec, nem, healed, cfg.Recovery) },
-		Writes:        api}, c)
+		SnapshotSettle: 2*snapshotInterval + 500*time.Millisecond,
+		AwaitRecovery:  func(ctx context.Context, healed int64) { awaitRecovery(ctx, rec, nem, healed, cfg.Recovery) },
+		Writes:         api}, c)
 
 	say("running for %s: %d register clients, %d agent workers, %d short-lease and %d approvals clients, nemesis %s, sabotage %q, seed %d",
 		cfg.Time, cfg.Concurrency, max(1, cfg.Concurrency/2), max(4, cfg.Concurrency/3), max(4, cfg.Concurrency/3), strings.Join(cfg.Families, ","), cfg.Sabotage.String(), cfg.Seed)

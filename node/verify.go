@@ -100,15 +100,21 @@ func (c *tailCuts) within(start, end uint64) bool {
 }
 
 // rewritten reports whether r is a mismatch of what this node wrote in a range whose
-// tail Raft cut and rewrote, while the entries it reads back from log are the
-// leader's. (The verifier does not read a range back once the written sum differs,
-// so this does.)
+// tail Raft cut (a new leader's entries replacing others, or a snapshot install
+// emptying the log), where the written sum proves nothing: the entries it reads back
+// from log are the leader's, or are compacted away, as the verifier itself says of a
+// range it cannot read back (ErrRangeMismatch: unchecked). (The verifier does not
+// read a range back once the written sum differs, so this does.) Entries that read
+// back otherwise than the leader wrote them stay a mismatch.
 func (c *tailCuts) rewritten(r verifier.VerificationReport, log raft.LogStore) bool {
 	var mismatch verifier.ErrChecksumMismatch
 	if !errors.As(r.Err, &mismatch) || r.WrittenSum == r.ExpectedSum || !c.within(r.Range.Start, r.Range.End) {
 		return false
 	}
 	sum, err := walRangeSum(log, r.Range.Start, r.Range.End)
+	if errors.Is(err, raft.ErrLogNotFound) {
+		return true
+	}
 	return err == nil && sum == r.ExpectedSum
 }
 
@@ -146,7 +152,7 @@ func (n *Node) reportLogVerification(r verifier.VerificationReport) {
 	switch {
 	case n.logCuts.rewritten(r, n.verifiedLog):
 		n.metrics.RaftLogVerifications.WithLabelValues(logVerifyUnchecked).Inc()
-		n.log.Info("raft log range not verified: a new leader replaced entries of it this node had written; the entries it reads back are the leader's",
+		n.log.Info("raft log range not verified: Raft cut this node's log inside it (a new leader's entries, a snapshot install), so its written checksum proves nothing, and what it reads back is the leader's or compacted",
 			"range", r.Range.String())
 	case errors.As(r.Err, &mismatch):
 		n.metrics.RaftLogVerifications.WithLabelValues(logVerifyMismatch).Inc()

@@ -81,7 +81,13 @@ type Config struct {
 	// SnapshotGap is how many entries the others must commit past an isolated node
 	// before it may come back (snapshot threshold + trailing logs, with a margin).
 	SnapshotGap uint64
-	Logger      *slog.Logger
+	// SnapshotSettle is how long the isolation lasts once the others reached the gap:
+	// long enough for Raft's snapshot check (every interval to twice it) to run past
+	// the entries the isolated node misses, so that the logs no longer hold them.
+	// Reaching the gap alone did not make sure of it: a heal right after it let the
+	// leader send entries instead of a snapshot, and a snapshot fault never fired.
+	SnapshotSettle time.Duration
+	Logger         *slog.Logger
 	// Now is the run's clock (nanoseconds since start).
 	Now func() int64
 	// Seed makes the schedule reproducible.
@@ -549,6 +555,7 @@ func (n *Nemesis) isolateUntilSnapshot(ctx, heal context.Context, hold time.Dura
 			}
 		}
 		if reached >= target && time.Since(start) >= hold {
+			sleep(wctx, n.cfg.SnapshotSettle)
 			break
 		}
 		if ctx.Err() != nil && time.Since(start) >= hold {
