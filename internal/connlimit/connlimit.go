@@ -90,8 +90,9 @@ type Conn struct {
 
 // Accept waits until a connection may be held (a slot is free, or an idle one can be
 // closed for it), accepts the next, and makes room for it: past its source's share
-// the source's oldest idle connection is closed (none idle: the new one is), past the
-// whole bound the oldest idle one of the source that holds the most.
+// the source's oldest idle connection is closed (none idle: the new one is held all
+// the same while there is room), past the whole bound the oldest idle one of the
+// source that holds the most.
 func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		l.mu.Lock()
