@@ -142,7 +142,7 @@ func scanBody(body []byte) (bodyNames, error) {
 	// same way. Raw members (effect, result) keep what they hold, and the fingerprint
 	// refuses a name twice in an effect; a name cased two ways there is two names.
 	var (
-		lastTop string
+		lastTop []byte // folded, in names.folded
 		nested  *memberNames
 	)
 	depth := 0
@@ -150,7 +150,7 @@ func scanBody(body []byte) (bodyNames, error) {
 		switch body[i] {
 		case '{', '[':
 			depth++
-			if object && depth == 2 && body[i] == '{' && lastTop != foldedEffect && lastTop != foldedResult {
+			if object && depth == 2 && body[i] == '{' && string(lastTop) != foldedEffect && string(lastTop) != foldedResult {
 				nested = &memberNames{}
 			}
 		case '}', ']':
@@ -168,7 +168,7 @@ func scanBody(body []byte) (bodyNames, error) {
 				if err := names.add(body[i+1:end], escaped); err != nil {
 					return bodyNames{}, err
 				}
-				lastTop = string(names.folded[before:])
+				lastTop = names.folded[before:]
 			}
 			if nested != nil && depth == 2 && followedByColon(body, end+1) {
 				if err := nested.add(body[i+1:end], escaped); err != nil {

@@ -24,16 +24,16 @@ import (
 // (fingerprint.Check): an invalid-params error with the request's id. nil otherwise.
 func uncleanAnswer(msg []byte) []byte {
 	msg = bytes.TrimSpace(msg)
+	cerr := fingerprint.Check(msg)
+	if cerr == nil {
+		return nil // the common case: decoded once, by the go-sdk
+	}
 	m, err := jsonrpc.DecodeMessage(msg)
 	if err != nil {
 		return nil // not one JSON-RPC message: the go-sdk answers it
 	}
 	req, ok := m.(*jsonrpc.Request)
 	if !ok || !req.IsCall() || req.Method != "tools/call" {
-		return nil
-	}
-	cerr := fingerprint.Check(msg)
-	if cerr == nil {
 		return nil
 	}
 	b, err := jsonrpc.EncodeMessage(&jsonrpc.Response{ID: req.ID, Error: &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams,
