@@ -76,23 +76,71 @@ func sameDecimal(a, b string) bool {
 func decimalOf(s string) (neg bool, digits string, exp int, ok bool) {
 	s, neg = strings.CutPrefix(s, "-")
 	mant, e, hasExp := strings.Cut(strings.ToLower(s), "e")
-	if hasExp {
-		x, err := strconv.Atoi(e)
-		if err != nil || x > 1<<30 || x < -(1<<30) {
-			return false, "", 0, false
-		}
-		exp = x
-	}
 	whole, frac, _ := strings.Cut(mant, ".")
 	digits = whole + frac
-	exp += len(whole)
+	exp = len(whole)
 	for len(digits) > 0 && digits[0] == '0' {
 		digits = digits[1:]
 		exp--
 	}
 	digits = strings.TrimRight(digits, "0")
 	if digits == "" {
+		// Zero, whatever its exponent (0e99999999999 is 0 to every parser).
 		return false, "", 0, true
+	}
+	if hasExp {
+		x, err := strconv.Atoi(e)
+		if err != nil || x > 1<<30 || x < -(1<<30) {
+			return false, "", 0, false
+		}
+		exp += x
 	}
 	return neg, digits, exp, true
 }
+
+// MaxKeyDigits bounds the integers KeyText writes out: an identifier, not a quantity.
+const MaxKeyDigits = 40
+
+// KeyText is the text that names an operation when a key is made from the JSON number
+// lit (the MCP gateway's key templates; the Python and TypeScript clients write a key
+// argument that is a number the same way). Numbers that are equal are one text, and
+// numbers that differ are two:
+//
+//   - an integer is its exact digits (17, 17.0, 1.7e1 and 170e-1 are all "17"; 1e21 is
+//     "1000000000000000000000"; 12345678901234567891 keeps every digit), refused past
+//     MaxKeyDigits digits;
+//   - any other number is its RFC 8785 form ("0.5", "1.5e-7"), which always holds a
+//     "." or an "e-", so it never reads as an integer; one whose digits its double does
+//     not keep (0.10000000000000001, which reads as 0.1) is refused, as its fingerprint
+//     is.
+func KeyText(lit string) (string, error) {
+	if lit == "" || (lit[0] != '-' && !isDigit(lit[0])) || !isDigit(lit[len(lit)-1]) {
+		return "", &SyntaxError{Msg: "not a JSON number: " + strconv.Quote(lit)}
+	}
+	if err := Check([]byte(lit)); err != nil {
+		return "", err
+	}
+	neg, digits, exp, ok := decimalOf(lit)
+	switch {
+	case !ok:
+		return "", &SyntaxError{Msg: "number " + lit + " has an exponent too large to hold"}
+	case digits == "":
+		return "0", nil
+	case exp >= len(digits):
+		if exp > MaxKeyDigits {
+			return "", &SyntaxError{Msg: "number " + lit + " has more than " + strconv.Itoa(MaxKeyDigits) + " digits: send it as a string"}
+		}
+		sign := ""
+		if neg {
+			sign = "-"
+		}
+		return sign + digits + strings.Repeat("0", exp-len(digits)), nil
+	}
+	c, err := Canonicalize([]byte(lit))
+	if err != nil {
+		return "", err
+	}
+	return string(c), nil
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }

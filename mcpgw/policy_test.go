@@ -3,6 +3,8 @@ package mcpgw
 import (
 	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -28,7 +30,7 @@ func decodeArgs(t *testing.T, s string) any {
 
 func TestTemplateExpand(t *testing.T) {
 	args := `{"incident_id":"INC-1","n":42,"big":12345678901234567890,"ok":true,"customer":{"id":"c_9"},
-		"tenant":"from-args","obj":{},"nothing":null}`
+		"tenant":"from-args","obj":{},"nothing":null,"f":17.0,"e":1.7e1,"half":5e-1,"huge":1e41}`
 	for _, tc := range []struct {
 		tmpl, want, err string
 	}{
@@ -36,6 +38,11 @@ func TestTemplateExpand(t *testing.T) {
 		{tmpl: "{tool}/{customer.id}", want: "create_ticket/c_9"},
 		{tmpl: "{ n }-{ok}", want: "42-true"},
 		{tmpl: "{big}", want: "12345678901234567890"},
+		// Equal numbers are one key, whatever their spelling.
+		{tmpl: "o:{f}", want: "o:17"},
+		{tmpl: "o:{e}", want: "o:17"},
+		{tmpl: "{half}", want: "0.5"},
+		{tmpl: "{huge}", err: "more than 40 digits"},
 		{tmpl: "{arguments.tenant}", want: "from-args"},
 		{tmpl: "{{literal}} {incident_id}", want: "{literal} INC-1"},
 		{tmpl: "{missing}", err: `no argument "missing"`},
@@ -260,5 +267,39 @@ func TestTruthy(t *testing.T) {
 		if truthy(v) {
 			t.Errorf("truthy(%#v) = true", v)
 		}
+	}
+}
+
+// A key template writes an argument as every client writes a key argument
+// (testdata/keytext, which the Python and TypeScript tests read too).
+func TestTemplateKeyTextVectors(t *testing.T) {
+	var file struct {
+		Cases []struct {
+			JSON string  `json:"json"`
+			Key  *string `json:"key"`
+		} `json:"cases"`
+	}
+	b, err := os.ReadFile(filepath.Join("..", "testdata", "keytext", "vectors.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &file); err != nil {
+		t.Fatal(err)
+	}
+	tm, err := ParseTemplate("{v}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range file.Cases {
+		got, err := tm.expand(scope{args: decodeArgs(t, `{"v":`+c.JSON+`}`)})
+		switch {
+		case c.Key == nil && err == nil:
+			t.Errorf("%s: key %q, want a refusal", c.JSON, got)
+		case c.Key != nil && (err != nil || got != *c.Key):
+			t.Errorf("%s: key %q, %v; want %q", c.JSON, got, err, *c.Key)
+		}
+	}
+	if len(file.Cases) < 15 {
+		t.Fatalf("%d cases", len(file.Cases))
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/idemkv/idemkv/fingerprint"
 )
 
 // ErrTemplate is wrapped by errors about a key or probe template: one that does not
@@ -21,7 +23,9 @@ var ErrTemplate = errors.New("mcpgw: template")
 //   - {arguments.name}: an argument, even one called tenant or tool.
 //
 // "{{" and "}}" stand for literal braces. An argument must be a string, a number or a
-// boolean: objects, arrays and null cannot name an operation.
+// boolean: objects, arrays and null cannot name an operation. A number is written
+// as fingerprint.KeyText writes it: 17, 17.0 and 1.7e1 are all "17", so that one order
+// named by an equal number never makes two keys.
 type Template struct {
 	src   string
 	parts []tmplPart
@@ -117,7 +121,7 @@ func (t *Template) expand(s scope) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		str, err := scalarString(v)
+		str, err := templateText(v)
 		if err != nil {
 			return "", fmt.Errorf("%w: argument %q: %w", ErrTemplate, p.name, err)
 		}
@@ -134,6 +138,17 @@ func (t *Template) value(s scope) (any, error) {
 	return t.expand(s)
 }
 
+// templateText is an argument as a template writes it: scalarString, with a number as
+// fingerprint.KeyText writes it.
+func templateText(v any) (string, error) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return scalarString(v)
+	}
+	return fingerprint.KeyText(string(n))
+}
+
+// scalarString is a string, number or boolean as text, a number as it was written.
 func scalarString(v any) (string, error) {
 	switch v := v.(type) {
 	case string:

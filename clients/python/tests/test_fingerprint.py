@@ -7,6 +7,7 @@ import json
 import math
 import os
 import unittest
+from typing import Any
 
 import harness
 import idemkv
@@ -74,6 +75,20 @@ class PythonValues(unittest.TestCase):
             with self.subTest(text=text), self.assertRaises(idemkv.FingerprintError):
                 jcs.canonicalize_json(text)
 
+    def test_drop_reaches_into_json_text(self) -> None:
+        # As the Go client drops from a json.RawMessage inside the effect.
+        self.assertEqual(idemkv.canonicalize({"a": idemkv.RawJSON('{"trace":1,"x":2}')}, drop=["a.trace"]),
+                         b'{"a":{"x":2}}')
+        self.assertEqual(idemkv.canonicalize({"a": [idemkv.RawJSON('{"trace":1,"x":2}')]}, drop=["a.*.trace"]),
+                         b'{"a":[{"x":2}]}')
+
+    def test_deep_nesting_is_a_fingerprint_error(self) -> None:
+        v: list[Any] = []
+        for _ in range(5000):
+            v = [v]
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.canonicalize(v)
+
     def test_ecmascript_number_layout(self) -> None:
         # Python's repr and ECMAScript's Number::toString differ in layout only.
         cases = {
@@ -104,6 +119,66 @@ class PythonValues(unittest.TestCase):
         with self.assertRaises(idemkv.FingerprintError):
             idemkv.fingerprint({"x": 1}, drop=["a..b"])
         self.assertTrue(math.isfinite(1.0))
+
+
+class KeyText(unittest.TestCase):
+    """A key argument is written as the gateway's key templates and the TypeScript
+    client write it (testdata/keytext): equal numbers are one key."""
+
+    def test_shared_vectors(self) -> None:
+        with open(os.path.join(harness.repo_root(), "testdata", "keytext", "vectors.json"), encoding="utf-8") as f:
+            cases = json.load(f)["cases"]
+        self.assertGreaterEqual(len(cases), 15)
+        for c in cases:
+            with self.subTest(json=c["json"]):
+                v = json.loads(c["json"])
+                if c["key"] is None:
+                    with self.assertRaises((TypeError, ValueError)):
+                        jcs.key_text(v)
+                else:
+                    self.assertEqual(jcs.key_text(v), c["key"])
+
+    def test_python_values(self) -> None:
+        import enum
+        import uuid
+
+        class Color(str, enum.Enum):
+            RED = "red"
+
+        class Level(enum.IntEnum):
+            HIGH = 3
+
+        self.assertEqual(jcs.key_text(Color.RED), "red")
+        self.assertEqual(jcs.key_text(Level.HIGH), "3")
+        self.assertEqual(jcs.key_text(2**53 + 1), "9007199254740993")  # an int is exact
+        self.assertEqual(jcs.key_text(1e21), "1000000000000000000000")
+        u = uuid.UUID("12345678-1234-5678-1234-567812345678")
+        self.assertEqual(jcs.key_text(u), str(u))
+        for bad in (10**40, float("nan"), float("inf")):
+            with self.subTest(bad=bad), self.assertRaises(idemkv.FingerprintError):
+                jcs.key_text(bad)
+        self.assertEqual(jcs.key_text(10**40 - 1), "9" * 40)
+        # str() of an arbitrary object can hold its address: another key in every process.
+        for bad in (object(), b"ord-1", ("a",), None):
+            with self.subTest(bad=bad), self.assertRaises(TypeError):
+                jcs.key_text(bad)
+
+    def test_equal_numbers_name_one_operation(self) -> None:
+        import idemkv.testing
+
+        kv = idemkv.testing.MemoryClient(tenant="acme")
+        runs: list[Any] = []
+
+        @kv.idempotent(key="order_id", tool="refund", outcome=True)
+        def refund(order_id: Any) -> dict[str, str]:
+            runs.append(order_id)
+            return {"id": "RF-1"}
+
+        first = refund(17)
+        again = refund(17.0)  # the same order, as a model that writes numbers as floats sends it
+        self.assertEqual(runs, [17], "17 and 17.0 ran twice")
+        self.assertTrue(again.replayed)
+        self.assertEqual(first.receipt["idempotency_key"], "17:refund")
 
 
 class ServerAgrees(unittest.TestCase):

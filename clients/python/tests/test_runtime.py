@@ -84,6 +84,57 @@ class DefaultEffect(unittest.TestCase):
         self.assertEqual(idemkv.default_effect(tool, [Ticket("T-1", "x")], {}), {"id": "T-1", "title": "x", "url": ""})
 
 
+class DefaultEffectAliases(unittest.TestCase):
+    """Two different calls never share a default effect, and one call has one."""
+
+    def test_a_name_given_twice_is_refused(self) -> None:
+        def po(name: str, /, **fields: Any) -> None: ...
+
+        # po("alice", name="x") and po("bob", name="x") would both be {"name": "x"}.
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.default_effect(po, ["alice"], {"name": "x"})
+        self.assertEqual(idemkv.default_effect(po, ["alice"], {"age": 3}), {"name": "alice", "age": 3})
+
+    def test_a_set_in_a_model_is_refused(self) -> None:
+        class Model:
+            """What pydantic's BaseModel gives the wrapper: its JSON mode writes a set as a
+            list in the set's order, which string hashing changes between processes."""
+
+            def __init__(self, tags: set[str]) -> None:
+                self.tags = tags
+
+            def model_dump(self, mode: str = "python") -> dict[str, Any]:
+                return {"tags": list(self.tags) if mode == "json" else set(self.tags)}
+
+        def tool(args: Model) -> None: ...
+
+        with self.assertRaises(idemkv.FingerprintError) as cm:
+            idemkv.default_effect(tool, [Model({"a", "b"})], {})
+        self.assertIn("tags", str(cm.exception))
+
+    def test_a_set_in_a_pydantic_model_is_refused(self) -> None:
+        try:
+            import pydantic
+        except ImportError:
+            self.skipTest("pydantic is not installed: test_a_set_in_a_model_is_refused covers the rule")
+
+        class M(pydantic.BaseModel):
+            tags: set[str]
+            names: list[str]
+
+        def tool(args: M) -> None: ...
+
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.default_effect(tool, [M(tags={"a", "b"}, names=[])], {})
+
+        class N(pydantic.BaseModel):
+            names: list[str]
+
+        def other(args: N) -> None: ...
+
+        self.assertEqual(idemkv.default_effect(other, [N(names=["x"])], {}), {"names": ["x"]})
+
+
 class Oversized(Base):
     """Point 1: a result over the server's limit is stored as a note beside the receipt."""
 

@@ -6,6 +6,7 @@
 import { checkApproval, type ApprovalRequirement } from "./approval.js";
 import { currentOperation, isPassthrough } from "./context.js";
 import { NotExecutedError } from "./errors.js";
+import { keyText } from "./jcs.js";
 import type { Receipt } from "./types.js";
 import { resultOmitted, run, type Op, type Outcome, type SideEffect, type Store, type ToolContext, type ToolResult } from "./run.js";
 
@@ -170,7 +171,7 @@ export function idempotent<F extends (...args: any[]) => Promise<any>>(fn: F, op
       const arg: unknown = args[0];
       const v = typeof arg === "object" && arg !== null ? (arg as { [name: string]: unknown })[k] : undefined;
       if (v === undefined || v === null || v === "") throw new TypeError(`the argument's ${JSON.stringify(k)}, which names the key, is missing or empty`);
-      return `${String(v)}:${o.tool}`;
+      return `${keyText(v)}:${o.tool}`;
     }
     const opn = currentOperation();
     if (opn === undefined) throw new TypeError(`${o.tool} has no key: give the key option or call it inside operation(id, fn)`);

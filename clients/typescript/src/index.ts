@@ -25,7 +25,7 @@ export {
   NotExecutedMark, OutcomeUnknownError, permanent, PermanentError, StoredFailureError, StoreUnavailableError, WIRE_CODES,
 } from "./errors.js";
 export type { ApiErrorDetails, ErrorKind, IdemkvErrorDetails, WireCode } from "./errors.js";
-export { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, sum, FingerprintError, FINGERPRINT_PREFIX, MAX_DEPTH } from "./jcs.js";
+export { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, keyText, sum, FingerprintError, FINGERPRINT_PREFIX, MAX_DEPTH, MAX_KEY_DIGITS } from "./jcs.js";
 export type { JsonValue } from "./jcs.js";
 export type { TlsOptions } from "./transport.js";
 export { SCOPE_NAME } from "./telemetry.js";

@@ -97,6 +97,42 @@ export function fingerprintJSON(text: string | Uint8Array, drop: readonly string
 }
 
 /** The fingerprint of text that is already canonical. */
+/** The most digits of an integer that keyText writes: an identifier, not a quantity. */
+export const MAX_KEY_DIGITS = 40;
+
+/**
+ * The text a key argument names its operation by (`idempotent(fn, {key: "orderId"})`:
+ * key `"<text>:<tool>"`), written as the Go gateway's key templates and the Python
+ * client write it (testdata/keytext), so that equal values are one key and different
+ * values two: a string as it is; `true` or `false`; an integer as its exact digits (a
+ * number beyond ±(2^53 − 1) is refused, as its fingerprint is: its digits may already
+ * be lost; a BigInt keeps them, at most MAX_KEY_DIGITS); any other number as RFC 8785
+ * writes it ("0.5"). Anything else throws: `String()` of an object is
+ * "[object Object]" for every object.
+ */
+export function keyText(v: unknown): string {
+  switch (typeof v) {
+    case "string":
+      return v;
+    case "boolean":
+      return v ? "true" : "false";
+    case "number":
+      if (!Number.isFinite(v)) throw new FingerprintError(`${v} cannot name an operation`, "");
+      if (Number.isInteger(v) && !Number.isSafeInteger(v)) {
+        throw new FingerprintError(`number ${v} is beyond ±(2^53 − 1), where its digits may already be lost: send it as a string`, "");
+      }
+      return String(v); // Number::toString: RFC 8785's form; -0 is "0"
+    case "bigint": {
+      const text = v.toString();
+      if (text.replace("-", "").length > MAX_KEY_DIGITS) {
+        throw new FingerprintError(`an integer of more than ${MAX_KEY_DIGITS} digits cannot name an operation: send it as a string`, "");
+      }
+      return text;
+    }
+  }
+  throw new TypeError(`${v === null ? "null" : typeof v} cannot name an operation: the key argument must be a string, a number or a boolean (or give key: (a) => ...)`);
+}
+
 export function sum(canonical: string): string {
   return FINGERPRINT_PREFIX + createHash("sha256").update(canonical).digest("hex");
 }
@@ -145,6 +181,18 @@ function writeNumber(n: number, out: string[], path: string, fromText: boolean):
   out.push(String(n));
 }
 
+/**
+ * Objects that JSON.stringify writes as {} or as something else (an Error as {}, so
+ * that two errors share a fingerprint; a Buffer through its toJSON as a plain object;
+ * a boxed BigInt or Symbol as {}): refused, as Python refuses bytes and sets.
+ */
+function notJSON(obj: object): boolean {
+  return obj instanceof Map || obj instanceof Set || obj instanceof WeakMap || obj instanceof WeakSet ||
+    ArrayBuffer.isView(obj) || obj instanceof ArrayBuffer || obj instanceof SharedArrayBuffer ||
+    obj instanceof RegExp || obj instanceof Promise || obj instanceof Error || obj instanceof WeakRef ||
+    obj instanceof BigInt || obj instanceof Symbol;
+}
+
 function write(v: unknown, drop: DropPaths, out: string[], path: string, depth: number, seen: Set<object>): void {
   if (depth > MAX_DEPTH) throw new FingerprintError(`nested deeper than ${MAX_DEPTH}`, path);
   switch (typeof v) {
@@ -176,13 +224,14 @@ function write(v: unknown, drop: DropPaths, out: string[], path: string, depth: 
     return;
   }
   const obj = v as object;
+  // Before toJSON: a Buffer's toJSON makes {"type":"Buffer","data":[...]}, which a
+  // plain object of those members would share.
+  if (notJSON(obj)) {
+    throw new FingerprintError(`a ${obj.constructor?.name ?? "value"} is not JSON (JSON.stringify would write {} or lose it)`, path);
+  }
   if (typeof (obj as { toJSON?: unknown }).toJSON === "function") {
     write((obj as { toJSON(): unknown }).toJSON(), drop, out, path, depth, seen);
     return;
-  }
-  if (obj instanceof Map || obj instanceof Set || obj instanceof WeakMap || obj instanceof WeakSet ||
-    ArrayBuffer.isView(obj) || obj instanceof ArrayBuffer || obj instanceof RegExp || obj instanceof Promise) {
-    throw new FingerprintError(`a ${obj.constructor.name} is not JSON (JSON.stringify would write {} or lose it)`, path);
   }
   if (obj instanceof Number || obj instanceof String || obj instanceof Boolean) {
     write(obj.valueOf(), drop, out, path, depth, seen);

@@ -5,7 +5,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, FingerprintError } from "../src/index.js";
+import { canonicalize, canonicalizeJSON, fingerprint, fingerprintJSON, FingerprintError, keyText } from "../src/index.js";
 import { repoRoot } from "./harness.js";
 
 interface Vector {
@@ -112,6 +112,13 @@ test("JavaScript values that have no exact JSON form are refused", () => {
     ["Map", { m: new Map([["a", 1]]) }, /Map is not JSON/],
     ["Set", new Set([1]), /Set is not JSON/],
     ["Uint8Array", new Uint8Array(2), /Uint8Array is not JSON/],
+    // JSON.stringify writes these as {} or through a toJSON that a plain object of the
+    // same members would share.
+    ["Buffer", { b: (globalThis as unknown as { Buffer: { from(s: string): Uint8Array } }).Buffer.from("ab") }, /Buffer is not JSON/],
+    ["Error", { e: new Error("boom") }, /Error is not JSON/],
+    ["TypeError", { e: new TypeError("other") }, /TypeError is not JSON/],
+    ["boxed BigInt", { n: Object(1n) }, /BigInt is not JSON/],
+    ["WeakRef", { w: new WeakRef({}) }, /WeakRef is not JSON/],
     ["function", { f: () => 1 }, /function is not JSON/],
     ["symbol", { s: Symbol("x") }, /symbol is not JSON/],
     ["top-level undefined", undefined, /undefined is not JSON/],
@@ -144,4 +151,20 @@ test("JavaScript values: what is accepted, and how", () => {
   const effect = { tenant: "tenant_42", project: "OPS", title: "Outage X: API 5xx", severity: "sev1", customer_id: "cus_9", incident_id: "inc_17" };
   assert.equal(fingerprint(effect), "sha256:76157b1f62c6c2942d526bb835ec2d1ee237f3ad3701791256e1a8e5cf57b02f");
   assert.equal(fingerprint({ ...effect, trace_id: "t1" }, ["trace_id"]), fingerprint(effect));
+});
+
+test("a key argument is written as the gateway and the Python client write it (testdata/keytext)", () => {
+  const file = JSON.parse(readFileSync(join(repoRoot, "testdata", "keytext", "vectors.json"), "utf8")) as {
+    cases: Array<{ json: string; key: string | null }>;
+  };
+  assert.ok(file.cases.length >= 15);
+  for (const c of file.cases) {
+    const v: unknown = JSON.parse(c.json);
+    if (c.key === null) assert.throws(() => keyText(v), Error, c.json);
+    else assert.equal(keyText(v), c.key, c.json);
+  }
+  assert.equal(keyText(12345678901234567891n), "12345678901234567891");
+  assert.throws(() => keyText(2 ** 53), /send it as a string/);
+  assert.throws(() => keyText(10n ** 40n), /more than 40 digits/);
+  assert.throws(() => keyText(NaN), FingerprintError);
 });

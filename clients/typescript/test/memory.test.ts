@@ -113,6 +113,21 @@ describe("the in-memory store", () => {
     t.diagnostic(`in-memory store: ${scenarios.length} decision scenarios, ${steps} steps, as the server decides them`);
   });
 
+  it("names one operation by equal key values, and refuses an object as a key", async () => {
+    const store = new MemoryStore();
+    const client = store.client({ leaseTtl: 5000 });
+    const runs: unknown[] = [];
+    const refund = idempotent(async (a: { order: unknown }) => { runs.push(a.order); return { id: "RF-1" }; },
+      { client, tenant: "acme", tool: "refund", key: "order" });
+    await refund({ order: 17 });
+    await refund({ order: 17.0 });
+    assert.deepEqual(runs, [17]);
+    // String() of any object is "[object Object]": two orders would be one key.
+    await assert.rejects(refund({ order: { id: 1 } }), NotExecutedError);
+    await assert.rejects(refund({ order: { id: 2 } }), NotExecutedError);
+    assert.deepEqual(runs, [17]);
+  });
+
   it("runs the loop: replay, racing calls, recovery through the probe, conflict", async () => {
     const store = new MemoryStore();
     const client = store.client({ leaseTtl: 5000 });

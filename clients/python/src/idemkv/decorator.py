@@ -39,6 +39,7 @@ from typing import Any, Callable, Literal, Mapping, Optional, ParamSpec, Sequenc
 
 from ._context import current_operation, is_passthrough
 from .errors import NotExecutedError
+from .jcs import FingerprintError, key_text
 from .approval import ApprovalRequirement
 from .loop import CLASSES, Op, Outcome, Result, _jsonable, make_op
 from .runner import run_async, run_sync
@@ -68,9 +69,32 @@ def _as_json(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_as_json(x) for x in v]
     if _is_object(v):
+        if hasattr(v, "model_dump"):
+            _refuse_sets(v)
         j = _jsonable(v)
         return v if j is None else j
     return v
+
+
+def _refuse_sets(model: Any) -> None:
+    """pydantic's JSON mode writes a set as a list in the set's iteration order, which
+    string hashing changes from one process to the next: the same arguments would get
+    another fingerprint in the next worker, and its retry a conflict. A set is refused,
+    as it is in a dict or a dataclass."""
+    try:
+        value = model.model_dump(mode="python")
+    except Exception:
+        return  # not dumpable: the fingerprint refuses the model itself
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, x = stack.pop()
+        if isinstance(x, (set, frozenset)):
+            raise FingerprintError(f"{path or 'the argument'} is a set, which has no order: its fingerprint "
+                                   "would differ between processes; use a list or a tuple")
+        if isinstance(x, Mapping):
+            stack.extend((f"{path}.{k}" if path else str(k), y) for k, y in x.items())
+        elif isinstance(x, (list, tuple)):
+            stack.extend((f"{path}[{i}]", y) for i, y in enumerate(x))
 
 
 def default_effect(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
@@ -85,7 +109,12 @@ def default_effect(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[
         if name in ("self", "cls"):
             continue
         if params[name].kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(value)
+            for k, x in value.items():
+                if k in named:
+                    # po(name, /, **fields) called as po("a", name="x"): one name, two
+                    # values, and keeping either would alias two different calls.
+                    raise FingerprintError(f"the argument {k!r} is given twice, by position and in **{name}")
+                named[k] = x
         elif params[name].kind is inspect.Parameter.VAR_POSITIONAL:
             named[name] = list(value)
         else:
@@ -298,7 +327,7 @@ def idempotent(
                 v = sig.bind_partial(*args, **kwargs).arguments.get(key_param)
                 if v is None or v == "":
                     raise ValueError(f"the argument {key_param!r} that names the key is missing or empty")
-                return f"{v}:{name}"
+                return f"{key_text(v)}:{name}"
             if isinstance(key, str):
                 return key
             opn = current_operation()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import uuid
 from typing import Any, Iterable, Sequence
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "canonicalize_json",
     "fingerprint",
     "format_number",
+    "key_text",
+    "MAX_KEY_DIGITS",
     "PREFIX",
     "MAX_SAFE_INTEGER",
 ]
@@ -148,6 +151,42 @@ def _number_text(text: str) -> str:
     return _exact(text)
 
 
+# The most digits of an integer that key_text writes: an identifier, not a quantity.
+MAX_KEY_DIGITS = 40
+
+
+def key_text(v: Any) -> str:
+    """The text a key argument names its operation by (``@idempotent(key="order_id")``:
+    key ``"<text>:<tool>"``), written as the Go gateway's key templates and the
+    TypeScript client write it, so that equal values are one key and different values
+    two: a string as it is (a ``str`` subclass, such as a ``StrEnum``, by its value);
+    ``true`` or ``false``; an integer (an ``int``, or a ``float`` that is one: 17 and
+    17.0 are both ``"17"``) as its exact digits, at most :data:`MAX_KEY_DIGITS`; any
+    other number as RFC 8785 writes it (``"0.5"``); a UUID as its canonical text.
+    Anything else raises :class:`TypeError`: ``str()`` of an arbitrary object can differ
+    between processes, and would then run one operation twice."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, uuid.UUID):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            raise FingerprintError(f"{v!r} cannot name an operation")
+        if not v.is_integer():
+            return format_number(v)
+        v = int(v)
+    if isinstance(v, int):
+        text = str(int(v))
+        if len(text.lstrip("-")) > MAX_KEY_DIGITS:
+            raise FingerprintError(f"an integer of more than {MAX_KEY_DIGITS} digits cannot name an operation; "
+                                   "send it as a string")
+        return text
+    raise TypeError(f"a {type(v).__name__} cannot name an operation: the key argument must be a string, "
+                    "a number, a boolean or a UUID (or give key=lambda ...)")
+
+
 def _escape(s: str) -> str:
     try:
         s.encode("utf-8")
@@ -261,6 +300,10 @@ def _parse(data: bytes) -> Any:
 def _drop(v: Any, path: Sequence[str]) -> Any:
     """A copy of v without the members path names ("*" matches any member or element)."""
     seg, rest = path[0], path[1:]
+    if isinstance(v, RawJSON):
+        # JSON text inside the effect is dropped from as the Go client drops from a
+        # json.RawMessage: a trace id inside it must not make every retry a conflict.
+        v = _parse(v.text)
     if isinstance(v, dict):
         kept: dict[str, Any] = {}
         for name, val in v.items():
@@ -307,7 +350,11 @@ def canonicalize(effect: Any, drop: Iterable[str] = ()) -> bytes:
     nothing are ignored.
     """
     out: list[str] = []
-    _write(_prepare(effect, drop), out, 0)
+    try:
+        _write(_prepare(effect, drop), out, 0)
+    except RecursionError as e:
+        # Python's own stack ends a little before _MAX_DEPTH: still a FingerprintError.
+        raise FingerprintError("nesting too deep") from e
     return "".join(out).encode("utf-8")
 
 
