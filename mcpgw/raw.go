@@ -34,8 +34,6 @@ const progressTokenPrefix = "io.idemkv/gw-"
 // tap holds raw upstream answers until the call that waits for them takes them.
 type tap struct {
 	mu      sync.Mutex
-	calls   map[jsonrpc.ID]string      // tools/call request id -> its progress token
-	lists   map[jsonrpc.ID]bool        // tools/list request ids
 	results map[string]json.RawMessage // progress token -> the answer's result
 	waiting map[string]bool            // progress tokens whose call still waits
 	relay   map[string]func(*mcp.ProgressNotificationParams)
@@ -43,8 +41,22 @@ type tap struct {
 }
 
 func newTap() *tap {
-	return &tap{calls: map[jsonrpc.ID]string{}, lists: map[jsonrpc.ID]bool{}, results: map[string]json.RawMessage{},
-		waiting: map[string]bool{}, tools: map[string]json.RawMessage{}, relay: map[string]func(*mcp.ProgressNotificationParams){}}
+	return &tap{results: map[string]json.RawMessage{}, waiting: map[string]bool{}, tools: map[string]json.RawMessage{},
+		relay: map[string]func(*mcp.ProgressNotificationParams){}}
+}
+
+// tapIDs are the request ids of one connection to the upstream whose answers the tap
+// keeps (guarded by tap.mu). Ids are the connection's own: a new session numbers its
+// requests from 1 again, while the session it replaced may still be answering its own
+// (the go-sdk lets calls in flight finish when a session is closed), and an answer
+// matched by id alone across the two would become another call's receipt.
+type tapIDs struct {
+	calls map[jsonrpc.ID]string // tools/call request id -> its progress token
+	lists map[jsonrpc.ID]bool   // tools/list request ids
+}
+
+func newTapIDs() *tapIDs {
+	return &tapIDs{calls: map[jsonrpc.ID]string{}, lists: map[jsonrpc.ID]bool{}}
 }
 
 // expect registers a call by its progress token before it is sent; progress (when
@@ -93,22 +105,20 @@ func (t *tap) tool(name string) json.RawMessage {
 	return t.tools[name]
 }
 
-// sent notes the requests whose answers the tap keeps.
-func (t *tap) sent(msg jsonrpc.Message) {
+// sent notes the requests of one connection whose answers the tap keeps.
+func (t *tap) sent(ids *tapIDs, msg jsonrpc.Message) {
 	req, ok := msg.(*jsonrpc.Request)
 	if !ok || !req.IsCall() {
 		return
 	}
-	// Request ids start again with each new session: whatever an id meant on a
-	// session that died unanswered is forgotten when it is used again.
 	t.mu.Lock()
-	delete(t.calls, req.ID)
-	delete(t.lists, req.ID)
+	delete(ids.calls, req.ID)
+	delete(ids.lists, req.ID)
 	t.mu.Unlock()
 	switch req.Method {
 	case "tools/list":
 		t.mu.Lock()
-		t.lists[req.ID] = true
+		ids.lists[req.ID] = true
 		t.mu.Unlock()
 	case "tools/call":
 		var p struct {
@@ -122,15 +132,15 @@ func (t *tap) sent(msg jsonrpc.Message) {
 		token, _ := p.Meta.ProgressToken.(string)
 		t.mu.Lock()
 		if t.waiting[token] {
-			t.calls[req.ID] = token
+			ids.calls[req.ID] = token
 		}
 		t.mu.Unlock()
 	}
 }
 
-// received keeps the raw result of an answer the tap was told about, and relays
-// progress.
-func (t *tap) received(msg jsonrpc.Message) {
+// received keeps the raw result of an answer to a request sent on the same connection
+// (ids), and relays progress.
+func (t *tap) received(ids *tapIDs, msg jsonrpc.Message) {
 	if req, ok := msg.(*jsonrpc.Request); ok {
 		if req.Method == "notifications/progress" {
 			t.progress(req.Params)
@@ -143,15 +153,15 @@ func (t *tap) received(msg jsonrpc.Message) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if token, ok := t.calls[resp.ID]; ok {
-		delete(t.calls, resp.ID)
+	if token, ok := ids.calls[resp.ID]; ok {
+		delete(ids.calls, resp.ID)
 		if t.waiting[token] && resp.Error == nil && len(resp.Result) > 0 {
 			t.results[token] = bytes.Clone(resp.Result)
 		}
 		return
 	}
-	if t.lists[resp.ID] {
-		delete(t.lists, resp.ID)
+	if ids.lists[resp.ID] {
+		delete(ids.lists, resp.ID)
 		var page struct {
 			Tools []json.RawMessage `json:"tools"`
 		}
@@ -177,8 +187,10 @@ func (t *tap) received(msg jsonrpc.Message) {
 // wrap makes transport report to the tap. A streamable HTTP transport is tapped at its
 // HTTP client, so that the go-sdk keeps its own connection (which learns the session's
 // state and opens the stream that carries list_changed notifications); any other
-// transport (stdio, in-memory) is tapped at its connection.
+// transport (stdio, in-memory) is tapped at its connection. Each call wraps one
+// session's transport, with request ids of its own.
 func (t *tap) wrap(transport mcp.Transport) mcp.Transport {
+	ids := newTapIDs()
 	if st, ok := transport.(*mcp.StreamableClientTransport); ok {
 		hc := st.HTTPClient
 		if hc == nil {
@@ -189,16 +201,17 @@ func (t *tap) wrap(transport mcp.Transport) mcp.Transport {
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
-		c.Transport = &tapRoundTripper{next: rt, tap: t}
+		c.Transport = &tapRoundTripper{next: rt, tap: t, ids: ids}
 		st.HTTPClient = &c
 		return st
 	}
-	return &tapTransport{next: transport, tap: t}
+	return &tapTransport{next: transport, tap: t, ids: ids}
 }
 
 type tapTransport struct {
 	next mcp.Transport
 	tap  *tap
+	ids  *tapIDs
 }
 
 func (tt *tapTransport) Connect(ctx context.Context) (mcp.Connection, error) {
@@ -206,24 +219,25 @@ func (tt *tapTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tapConn{Connection: conn, tap: tt.tap}, nil
+	return &tapConn{Connection: conn, tap: tt.tap, ids: tt.ids}, nil
 }
 
 type tapConn struct {
 	mcp.Connection
 	tap *tap
+	ids *tapIDs
 }
 
 func (c *tapConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	msg, err := c.Connection.Read(ctx)
 	if err == nil {
-		c.tap.received(msg)
+		c.tap.received(c.ids, msg)
 	}
 	return msg, err
 }
 
 func (c *tapConn) Write(ctx context.Context, msg jsonrpc.Message) error {
-	c.tap.sent(msg)
+	c.tap.sent(c.ids, msg)
 	return c.Connection.Write(ctx, msg)
 }
 
@@ -233,6 +247,7 @@ func (c *tapConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 type tapRoundTripper struct {
 	next http.RoundTripper
 	tap  *tap
+	ids  *tapIDs
 }
 
 func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -243,7 +258,7 @@ func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) 
 			return nil, err
 		}
 		if msg, err := jsonrpc.DecodeMessage(body); err == nil {
-			rt.tap.sent(msg)
+			rt.tap.sent(rt.ids, msg)
 		}
 		req = req.Clone(req.Context())
 		req.Body = io.NopCloser(bytes.NewReader(body))
@@ -257,9 +272,9 @@ func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) 
 	ct := resp.Header.Get("Content-Type")
 	switch {
 	case strings.HasPrefix(ct, "application/json"):
-		resp.Body = &jsonBody{ReadCloser: resp.Body, tap: rt.tap}
+		resp.Body = &jsonBody{ReadCloser: resp.Body, tap: rt.tap, ids: rt.ids}
 	case strings.HasPrefix(ct, "text/event-stream"):
-		resp.Body = &sseBody{ReadCloser: resp.Body, tap: rt.tap}
+		resp.Body = &sseBody{ReadCloser: resp.Body, tap: rt.tap, ids: rt.ids}
 	}
 	return resp, nil
 }
@@ -268,6 +283,7 @@ func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) 
 type jsonBody struct {
 	io.ReadCloser
 	tap  *tap
+	ids  *tapIDs
 	buf  bytes.Buffer
 	done bool
 }
@@ -278,7 +294,7 @@ func (b *jsonBody) Read(p []byte) (int, error) {
 	if errors.Is(err, io.EOF) && !b.done {
 		b.done = true
 		if msg, derr := jsonrpc.DecodeMessage(b.buf.Bytes()); derr == nil {
-			b.tap.received(msg)
+			b.tap.received(b.ids, msg)
 		}
 	}
 	return n, err
@@ -289,6 +305,7 @@ func (b *jsonBody) Read(p []byte) (int, error) {
 type sseBody struct {
 	io.ReadCloser
 	tap  *tap
+	ids  *tapIDs
 	line []byte // the unfinished line
 	data bytes.Buffer
 }
@@ -315,7 +332,7 @@ func (b *sseBody) event(line []byte) {
 	case len(line) == 0:
 		if b.data.Len() > 0 {
 			if msg, err := jsonrpc.DecodeMessage(b.data.Bytes()); err == nil {
-				b.tap.received(msg)
+				b.tap.received(b.ids, msg)
 			}
 			b.data.Reset()
 		}
