@@ -80,6 +80,12 @@ func compileApproval(c *compiled) error {
 	default:
 		return fmt.Errorf("approval %q is neither %s nor %s", tp.Approval, ApprovalNone, ApprovalRequired)
 	}
+	if tp.Approval == ApprovalRequired && tp.Class == client.ReadOnly {
+		return fmt.Errorf("approval: %s cannot be class %s: a read-only call is not reserved, so nobody would approve it", ApprovalRequired, client.ReadOnly)
+	}
+	if tp.Approval == ApprovalRequired && tp.MissingKey == PassThrough {
+		return fmt.Errorf("approval: %s cannot take missing_key: %s: a call without a key would run unapproved", ApprovalRequired, PassThrough)
+	}
 	if d := tp.ApprovalTTL; d != 0 && (d < idemkv.MinApprovalTTL || d > idemkv.MaxApprovalTTL) {
 		return fmt.Errorf("approval_ttl %s outside [%s, %s]", d, idemkv.MinApprovalTTL, idemkv.MaxApprovalTTL)
 	}

@@ -516,6 +516,9 @@ func TestApprovalPolicy(t *testing.T) {
 		"tools: {t: {approval: required, approval_summary: \"{unclosed\"}}",
 		"tools: {t: {approval: required, approval_summary: \"" + strings.Repeat("x", 600) + "\"}}",
 		"tools: {t: {approval: required, approval_summary: \"bell \\a\"}}",
+		// Neither would ever reserve the call, so nobody would approve it.
+		"tools: {t: {approval: required, class: read_only}}",
+		"tools: {t: {approval: required, missing_key: pass_through}}",
 	} {
 		if _, err := mcpgw.ParsePolicy([]byte(bad)); !errors.Is(err, mcpgw.ErrPolicy) {
 			t.Errorf("%s: %v, want a policy error", bad, err)

@@ -451,6 +451,17 @@ func (p *Policy) rule(tool *mcp.Tool) (*rule, error) {
 	if r.missingKey == "" {
 		r.missingKey = Refuse
 	}
+	if c.Approval == ApprovalRequired {
+		// A tool that needs a person's approval never runs without it: not as read only
+		// (an upstream's readOnlyHint, which it may change at any list_changed, does not
+		// switch approvals off), and not unkeyed (pass_through would forward it before
+		// anything is reserved). The tool's own policy cannot say either
+		// (compileApproval); the policy-wide missing_key gives way.
+		if r.class == client.ReadOnly {
+			r.class = client.NonIdempotentMutation
+		}
+		r.missingKey = Refuse
+	}
 	if r.leaseTTL == 0 {
 		r.leaseTTL = p.LeaseTTL
 	}

@@ -303,3 +303,27 @@ func TestTemplateKeyTextVectors(t *testing.T) {
 		t.Fatalf("%d cases", len(file.Cases))
 	}
 }
+
+// A tool that needs approval is always reserved: an upstream's readOnlyHint and the
+// policy-wide missing_key: pass_through would each run it unapproved.
+func TestApprovalToolIsNeverPassedThrough(t *testing.T) {
+	p, err := ParsePolicy([]byte("missing_key: pass_through\ntools: {wipe: {approval: required}, list: {}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readOnly := &mcp.ToolAnnotations{ReadOnlyHint: true}
+	r, err := p.rule(&mcp.Tool{Name: "wipe", Annotations: readOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.class == client.ReadOnly || r.missingKey != Refuse {
+		t.Errorf("wipe: class %s, missing_key %s; want a mutation that refuses a call without a key", r.class, r.missingKey)
+	}
+	r, err = p.rule(&mcp.Tool{Name: "list", Annotations: readOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.class != client.ReadOnly || r.missingKey != PassThrough {
+		t.Errorf("list: class %s, missing_key %s; the policy's own", r.class, r.missingKey)
+	}
+}
