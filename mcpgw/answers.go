@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/fingerprint"
 )
 
 // The _meta keys the gateway reads from calls and writes on results. Keys under
@@ -83,9 +84,13 @@ const DefaultMaxReceiptBytes = idemkv.DefaultMaxPayloadBytes
 //
 // upstream, when not nil, is the result as the upstream sent it: it is stored as it
 // came (without any _meta key of the gateway's), so that a replay answers with the
-// same bytes, integers beyond 2^53 included.
+// same bytes, integers beyond 2^53 included; unless it is not JSON every reader reads
+// alike (fingerprint.Check: a JS tool that cut a string inside an emoji sends a lone
+// surrogate), which idemkv refuses to store: the call would stay pending though the
+// tool ran. Such a result is stored as res, as the MCP library read it (U+FFFD for
+// what was not text).
 func encodeResult(res *mcp.CallToolResult, upstream json.RawMessage, max int) (raw json.RawMessage, truncated bool, err error) {
-	if upstream != nil {
+	if upstream != nil && fingerprint.Check(upstream) == nil {
 		if raw, err = withMeta(upstream, nil); err == nil && len(raw) <= max {
 			return raw, false, nil
 		}

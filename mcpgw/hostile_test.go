@@ -316,3 +316,38 @@ tools:
 		t.Fatalf("a hung read-only call answered (after %s) %s, want upstream_unavailable for its timeout", took, show(res))
 	}
 }
+
+// A result that is not text every reader reads alike (a JS tool that cut a string
+// inside an emoji answers a lone surrogate) is still stored: idemkv refuses such bytes,
+// and the call would stay pending though the tool ran, to be recovered or run again.
+// It is stored as the MCP library read it.
+func TestUncleanUpstreamResultIsStillReceipted(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := &rawUpstream{tools: `{"tools":[{"name":"charge","inputSchema":{"type":"object"}},{"name":"refuse","inputSchema":{"type":"object"}}]}`,
+		results: map[string]string{
+			"charge": `{"content":[{"type":"text","text":"charged \ud83d"}],"structuredContent":{"id":"ch_1","note":"x\udc00"}}`,
+			"refuse": "{\"isError\":true,\"content\":[{\"type\":\"text\",\"text\":\"declined \xff\"}]}",
+		}}
+	g := newGW(t, cluster, httpUpstream(up.serve(t)), gwOptions{policy: "tenant: unclean-result\n"})
+	agent := g.connectGo("agent", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, tool := range []string{"charge", "refuse"} {
+		for i, want := range []string{"execute", "replay"} {
+			res := goCall(t, agent, tool, map[string]any{"n": 1}, key("unclean-"+tool))
+			if meta(res, mcpgw.MetaDecision) != want || meta(res, mcpgw.MetaWarning) != "" {
+				t.Errorf("%s %d: want %s without a warning, got %s", tool, i+1, want, show(res))
+			}
+		}
+		if n := up.count(tool); n != 1 {
+			t.Errorf("%s ran %d times upstream, want 1", tool, n)
+		}
+		rec, err := g.idem.Get(ctx, &idemkv.GetRequest{Tenant: "unclean-result", Key: "unclean-" + tool})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Status == idemkv.StatusPending {
+			t.Errorf("%s: the record is still pending: its receipt was not stored", tool)
+		}
+	}
+}
