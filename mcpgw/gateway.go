@@ -302,7 +302,11 @@ func (g *Gateway) watch(ctx context.Context) {
 			return
 		case <-g.up.ToolsChanged():
 		}
-		tools, err := g.up.Tools(ctx)
+		// Bounded as a call is: an upstream that never answers must not stop the list
+		// from being followed for good.
+		lctx, cancel := context.WithTimeout(ctx, DefaultToolTimeout)
+		tools, err := g.up.Tools(lctx)
+		cancel()
 		if err == nil {
 			err = g.offer(ctx, tools)
 		}

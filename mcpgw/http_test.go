@@ -209,6 +209,9 @@ func TestListenBoundsWhatItReads(t *testing.T) {
 	})
 
 	t.Run("connections", func(t *testing.T) {
+		// A listener of its own: a connection of the subtests before, closed by the
+		// client but not yet seen closed by the server, would count against MaxConns.
+		url, _ := g.serve(mcpgw.HTTPConfig{MaxBodyBytes: limit, ReadBodyTimeout: time.Second, ReadHeaderTimeout: time.Second, MaxConns: 2})
 		addr := strings.TrimPrefix(strings.TrimSuffix(url, "/mcp"), "http://")
 		dial := func(src string) net.Conn {
 			t.Helper()

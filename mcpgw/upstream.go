@@ -39,6 +39,11 @@ type Upstream struct {
 	logMu sync.Mutex
 	onLog func(context.Context, *mcp.LoggingMessageParams)
 
+	// connecting is held (a value in it) while a session is being made: a lock that a
+	// caller waits for only as long as its context lets it, so that an upstream that
+	// never answers initialize holds up nobody past their own deadline.
+	connecting chan struct{}
+
 	mu        sync.Mutex
 	sess      *mcp.ClientSession
 	ended     chan struct{} // closed when sess has ended
@@ -54,7 +59,8 @@ func NewUpstream(transport func() mcp.Transport, impl *mcp.Implementation, logge
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	u := &Upstream{transport: transport, log: logger, changed: make(chan struct{}, 1), tap: newTap()}
+	u := &Upstream{transport: transport, log: logger, changed: make(chan struct{}, 1), tap: newTap(),
+		connecting: make(chan struct{}, 1)}
 	u.client = mcp.NewClient(impl, &mcp.ClientOptions{
 		Logger: slog.New(atLeast{logger.Handler(), slog.LevelWarn}),
 		// An upstream's input_required goes to the agent (relayInput), whose user
@@ -92,8 +98,12 @@ func (u *Upstream) toolsChanged() {
 // were last listed.
 func (u *Upstream) ToolsChanged() <-chan struct{} { return u.changed }
 
-// Session returns the live session, connecting first when there is none.
-func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
+// ConnectTimeout bounds the making of one upstream session (starting a stdio server,
+// initialize): a caller whose own deadline is sooner gives up sooner.
+const ConnectTimeout = 30 * time.Second
+
+// live returns the current session if it has not ended.
+func (u *Upstream) live() (*mcp.ClientSession, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.closed {
@@ -107,17 +117,40 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 			return u.sess, nil
 		}
 	}
-	if u.connected {
+	return nil, nil
+}
+
+// Session returns the live session, connecting first when there is none. Only one
+// caller connects at a time; the others wait for it as long as ctx lets them.
+func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
+	if sess, err := u.live(); sess != nil || err != nil {
+		return sess, err
+	}
+	select {
+	case u.connecting <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: waiting for the connection to the upstream: %w", ErrUpstream, ctx.Err())
+	}
+	defer func() { <-u.connecting }()
+	if sess, err := u.live(); sess != nil || err != nil {
+		return sess, err // another caller connected while this one waited
+	}
+	u.mu.Lock()
+	reconnect := u.connected
+	u.mu.Unlock()
+	if reconnect {
 		u.log.LogAttrs(ctx, slog.LevelWarn, "upstream session ended, reconnecting")
 	}
-	sess, err := u.client.Connect(ctx, u.tap.wrap(u.transport()), nil)
+	cctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
+	defer cancel()
+	sess, err := u.client.Connect(cctx, u.tap.wrap(u.transport()), nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connecting: %w", ErrUpstream, err)
 	}
 	if r := sess.InitializeResult(); r != nil && r.Capabilities != nil && r.Capabilities.Logging != nil {
 		// Servers send no log messages until asked (the go-sdk's do not); the
 		// gateway's own sessions filter by the level each agent set.
-		if err := sess.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+		if err := sess.SetLoggingLevel(cctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
 			u.log.LogAttrs(ctx, slog.LevelDebug, "the upstream refused logging/setLevel", slog.Any("err", err))
 		}
 	}
@@ -125,7 +158,12 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 		u.log.LogAttrs(ctx, slog.LevelInfo, "connected to the upstream", slog.String("protocol", r.ProtocolVersion))
 	}
 	ended := make(chan struct{})
-	reconnect := u.connected
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		_ = sess.Close()
+		return nil, fmt.Errorf("%w: closed", ErrUpstream)
+	}
 	u.sess, u.ended, u.connected = sess, ended, true
 	u.wg.Add(1)
 	go func() {
