@@ -26,7 +26,8 @@ import (
 
 // scrubbed is an upstream's JSON object without the gateway's keys: raw with one
 // member per name in the object, its _meta and (for a tools/call result) the _meta of
-// each content block, and nothing under MetaPrefix in any of those _meta. changed
+// each content block and of an embedded resource's resource, and nothing under
+// MetaPrefix in any of those _meta. changed
 // reports whether anything was removed; otherwise raw comes back as it was.
 func scrubbed(raw json.RawMessage, contentBlocks bool) (out json.RawMessage, changed bool, err error) {
 	ms, err := members(raw)
@@ -46,6 +47,13 @@ func scrubbed(raw json.RawMessage, contentBlocks bool) (out json.RawMessage, cha
 			v, c, err := scrubbedBlocks(ms[i].value)
 			if err != nil {
 				return nil, false, fmt.Errorf("content: %w", err)
+			}
+			ms[i].value, changed = v, changed || c
+		case ms[i].name == "resource" && !contentBlocks && isObject(ms[i].value):
+			// An embedded resource block carries a resource with a _meta of its own.
+			v, c, err := scrubbed(ms[i].value, false)
+			if err != nil {
+				return nil, false, fmt.Errorf("resource: %w", err)
 			}
 			ms[i].value, changed = v, changed || c
 		}

@@ -39,13 +39,20 @@ func relayInput(req *mcp.CallToolRequest, in *inputNeeded) *mcp.CallToolResult {
 			return nil
 		}
 		ok := false
-		switch ir.(type) {
+		// Each request reaches the agent without the gateway's _meta keys (hostile.go).
+		switch p := ir.(type) {
 		case *mcp.ElicitParams:
 			ok = caps != nil && caps.Elicitation != nil
-		case *mcp.CreateMessageParams, *mcp.CreateMessageWithToolsParams:
+			p.Meta = withoutOwnMeta(p.Meta)
+		case *mcp.CreateMessageParams:
 			ok = caps != nil && caps.Sampling != nil
+			p.Meta = withoutOwnMeta(p.Meta)
+		case *mcp.CreateMessageWithToolsParams:
+			ok = caps != nil && caps.Sampling != nil
+			p.Meta = withoutOwnMeta(p.Meta)
 		case *mcp.ListRootsParams:
 			ok = caps != nil && caps.RootsV2 != nil
+			p.Meta = withoutOwnMeta(p.Meta)
 		}
 		if !ok {
 			return nil
