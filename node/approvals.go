@@ -10,22 +10,23 @@ import (
 )
 
 // effectToKeep returns the canonical JSON of r's effect when its record must keep it:
-// the reserve asks for approval or store_effect, or a rule of its tenant and tool
-// requires an approval or stores effects (read from this node's state; an approval
-// rule set since is caught by the state machine, which refuses the reserve without
-// its effect, and the retry carries it; a storing rule set since only misses this
-// reserve's effect). Otherwise the log carries the fingerprint alone, as it always
-// has. The state machine masks what the rule masks before storing it.
-func (n *Node) effectToKeep(r *idemkv.ReserveRequest) ([]byte, error) {
+// the reserve asks for approval or store_effect, or rule (its tenant and tool's, when
+// ruled, read from this node's state) requires an approval or stores effects (an
+// approval rule set since is caught by the state machine, which refuses the reserve
+// without its effect, and the retry carries it; a storing rule set since only misses
+// this reserve's effect). Otherwise the log carries the fingerprint alone, as it
+// always has. What the rule masks is masked here already, so that the log, which
+// every replica keeps, never holds it either; the state machine masks again with the
+// rule it reads in the entry's batch (a rule set since the proposal).
+func (n *Node) effectToKeep(r *idemkv.ReserveRequest, rule idemkv.ApprovalRule, ruled bool) ([]byte, error) {
 	why := "is kept for its approver"
 	switch {
 	case r.Approval != nil && r.Approval.Required:
 	case r.StoreEffect:
 		why = "is stored (store_effect)"
 	default:
-		rule, ruled, err := n.fsm.ApprovalRule(r.Tenant, r.Tool)
-		if err != nil || !ruled || (!rule.RequiresApproval() && !rule.StoreEffect) {
-			return nil, err
+		if !ruled || (!rule.RequiresApproval() && !rule.StoreEffect) {
+			return nil, nil
 		}
 		if len(r.Effect) == 0 {
 			if !rule.RequiresApproval() {
@@ -46,6 +47,14 @@ func (n *Node) effectToKeep(r *idemkv.ReserveRequest) ([]byte, error) {
 	if max := n.cfg.Limits.WithDefaults().MaxPayloadBytes; len(canonical) > max {
 		return nil, &idemkv.Error{Code: idemkv.CodePayloadTooLarge, Field: "effect",
 			Message: fmt.Sprintf("an effect that %s is %d bytes; the limit is %d", why, len(canonical), max)}
+	}
+	if ruled && len(rule.Mask) > 0 {
+		masked, err := fingerprint.Mask(canonical, rule.Mask)
+		if err != nil {
+			// The rule's masks were validated when it was set.
+			return nil, fmt.Errorf("node: masking the effect with the rule of %s/%s: %w", r.Tenant, r.Tool, err)
+		}
+		return masked, nil
 	}
 	return canonical, nil
 }

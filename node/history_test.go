@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 	"time"
@@ -254,4 +257,56 @@ func snapshotPast(t *testing.T, c *testcluster.Cluster, applied uint64) *node.No
 		t.Fatalf("the leader's log starts at %d (%v), the node away applied %d: it would not need a snapshot", first, err, applied)
 	}
 	return ln
+}
+
+// A rule's masks keep the masked values out of the Raft log too (docs/protocol.md:
+// "no replica, snapshot or backup ever holds them"): the proposer masks before it
+// proposes. And a reserve that asks for approval without naming a wait gets the rule's,
+// not the default.
+func TestRuleMasksKeepSecretsOutOfTheLog(t *testing.T) {
+	c := testcluster.Start(t, 3)
+	ctx := ctxT(t)
+	yes := true
+	if err := c.OnLeader(func(n *node.Node) error {
+		_, err := n.SetApprovalRule(ctx, &idemkv.SetApprovalRuleRequest{ApprovalRule: idemkv.ApprovalRule{Tenant: "acme", Tool: "pay",
+			RequireApproval: &yes, TTLMs: (4 * time.Hour).Milliseconds(), Mask: []string{"/card/number"}}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitConverged()
+	const secret = "4111111111111111"
+	var res *idemkv.ReserveResult
+	if err := c.OnLeader(func(n *node.Node) (err error) {
+		res, err = n.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "acme", Key: "p1", Tool: "pay", AttemptID: "a-p1",
+			Effect: json.RawMessage(`{"card":{"number":"` + secret + `"},"amount":40}`), Approval: &idemkv.ApprovalAsk{Required: true}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if res.Decision != idemkv.DecisionNeedsApproval || res.Approval == nil {
+		t.Fatalf("reserve: %s %+v", res.Decision, res.Approval)
+	}
+	if wait := time.Duration(res.Approval.ExpiresAt-res.Approval.RequestedAt) * time.Millisecond; wait != 4*time.Hour {
+		t.Errorf("the approval waits %s, want the rule's 4h", wait)
+	}
+	c.WaitConverged()
+	for i := range 3 {
+		err := filepath.WalkDir(c.DataDir(i), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if bytes.Contains(b, []byte(secret)) {
+				t.Errorf("node %d: %s holds the masked card number", i, path)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }

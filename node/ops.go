@@ -82,6 +82,7 @@ func (n *Node) reserveRequest(req *idemkv.ReserveRequest) (*idemkv.ReserveReques
 	if err := r.Validate(n.cfg.Limits, n.now()); err != nil {
 		return nil, err
 	}
+	askedWait := r.Approval != nil && r.Approval.TTLMs > 0
 	r.EnsureDefaults(n.cfg.Limits)
 	if len(r.Effect) > 0 {
 		fp, err := fingerprint.Of(r.Effect)
@@ -93,7 +94,18 @@ func (n *Node) reserveRequest(req *idemkv.ReserveRequest) (*idemkv.ReserveReques
 		}
 		r.Fingerprint = fp
 	}
-	effect, err := n.effectToKeep(&r)
+	rule, ruled, err := n.fsm.ApprovalRule(r.Tenant, r.Tool)
+	if err != nil {
+		return nil, err
+	}
+	if ruled && rule.RequiresApproval() && rule.TTLMs > 0 && !askedWait && r.Approval != nil && r.Approval.Required {
+		// The state machine takes the request's wait over the rule's, and
+		// EnsureDefaults filled one the request did not name: the rule's is meant.
+		a := *r.Approval
+		a.TTLMs = rule.TTLMs
+		r.Approval = &a
+	}
+	effect, err := n.effectToKeep(&r, rule, ruled)
 	if err != nil {
 		return nil, err
 	}
