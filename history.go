@@ -131,6 +131,9 @@ const (
 	// MaxDiffValue: a stored or received value whose JSON is longer is shown as a
 	// string naming its type, size and fingerprint.
 	MaxDiffValue = 256
+	// MaxDiffPath: a path longer than this (a chain of long member names) is cut, and
+	// says how long it was.
+	MaxDiffPath = 512
 	// MaxEffectMasks bounds the masked paths of a rule; MaxMaskLen each one.
 	MaxEffectMasks = 32
 	MaxMaskLen     = 256

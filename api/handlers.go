@@ -155,12 +155,24 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if addr, _ := s.store.Leader(); addr != "" {
 		w.Header()[HeaderLeader] = s.leaderHeader(addr)
 	}
+	if err := crossOrigin.Check(r); err != nil {
+		// A browser's cross-site POST (a form or a text/plain fetch, which need no
+		// preflight) to a node a web page can reach, 127.0.0.1 with authentication
+		// off the first of them: no client of the API is a browser on another site.
+		s.writeError(w, r, fmt.Errorf("%w: a cross-origin request from a browser (%v); call the API from a client, not a web page", idemkv.ErrPermissionDenied, err))
+		return
+	}
 	if p := r.URL.EscapedPath(); !isClean(p) {
 		s.serveUnclean(w, r, p)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// crossOrigin refuses the writes a browser sends on behalf of another site (its
+// Sec-Fetch-Site or Origin says so); requests without those headers, every client's,
+// pass. It holds no configuration, so one serves every Server.
+var crossOrigin = http.NewCrossOriginProtection()
 
 // leaderHeader returns the values of the HeaderLeader header for addr: the slice of
 // the last address, shared by every answer while the leader stays (see

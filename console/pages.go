@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -162,15 +163,50 @@ func roundDuration(d time.Duration) string {
 	return fmt.Sprintf("%dd%s", d/(24*time.Hour), (d % (24 * time.Hour)).Round(time.Hour))
 }
 
+// Stored JSON is indented only when it is small and shallow: indentation writes two
+// spaces per level on every line, so 64 KiB nested 1,000 deep (an effect kept for an
+// approver may be) is 65 MB indented, and a page of 50 of them would stop the node.
+// Anything larger is shown as it is stored.
+const (
+	maxPrettyBytes = 16 << 10
+	maxPrettyDepth = 8
+)
+
 func prettyJSON(raw json.RawMessage) string {
 	if len(raw) == 0 {
 		return ""
+	}
+	if len(raw) > maxPrettyBytes || jsonDepth(raw) > maxPrettyDepth {
+		return string(raw)
 	}
 	var b bytes.Buffer
 	if json.Indent(&b, raw, "", "  ") != nil {
 		return string(raw)
 	}
 	return b.String()
+}
+
+// jsonDepth is how deep arrays and objects nest in raw (brackets inside strings do
+// not count).
+func jsonDepth(raw []byte) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, c := range raw {
+		switch {
+		case escaped:
+			escaped = false
+		case inString:
+			escaped = c == '\\'
+			inString = c != '"'
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+			deepest = max(deepest, depth)
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return deepest
 }
 
 // render writes d with its page's template.
@@ -242,11 +278,18 @@ const maxFormBytes = 64 << 10
 
 // localPath returns next when it is a console page, else fallback: a redirect never
 // leaves the console.
+// A path with a dot segment ("/ui/../metrics", which http.Redirect cleans to
+// "/metrics", or its escaped "%2e%2e", which a browser resolves) is not one.
 func localPath(next, fallback string) string {
-	if strings.HasPrefix(next, Prefix) && !strings.ContainsAny(next, "\\\r\n") {
-		return next
+	p, _, _ := strings.Cut(next, "?")
+	if !strings.HasPrefix(next, Prefix) || strings.ContainsAny(next, "\\\r\n") ||
+		strings.Contains(strings.ToLower(p), "%2e") {
+		return fallback
 	}
-	return fallback
+	if c := path.Clean(p); c != p && c+"/" != p {
+		return fallback
+	}
+	return next
 }
 
 func urlQueryEscape(s string) string { return template.URLQueryEscaper(s) }

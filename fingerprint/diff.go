@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Masked is the JSON string that Mask puts in place of a masked value.
@@ -107,11 +108,14 @@ type Difference struct {
 }
 
 // DiffLimits bound a diff: at most MaxEntries differences, in path order (the rest
-// only counted), and values longer than MaxValue bytes replaced by a string naming
-// their type, size and fingerprint.
+// only counted), values longer than MaxValue bytes replaced by a string naming their
+// type, size and fingerprint, and paths longer than MaxPath cut.
 type DiffLimits struct {
 	MaxEntries int
 	MaxValue   int
+	// MaxPath bounds a Path: one longer (a chain of long member names) is cut and says
+	// how long it was. Zero: no bound.
+	MaxPath int
 }
 
 // Diff lists where received differs from stored, two effects whose fingerprints
@@ -198,7 +202,22 @@ func (d *differ) add(x Difference) {
 		return
 	}
 	x.Stored, x.Received = d.clip(x.Stored), d.clip(x.Received)
+	x.Path = clipPath(x.Path, d.lim.MaxPath)
 	d.diffs = append(d.diffs, x)
+}
+
+// clipPath cuts a path longer than limit (on a character boundary) and says how long it
+// was: "/a/bbbb…(70000 bytes)".
+func clipPath(p string, limit int) string {
+	if limit <= 0 || len(p) <= limit {
+		return p
+	}
+	suffix := fmt.Sprintf("…(%d bytes)", len(p))
+	keep := max(limit-len(suffix), 0)
+	for keep > 0 && !utf8.RuneStart(p[keep]) {
+		keep--
+	}
+	return p[:keep] + suffix
 }
 
 // clip replaces a value longer than MaxValue by a string that says what it was.

@@ -144,3 +144,28 @@ func TestMaskCanonical(t *testing.T) {
 		t.Fatalf("%s %v", got, err)
 	}
 }
+
+// A path is as long as the chain of member names above it: past MaxPath it is cut,
+// so that a diff's size stays bounded whatever names an effect uses.
+func TestDiffPathsAreBounded(t *testing.T) {
+	long := strings.Repeat("n", 2000)
+	nest := func(leaf string) string {
+		s := leaf
+		for range 30 {
+			s = `{"` + long + `":` + s + `}`
+		}
+		return s
+	}
+	diffs, _, err := Diff([]byte(nest(`{"a":1,"b":2}`)), []byte(nest(`{"a":3,"b":4}`)), nil, DiffLimits{MaxEntries: 32, MaxValue: 256, MaxPath: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(diffs) != 2 {
+		t.Fatalf("%d differences, want 2", len(diffs))
+	}
+	for _, d := range diffs {
+		if len(d.Path) > 512 || !strings.HasSuffix(d.Path, "bytes)") || !strings.HasPrefix(d.Path, "/"+long[:100]) {
+			t.Errorf("path of %d bytes: %.80q…", len(d.Path), d.Path)
+		}
+	}
+}

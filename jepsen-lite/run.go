@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	"github.com/idemkv/idemkv/jepsen-lite/internal/progress"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/report"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/workload"
+	"github.com/idemkv/idemkv/node"
 )
 
 // errAnomalies marks a run that completed and found anomalies (exit status 1).
@@ -162,7 +164,11 @@ func run(ctx context.Context, cfg config) error {
 		"--snapshot-interval", snapshotInterval.String(), "--raft-wal-segment-bytes", fmt.Sprint(cfg.RaftWALSegmentBytes),
 		// The short-lease workload leases for 1-2 s and keeps records 3 s; the
 		// early-recover sabotage stores a quarter of a 1 s lease.
-		"--min-lease-ttl", "250ms", "--min-ttl", "2s"}
+		"--min-lease-ttl", "250ms", "--min-ttl", "2s",
+		// raft-wal's verifier checks every node's log against the leader's five times a
+		// second (checkLogReports): a range must be read back before a snapshot
+		// compacts it (TrailingLogs is small here), or it goes unchecked.
+		"--raft-log-verify-interval", verifyInterval.String(), "--raft-log-verify-entries", "4096"}
 	if cfg.RaftLog != "" {
 		serveFlags = append(serveFlags, "--raft-log", cfg.RaftLog)
 	}
@@ -311,6 +317,13 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if !conv.Converged {
 		sum.add("divergence", "", fmt.Sprintf("nodes did not converge: %v", conv.Nodes))
+	}
+	mismatches, err := checkLogReports(c.Nodes())
+	if err != nil {
+		return err
+	}
+	for _, m := range mismatches {
+		sum.add(anomalyLogMismatch, "", m)
 	}
 	switch {
 	case len(sum.Anomalies) > 0:
@@ -585,4 +598,48 @@ func countOps(s *summary) int {
 		}
 	}
 	return n
+}
+
+// verifyInterval is how often the leader appends a checkpoint for raft-wal's verifier
+// in a run (node.Config.RaftLogVerifyInterval, which is also how often the leader
+// looks whether one is due).
+const verifyInterval = 200 * time.Millisecond
+
+// anomalyLogMismatch: a node reported that its Raft log differs from the leader's. Its
+// log tells the operator to replace the node's data dir: on a healthy node it is a
+// false alarm (the verifier's running checksum kept across a cut Raft made, fixed in
+// node/verify.go), otherwise the node's disk lost or changed entries (the
+// rot-raft-log sabotage).
+const anomalyLogMismatch = "raft-log-mismatch"
+
+// logMismatchLine is in every line of node/verify.go's report of a mismatch (the
+// message up to its first quote, which a text log escapes).
+var logMismatchLine, _, _ = strings.Cut(node.RaftLogMismatchMessage, `"`)
+
+// checkLogReports reads every node's log (all its starts) for the verifier's mismatch
+// reports, one line each.
+func checkLogReports(nodes []*cluster.Node) ([]string, error) {
+	var out []string
+	for _, n := range nodes {
+		f, err := os.Open(n.LogPath)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			if line := sc.Text(); strings.Contains(line, logMismatchLine) {
+				out = append(out, fmt.Sprintf("%s: %s", n.ID, line))
+			}
+		}
+		err = sc.Err()
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", n.LogPath, err)
+		}
+	}
+	return out, nil
 }

@@ -134,6 +134,9 @@ func TestSabotageIsCaught(t *testing.T) {
 		// a key whose approval was granted executes instead of conflicting. The
 		// approvals workload asks another refund right after an approval.
 		{testhooks.UnboundApproval, nil, []string{workload.AnomalyUnapprovedExecute}},
+		// A disk that silently changed one stored entry: only raft-wal's verifier,
+		// reading the entry back, sees it, and the check of the nodes' logs reports it.
+		{testhooks.RotRaftLog, nil, []string{anomalyLogMismatch}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {

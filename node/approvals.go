@@ -71,7 +71,7 @@ func explain(res *idemkv.ReserveResult, req *idemkv.ReserveRequest) *idemkv.Rese
 		return res
 	}
 	diffs, omitted, err := fingerprint.Diff(res.Record.Effect, req.Effect, res.Record.EffectMask,
-		fingerprint.DiffLimits{MaxEntries: idemkv.MaxDiffEntries, MaxValue: idemkv.MaxDiffValue})
+		fingerprint.DiffLimits{MaxEntries: idemkv.MaxDiffEntries, MaxValue: idemkv.MaxDiffValue, MaxPath: idemkv.MaxDiffPath})
 	if err != nil {
 		// The reserve's effect was fingerprinted, the record's is canonical: neither
 		// fails to parse. A conflict without a diff is still the right answer.

@@ -144,6 +144,10 @@ func walRangeSum(store raft.LogStore, start, end uint64) (uint64, error) {
 	return sum, nil
 }
 
+// RaftLogMismatchMessage is the message of the ERROR line that reports a Raft log
+// that differs from the leader's (jepsen-lite reads the nodes' logs for it).
+const RaftLogMismatchMessage = "raft log verification failed: this node's raft log differs from the leader's; replace its data dir (docs/operations.md, \"The Raft log verifier\")"
+
 // reportLogVerification logs and counts what the verifier found in one range. A
 // mismatch means this node's log is not the leader's: docs/operations.md ("The Raft log
 // verifier") says what to do.
@@ -156,7 +160,7 @@ func (n *Node) reportLogVerification(r verifier.VerificationReport) {
 			"range", r.Range.String())
 	case errors.As(r.Err, &mismatch):
 		n.metrics.RaftLogVerifications.WithLabelValues(logVerifyMismatch).Inc()
-		n.log.Error("raft log verification failed: this node's raft log differs from the leader's; replace its data dir (docs/operations.md, \"The Raft log verifier\")",
+		n.log.Error(RaftLogMismatchMessage,
 			"range", r.Range.String(), "err", r.Err, "expected_sum", r.ExpectedSum, "written_sum", r.WrittenSum, "read_sum", r.ReadSum)
 	case errors.Is(r.Err, verifier.ErrRangeMismatch):
 		// Compacted away before the check (a snapshot, or a node that started or

@@ -110,7 +110,34 @@ func (l *faultyLog) StoreLogs(es []*raft.Log) error {
 	if fire(FaultRaftLogWrite) {
 		return errInjectedWrite
 	}
+	if Sabotaged(RotRaftLog) {
+		es = rotted(es)
+	}
 	return l.LogStore.StoreLogs(es)
+}
+
+// commandsStored counts the Raft log commands this process stored, for RotRaftLog.
+var commandsStored atomic.Int64
+
+// rotted returns es with the RotEntry-th command of the process, when it is among
+// them, replaced by a copy whose extensions have a byte more: what reaches the disk
+// differs from what Raft, its log cache and the verifier's running checksum were
+// given. Checkpoints (whose extensions hold the verifier's checksum) are left alone.
+func rotted(es []*raft.Log) []*raft.Log {
+	for i, e := range es {
+		if e.Type != raft.LogCommand || len(e.Extensions) > 0 {
+			continue
+		}
+		if commandsStored.Add(1) != RotEntry {
+			continue
+		}
+		out := append([]*raft.Log(nil), es...)
+		c := *e
+		c.Extensions = []byte{'R'}
+		out[i] = &c
+		return out
+	}
+	return es
 }
 
 // WrapSnapshotStore puts FaultSnapshotRestore in front of Raft's snapshot store.

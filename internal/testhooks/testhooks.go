@@ -78,7 +78,17 @@ const (
 	// the approved fingerprint, so it gets execute and runs an effect nobody approved.
 	// jepsen-lite's approvals workload must catch it.
 	UnboundApproval
+	// RotRaftLog makes a node's disk change what it stored, silently: the
+	// RotEntry-th Raft log command a process writes is stored with one byte added to
+	// its extensions, which neither Raft nor the state machine reads, so nothing but
+	// raft-wal's verifier, which reads the entry back, can see it. jepsen-lite's check
+	// of the nodes' logs for verifier mismatches must catch it.
+	RotRaftLog
 )
+
+// RotEntry is the Raft log command that RotRaftLog changes on disk, counted from a
+// process's start.
+const RotEntry = 256
 
 var modeNames = []struct {
 	mode Mode
@@ -98,6 +108,7 @@ var modeNames = []struct {
 	{UnanchoredStamps, "unanchored-stamps"},
 	{LegacyListenPolicy, "legacy-listen-policy"},
 	{UnboundApproval, "unbound-approval"},
+	{RotRaftLog, "rot-raft-log"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -186,7 +197,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {
