@@ -130,7 +130,10 @@ func (ss *sessions) expired(s *session, now time.Time) bool {
 
 // get returns the live session of id and marks it used; a copy, so a handler never
 // races another request of the same browser.
-func (ss *sessions) get(id string, now time.Time) (session, bool) {
+// get returns the live session id; touch counts the request as its user's activity
+// (a page's own automatic reload does not: an unattended overview would otherwise keep
+// its session for its whole lifetime).
+func (ss *sessions) get(id string, now time.Time, touch bool) (session, bool) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	s, ok := ss.byID[id]
@@ -141,7 +144,9 @@ func (ss *sessions) get(id string, now time.Time) (session, bool) {
 		delete(ss.byID, id)
 		return session{}, false
 	}
-	s.seen = now
+	if touch {
+		s.seen = now
+	}
 	return *s, true
 }
 
@@ -199,6 +204,9 @@ func clearCookie(w http.ResponseWriter, r *http.Request) {
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 }
 
+// autoRefresh marks the URL a page reloads itself with (layout.html).
+const autoRefresh = "auto-refresh"
+
 // viewerOf returns the request's viewer. With authentication off every browser gets a
 // session of its own on its first visit, for the CSRF token of its forms.
 func (s *Server) viewerOf(w http.ResponseWriter, r *http.Request) (viewer, bool) {
@@ -206,7 +214,7 @@ func (s *Server) viewerOf(w http.ResponseWriter, r *http.Request) (viewer, bool)
 	var sess session
 	var ok bool
 	if c, err := r.Cookie(cookieName(r)); err == nil {
-		sess, ok = s.sessions.get(c.Value, now)
+		sess, ok = s.sessions.get(c.Value, now, r.URL.Query().Get(autoRefresh) == "")
 	}
 	if s.auth == nil {
 		if !ok {

@@ -18,18 +18,18 @@ func TestSessionsBounded(t *testing.T) {
 	ss := newSessions(2, 2, time.Minute, time.Hour)
 	a := ss.start("ta", "ta", t0)
 	b := ss.start("tb", "tb", t0.Add(time.Second))
-	if _, ok := ss.get(a.id, t0.Add(2*time.Second)); !ok {
+	if _, ok := ss.get(a.id, t0.Add(2*time.Second), true); !ok {
 		t.Fatal("a fresh session is gone")
 	}
 	// b is now the least recently used: a third login ends it.
 	c := ss.start("tc", "tc", t0.Add(3*time.Second))
-	if _, ok := ss.get(b.id, t0.Add(4*time.Second)); ok {
+	if _, ok := ss.get(b.id, t0.Add(4*time.Second), true); ok {
 		t.Fatal("the least recently used session survived a login beyond the bound")
 	}
 	if ss.len() != 2 {
 		t.Fatalf("%d sessions, want 2", ss.len())
 	}
-	if _, ok := ss.get(c.id, t0.Add(3*time.Second+2*time.Minute)); ok {
+	if _, ok := ss.get(c.id, t0.Add(3*time.Second+2*time.Minute), true); ok {
 		t.Fatal("a session idle past the idle limit is still open")
 	}
 	// Used every 30 s, a session still ends at its lifetime.
@@ -37,11 +37,11 @@ func TestSessionsBounded(t *testing.T) {
 	at := t0
 	for at.Sub(t0) < time.Hour-30*time.Second {
 		at = at.Add(30 * time.Second)
-		if _, ok := ss.get(d.id, at); !ok {
+		if _, ok := ss.get(d.id, at, true); !ok {
 			t.Fatalf("session ended early at %v", at.Sub(t0))
 		}
 	}
-	if _, ok := ss.get(d.id, at.Add(time.Minute)); ok {
+	if _, ok := ss.get(d.id, at.Add(time.Minute), true); ok {
 		t.Fatal("a session outlived its lifetime")
 	}
 	if a.csrf == b.csrf || a.id == a.csrf || len(a.id) < 40 {
@@ -63,7 +63,7 @@ func TestSessionsShareByCaller(t *testing.T) {
 		ss.start("x", "flooder", at)
 	}
 	for _, s := range []*session{operator, second} {
-		if _, ok := ss.get(s.id, at); !ok {
+		if _, ok := ss.get(s.id, at, true); !ok {
 			t.Fatalf("%s's session was ended by another caller's logins", s.owner)
 		}
 	}
@@ -74,7 +74,7 @@ func TestSessionsShareByCaller(t *testing.T) {
 	ss.start("y", "fourth", at.Add(time.Second))
 	ss.start("z", "fifth", at.Add(2*time.Second))
 	for _, s := range []*session{operator, second} {
-		if _, ok := ss.get(s.id, at.Add(3*time.Second)); !ok {
+		if _, ok := ss.get(s.id, at.Add(3*time.Second), true); !ok {
 			t.Fatalf("%s's session was ended to make room, while the flooder held more", s.owner)
 		}
 	}
@@ -158,4 +158,34 @@ func TestListNotShownWhenUnread(t *testing.T) {
 	if h := describe(err).Hint; !strings.Contains(h, "Nothing was changed") {
 		t.Errorf("an action's unavailable: hint %q", h)
 	}
+}
+
+// A page's own reload is not its user's activity: an unattended overview, which reloads
+// every 15 s, lets its session end when idle, not at its lifetime.
+func TestAutoRefreshDoesNotKeepASessionAlive(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	ss := newSessions(10, 10, time.Minute, time.Hour)
+	s := ss.start("t", "t", t0)
+	at := t0
+	for range 3 {
+		at = at.Add(15 * time.Second)
+		if _, ok := ss.get(s.id, at, false); !ok {
+			t.Fatal("the session ended within its idle limit")
+		}
+	}
+	if _, ok := ss.get(s.id, t0.Add(61*time.Second), false); ok {
+		t.Fatal("reloads alone kept the session past its idle limit")
+	}
+	if !strings.Contains(pagesLayoutForTest(t), "url=?"+autoRefresh+"=1") {
+		t.Fatal("the page does not reload with the auto-refresh mark")
+	}
+}
+
+func pagesLayoutForTest(t *testing.T) string {
+	t.Helper()
+	b, err := templateFiles.ReadFile("templates/layout.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

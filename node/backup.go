@@ -134,11 +134,23 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	if len(entries) > 0 {
 		return nil, fmt.Errorf("node: restore: data dir %s is not empty; restore only into a new one", cfg.DataDir)
 	}
+	// First in, last out: a restore that is killed leaves it, and a node refuses to
+	// start on the data dir (checkRestoreDone), which would otherwise serve a part of
+	// the backup, or nothing, as if it were the cluster's state.
+	if err := writeFileSynced(cfg.DataDir, restoreMarker, []byte("a restore into this data dir started and has not finished\n")); err != nil {
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
 	defer func() {
 		if err == nil {
+			if err = os.Remove(filepath.Join(cfg.DataDir, restoreMarker)); err == nil {
+				err = syncPath(cfg.DataDir)
+			}
+			if err != nil {
+				info, err = nil, fmt.Errorf("node: restore: finishing: %w", err)
+			}
 			return
 		}
-		for _, name := range []string{"pebble", boltLogFile, walLogDir, snapshotsDir, raftLogMarker} {
+		for _, name := range []string{"pebble", "pebble.restore-new", boltLogFile, walLogDir, snapshotsDir, raftLogMarker, restoreMarker} {
 			if rmErr := os.RemoveAll(filepath.Join(cfg.DataDir, name)); rmErr != nil {
 				err = errors.Join(err, rmErr)
 			}
@@ -187,6 +199,21 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	records := int(st.RecordCount())
 	logger.Info("restored a backup", "index", index, "term", term, "continues_at", continuesAt, "records", records, "raft_addr", advertise, "raft_log", backend)
 	return &RestoreInfo{Index: index, Term: term, ContinuesAt: continuesAt, Records: records}, nil
+}
+
+// restoreMarker names the file a restore keeps in the data dir while it runs.
+const restoreMarker = "RESTORE-UNFINISHED"
+
+// checkRestoreDone refuses a data dir a restore did not finish in.
+func checkRestoreDone(dataDir string) error {
+	switch _, err := os.Stat(filepath.Join(dataDir, restoreMarker)); {
+	case err == nil:
+		return fmt.Errorf("node: a restore into %s started and did not finish (it was stopped or killed), so the data dir holds part of a backup: empty it and run idemkv restore again", dataDir)
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	default:
+		return fmt.Errorf("node: %w", err)
+	}
 }
 
 // restoreAddress is the Raft address as the transport will advertise it, so the

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -426,4 +427,59 @@ func flipByte(b []byte, i int) []byte {
 	out := bytes.Clone(b)
 	out[i] ^= 0x40
 	return out
+}
+
+// A restore that is stopped midway (a kill, a power cut) leaves its data dir marked,
+// and no node starts on it: it holds part of a backup, or nothing, and a node on it
+// would answer execute for keys the backup holds. A restore that fails cleanly leaves
+// the data dir empty. A store whose Raft files are gone is not bootstrapped over.
+func TestUnfinishedRestoreIsRefused(t *testing.T) {
+	ctx := opsCtx(t)
+	cfg := opsNodeConfig(t, "n1", filepath.Join(t.TempDir(), "n1"))
+	cfg.Bootstrap = true
+	n := openNode(t, cfg)
+	waitLeaderReady(t, n)
+	for i := range 20 {
+		if _, err := reserveAndCommit(ctx, n, fmt.Sprintf("k%d", i), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var full bytes.Buffer
+	if err := n.Backup(ctx, &full); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := filepath.Join(t.TempDir(), "r")
+	rc := opsNodeConfig(t, "r1", dir)
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { _, err := node.Restore(rc, pr); done <- err }()
+	if _, err := pw.Write(full.Bytes()[:full.Len()/2]); err != nil {
+		t.Fatal(err)
+	}
+	// Midway, as a process killed now would leave it.
+	rc.Bootstrap = true
+	if _, err := node.Open(rc); err == nil || !strings.Contains(err.Error(), "did not finish") {
+		t.Fatalf("a node opened on a data dir whose restore is under way: %v", err)
+	}
+	pw.CloseWithError(errors.New("the backup's source went away"))
+	if err := <-done; err == nil {
+		t.Fatal("a restore whose input failed succeeded")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("a failed restore left %d entries", len(entries))
+	}
+
+	// A finished restore whose Raft snapshot and log are then lost.
+	if _, err := node.Restore(rc, bytes.NewReader(full.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"snapshots", "wal", "raft-log"} {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := node.Open(rc); err == nil || !strings.Contains(err.Error(), "refusing to bootstrap") {
+		t.Fatalf("a node bootstrapped a new cluster over a store that applied a log it no longer has: %v", err)
+	}
 }

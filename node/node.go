@@ -360,6 +360,9 @@ func (n *Node) watchHalt() {
 }
 
 func (n *Node) open() error {
+	if err := checkRestoreDone(n.cfg.DataDir); err != nil {
+		return err
+	}
 	// First, so that a configuration that asks for the other backend changes nothing.
 	backend, err := chooseRaftLog(n.cfg.DataDir, n.cfg.RaftLog)
 	if err != nil {
@@ -461,6 +464,12 @@ func (n *Node) open() error {
 			return fmt.Errorf("node: inspect raft state: %w", err)
 		}
 		if !has {
+			if index, _, err := n.store.Applied(); err != nil || index > 0 {
+				// A store that applied entries of a log this node no longer has (its
+				// Raft files were removed, or a restore was cut short before its
+				// snapshot): a new cluster's first entries would be skipped as old.
+				return errors.Join(err, fmt.Errorf("node: the store of %s has applied index %d but Raft has no log or snapshot: refusing to bootstrap a new cluster over it; empty the data dir and restore a backup, or join the node to its cluster", n.cfg.DataDir, index))
+			}
 			conf := raft.Configuration{Servers: []raft.Server{{
 				ID: rc.LocalID, Address: n.transport.LocalAddr(), Suffrage: raft.Voter,
 			}}}

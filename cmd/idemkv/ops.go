@@ -13,7 +13,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -262,7 +264,14 @@ above every restored one. Then join the other nodes to it as usual (--join).
 				return err
 			}
 			defer f.Close()
-			info, err := node.Restore(cfg, f)
+			var size int64
+			if st, err := f.Stat(); err == nil {
+				size = st.Size()
+			}
+			in := &restoreInput{ctx: cmd.Context(), r: f}
+			stop := in.report(cmd.ErrOrStderr(), size, restoreProgressEvery)
+			info, err := node.Restore(cfg, in)
+			stop()
 			if err != nil {
 				return err
 			}
@@ -414,4 +423,51 @@ func printStatus(w io.Writer, nodes []NodeStatus) error {
 		}
 	}
 	return nil
+}
+
+// restoreProgressEvery is how often restore says how far it read.
+const restoreProgressEvery = 5 * time.Second
+
+// restoreInput is the backup a restore reads: it ends with the command's context, so
+// that SIGINT or SIGTERM stop the restore as a failure (node.Restore then leaves the
+// data dir empty; a kill leaves it marked unfinished), and it counts what was read.
+type restoreInput struct {
+	ctx  context.Context
+	r    io.Reader
+	read atomic.Int64
+}
+
+func (in *restoreInput) Read(p []byte) (int, error) {
+	if err := in.ctx.Err(); err != nil {
+		return 0, fmt.Errorf("restore stopped: %w", err)
+	}
+	n, err := in.r.Read(p)
+	in.read.Add(int64(n))
+	return n, err
+}
+
+// report writes to w, every interval, how much of size bytes was read, until the
+// returned stop is called.
+func (in *restoreInput) report(w io.Writer, size int64, interval time.Duration) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				n := in.read.Load()
+				if size > 0 {
+					fmt.Fprintf(w, "restore: read %.1f of %.1f MiB (%d%%)\n", float64(n)/(1<<20), float64(size)/(1<<20), n*100/size)
+				} else {
+					fmt.Fprintf(w, "restore: read %.1f MiB\n", float64(n)/(1<<20))
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
