@@ -248,6 +248,21 @@ func TestBackupErrors(t *testing.T) {
 	if err == nil {
 		t.Fatalf("a backup that failed after %d bytes ended like a complete one", got)
 	}
+
+	// Relayed by a follower from a leader that fails midway: the caller sees the same
+	// broken transfer, not a clean end of a short stream.
+	follower := startNode(t, &FakeStore{LeaderFunc: func() (string, bool) { return n.addr, false }}, func(c *api.Config) {
+		c.Store = &backupStore{FakeStore: &FakeStore{LeaderFunc: func() (string, bool) { return n.addr, false }},
+			backup: func(context.Context, io.Writer) error { return idemkv.ErrNotLeader }}
+	})
+	resp2, err := testClient.Get(follower.url + "/v1/backup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp2.Body.Close()
+	if got, err := io.Copy(io.Discard, resp2.Body); err == nil {
+		t.Fatalf("a backup relayed by a follower that failed after %d bytes ended like a complete one", got)
+	}
 }
 
 func TestBackupNeedsAdmin(t *testing.T) {

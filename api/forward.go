@@ -93,10 +93,13 @@ func (s *Server) forwardToLeader(w http.ResponseWriter, r *http.Request, body []
 	copyHeaders(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
 	if _, err := io.Copy(w, resp.Body); err != nil {
-		// The status is out already: all that is left is to cut the answer short, which
-		// the caller sees as a broken body and retries.
+		// The status is out already: all that is left is to cut the connection, which
+		// the caller sees as a broken body and retries. Returning would end a chunked
+		// answer cleanly, and a backup relayed from a leader that died midway would
+		// look complete (as the leader's own backup path aborts too).
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "relaying the leader's answer failed",
 			slog.String(logKeyPath, r.URL.Path), slog.String(logKeyLeader, addr), slog.Any(logKeyErr, err))
+		panic(http.ErrAbortHandler)
 	}
 }
 
