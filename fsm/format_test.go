@@ -256,3 +256,22 @@ func TestReadFormatStandsForTheOlderRelease(t *testing.T) {
 		}
 	})
 }
+
+// A snapshot (or a backup) of a newer release's cluster format is refused, also by a
+// node that reads the newest format it knows: a rollback restoring a newer backup.
+func TestSnapshotOfANewerFormatIsRefused(t *testing.T) {
+	src := openHarnessAt(t, t.TempDir(), 0)
+	populate(t, src, 10)
+	b := src.st.NewBatch()
+	if err := b.SetClusterFormat(FormatVersion + 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := snapshotBytes(t, src)
+	dst := openHarnessAt(t, t.TempDir(), 0)
+	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(data))); err == nil || dst.f.Err() == nil {
+		t.Errorf("restored a snapshot of cluster format %d: %v", FormatVersion+1, err)
+	}
+}

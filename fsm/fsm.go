@@ -949,17 +949,20 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-// readableAtFormat refuses a restored store that a replica reading an older format
-// (ReadFormat) could not read, as that release would fail on it.
+// readableAtFormat refuses a restored store of a cluster format above what this node
+// reads, and one that a replica reading an older format (ReadFormat) could not read,
+// as that release would fail on it.
 func (f *FSM) readableAtFormat() error {
 	f.mu.RLock()
 	reads, format := f.reads, f.format
 	f.mu.RUnlock()
-	if reads >= FormatVersion {
-		return nil
-	}
+	// First, whatever this node reads: a backup or snapshot of a newer release (one
+	// restored after a rollback) holds what this binary cannot read.
 	if format > reads {
 		return fmt.Errorf("the snapshot's cluster format is %d; this node reads %d", format, reads)
+	}
+	if reads >= FormatVersion {
+		return nil
 	}
 	what, err := f.st.HoldsNewerThanApprovals()
 	if err == nil && what != "" {
