@@ -11,7 +11,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
@@ -612,5 +614,34 @@ func TestSwapErrors(t *testing.T) {
 				t.Fatalf("%v beside the store after reopening", names)
 			}
 		})
+	}
+}
+
+// A disk that fills while the received files are opened (their write-ahead log must
+// be flushed) fails the restore: Pebble retries the flush for good inside Open, and a
+// restore, a backup's check or a snapshot install hung with it.
+func TestRestoreOnAFullDiskFails(t *testing.T) {
+	src := openStore(t, t.TempDir())
+	fill(t, src, "k", 300, 600) // in the memtable: the stream carries its log
+	data := snapshotOf(t, src)
+
+	var full atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if full.Load() && op.Kind == errorfs.OpCreate && strings.HasSuffix(op.Path, ".sst") {
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+	dst := openOn(t, fs, "/data/pebble")
+	full.Store(true)
+	done := make(chan error, 1)
+	go func() { done <- dst.Restore(bytes.NewReader(data)) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "no space left") {
+			t.Fatalf("a restore on a full disk: %v, want an error naming it", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a restore on a full disk still runs after 30 s")
 	}
 }

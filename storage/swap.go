@@ -66,11 +66,52 @@ func (s *Store) openDB(dir string, mode openMode) (*pebble.DB, error) {
 		// those misses into no disk reads.
 		opts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
+	if mode == openReceived {
+		return openWatched(dir, opts)
+	}
 	db, err := pebble.Open(dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w", dir, err)
 	}
 	return db, nil
+}
+
+// openWatched opens received files, giving up at Pebble's first background error:
+// opening them replays their write-ahead log into memtables that must be flushed, and
+// Pebble retries a flush that failed (a full disk) forever, inside Open. A restore,
+// the check of a backup and a snapshot install would hang for good; they fail instead
+// (the goroutine of the abandoned Open stays, retrying, until the process ends: a
+// command exits, and a node's state machine halts on the failed restore).
+func openWatched(dir string, opts *pebble.Options) (*pebble.DB, error) {
+	bg := make(chan error, 1)
+	listener := pebble.MakeLoggingEventListener(opts.Logger)
+	logBackground := listener.BackgroundError
+	listener.BackgroundError = func(err error) {
+		logBackground(err)
+		select {
+		case bg <- err:
+		default:
+		}
+	}
+	opts.EventListener = &listener
+	type opened struct {
+		db  *pebble.DB
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		db, err := pebble.Open(dir, opts)
+		done <- opened{db, err}
+	}()
+	select {
+	case o := <-done:
+		if o.err != nil {
+			return nil, fmt.Errorf("storage: open %s: %w", dir, o.err)
+		}
+		return o.db, nil
+	case err := <-bg:
+		return nil, fmt.Errorf("storage: open %s: writing the received files failed, and would be retried for good (is the disk full?): %w", dir, err)
+	}
 }
 
 // receiveFiles writes the files of a version-2 stream (the version byte read) into a new
