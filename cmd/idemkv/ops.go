@@ -114,7 +114,8 @@ func runBackup(ctx context.Context, c *client.Client, out string, w io.Writer) (
 		return fmt.Errorf("%s exists; backups never overwrite", out)
 	}
 	dir := filepath.Dir(out)
-	tmp, err := os.CreateTemp(dir, ".idemkv-backup-*")
+	removeStaleBackupFiles(dir, time.Now(), w)
+	tmp, err := os.CreateTemp(dir, backupTempPrefix+"*")
 	if err != nil {
 		return err
 	}
@@ -212,7 +213,7 @@ func syncDir(dir string) error {
 // verifyBackup restores r into a scratch store in dir, which checks every frame and
 // the checksum trailer, and reports what the backup holds.
 func verifyBackup(dir string, r io.Reader) (info *node.RestoreInfo, err error) {
-	scratch, err := os.MkdirTemp(dir, ".idemkv-verify-*")
+	scratch, err := os.MkdirTemp(dir, verifyTempPrefix+"*")
 	if err != nil {
 		return nil, err
 	}
@@ -470,4 +471,42 @@ func (in *restoreInput) report(w io.Writer, size int64, interval time.Duration) 
 		}
 	}()
 	return func() { close(done); <-finished }
+}
+
+// The names of what a backup writes beside --out while it runs: the download, the
+// scratch store that checks it, and that store's staging directory.
+const (
+	backupTempPrefix = ".idemkv-backup-"
+	verifyTempPrefix = ".idemkv-verify-"
+)
+
+// staleBackupFiles is how old a backup's file beside --out must be to be one a killed
+// backup left: a transfer ends within idemkv.MaxBackupDuration, and its check soon
+// after.
+const staleBackupFiles = 3 * idemkv.MaxBackupDuration
+
+// removeStaleBackupFiles removes from dir what backups that were killed left there (a
+// killed process cleans up nothing, and each left a copy of the store the size of the
+// backup), saying so on w. A backup still running has files younger than
+// staleBackupFiles, and they stay.
+func removeStaleBackupFiles(dir string, now time.Time, w io.Writer) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, backupTempPrefix) && !strings.HasPrefix(name, verifyTempPrefix) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || now.Sub(info.ModTime()) < staleBackupFiles {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			fmt.Fprintf(w, "could not remove %s, left by a backup that did not finish: %v\n", name, err)
+			continue
+		}
+		fmt.Fprintf(w, "removed %s, left by a backup that did not finish on %s\n", name, info.ModTime().UTC().Format(time.RFC3339))
+	}
 }
