@@ -142,15 +142,19 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	}
 	defer func() {
 		if err == nil {
-			if err = os.Remove(filepath.Join(cfg.DataDir, restoreMarker)); err == nil {
-				err = syncPath(cfg.DataDir)
+			// Restored, for the first start to see (checkRestoreDone); then no longer
+			// unfinished.
+			if err = writeFileSynced(cfg.DataDir, restoredMarker, []byte("restored from a backup: start without --join, as a new cluster's first node\n")); err == nil {
+				if err = os.Remove(filepath.Join(cfg.DataDir, restoreMarker)); err == nil {
+					err = syncPath(cfg.DataDir)
+				}
 			}
 			if err != nil {
 				info, err = nil, fmt.Errorf("node: restore: finishing: %w", err)
 			}
 			return
 		}
-		for _, name := range []string{"pebble", "pebble.restore-new", boltLogFile, walLogDir, snapshotsDir, raftLogMarker, restoreMarker} {
+		for _, name := range []string{"pebble", "pebble.restore-new", boltLogFile, walLogDir, snapshotsDir, raftLogMarker, restoredMarker, restoreMarker} {
 			if rmErr := os.RemoveAll(filepath.Join(cfg.DataDir, name)); rmErr != nil {
 				err = errors.Join(err, rmErr)
 			}
@@ -201,19 +205,44 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	return &RestoreInfo{Index: index, Term: term, ContinuesAt: continuesAt, Records: records}, nil
 }
 
-// restoreMarker names the file a restore keeps in the data dir while it runs.
-const restoreMarker = "RESTORE-UNFINISHED"
+// restoreMarker names the file a restore keeps in the data dir while it runs;
+// restoredMarker the one it leaves for the node's first start.
+const (
+	restoreMarker  = "RESTORE-UNFINISHED"
+	restoredMarker = "RESTORED"
+)
 
-// checkRestoreDone refuses a data dir a restore did not finish in.
-func checkRestoreDone(dataDir string) error {
+// checkRestoreDone refuses a data dir a restore did not finish in, and a restored one
+// that a node would join to a cluster: a restored node is a new cluster's first (its
+// Raft log continues past the backup's index, and a cluster it joined would send it
+// entries it skips as old). It reports whether the data dir was restored and has not
+// been started since.
+func checkRestoreDone(dataDir string, joining bool) (restored bool, err error) {
 	switch _, err := os.Stat(filepath.Join(dataDir, restoreMarker)); {
 	case err == nil:
-		return fmt.Errorf("node: a restore into %s started and did not finish (it was stopped or killed), so the data dir holds part of a backup: empty it and run idemkv restore again", dataDir)
-	case errors.Is(err, os.ErrNotExist):
-		return nil
-	default:
-		return fmt.Errorf("node: %w", err)
+		return false, fmt.Errorf("node: a restore into %s started and did not finish (it was stopped or killed), so the data dir holds part of a backup: empty it and run idemkv restore again", dataDir)
+	case !errors.Is(err, os.ErrNotExist):
+		return false, fmt.Errorf("node: %w", err)
 	}
+	switch _, err := os.Stat(filepath.Join(dataDir, restoredMarker)); {
+	case err == nil && joining:
+		return true, fmt.Errorf("node: %s holds a restored backup, which starts a new cluster: start this node without --join, then join the other nodes to it", dataDir)
+	case err == nil:
+		return true, nil
+	case errors.Is(err, os.ErrNotExist):
+		return false, nil
+	default:
+		return false, fmt.Errorf("node: %w", err)
+	}
+}
+
+// startedRestored notes that a restored data dir's node started as its cluster's
+// first: from now on it restarts as any node does, --join included.
+func startedRestored(dataDir string) error {
+	if err := os.Remove(filepath.Join(dataDir, restoredMarker)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return syncPath(dataDir)
 }
 
 // restoreAddress is the Raft address as the transport will advertise it, so the

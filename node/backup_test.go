@@ -483,3 +483,47 @@ func TestUnfinishedRestoreIsRefused(t *testing.T) {
 		t.Fatalf("a node bootstrapped a new cluster over a store that applied a log it no longer has: %v", err)
 	}
 }
+
+// A restored data dir starts a new cluster: started with --join (into the cluster it
+// was backed up from, say) it would be a voter that skips every entry it is sent as
+// old. The first start must be without --join; later restarts are as any node's.
+func TestRestoredDataDirStartsANewCluster(t *testing.T) {
+	ctx := opsCtx(t)
+	cfg := opsNodeConfig(t, "n1", filepath.Join(t.TempDir(), "n1"))
+	cfg.Bootstrap = true
+	n := openNode(t, cfg)
+	waitLeaderReady(t, n)
+	if _, err := reserveAndCommit(ctx, n, "k", true); err != nil {
+		t.Fatal(err)
+	}
+	var full bytes.Buffer
+	if err := n.Backup(ctx, &full); err != nil {
+		t.Fatal(err)
+	}
+	rc := opsNodeConfig(t, "r1", filepath.Join(t.TempDir(), "r1"))
+	if _, err := node.Restore(rc, bytes.NewReader(full.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	rc.Joining = true // --join
+	if _, err := node.Open(rc); err == nil || !strings.Contains(err.Error(), "without --join") {
+		t.Fatalf("a restored data dir opened to join a cluster: %v", err)
+	}
+	rc.Joining = false
+	r, err := node.Open(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLeaderReady(t, r)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rc.Joining = true // a later restart with --join is a restart
+	r, err = node.Open(rc)
+	if err != nil {
+		t.Fatalf("a restored node that started once did not restart with --join: %v", err)
+	}
+	waitLeaderReady(t, r)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -61,6 +61,10 @@ type Config struct {
 	// Bootstrap makes a node with no Raft state form a single-node cluster of itself.
 	// A node with state ignores it.
 	Bootstrap bool
+	// Joining says the node is started to join a cluster (idemkv serve --join): a
+	// data dir restored from a backup, which starts a new cluster, is then refused
+	// until it has been started once without it.
+	Joining bool
 	// PeerAddresses overrides, per peer ID, the address this node dials for that peer.
 	PeerAddresses map[string]string
 	// RaftTLS, when set, wraps Raft traffic in TLS in both directions; set ClientAuth
@@ -360,7 +364,8 @@ func (n *Node) watchHalt() {
 }
 
 func (n *Node) open() error {
-	if err := checkRestoreDone(n.cfg.DataDir); err != nil {
+	restored, err := checkRestoreDone(n.cfg.DataDir, n.cfg.Joining)
+	if err != nil {
 		return err
 	}
 	// First, so that a configuration that asks for the other backend changes nothing.
@@ -480,6 +485,11 @@ func (n *Node) open() error {
 		}
 	}
 	n.sweeper = expiry.New(n.cfg.Sweep, n, n.metrics, n.log)
+	if restored {
+		if err := startedRestored(n.cfg.DataDir); err != nil {
+			return fmt.Errorf("node: %w", err)
+		}
+	}
 	return nil
 }
 

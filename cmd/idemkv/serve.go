@@ -195,6 +195,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 	}
 	cfg.PeerAddresses = peers
 	cfg.Bootstrap = len(o.join) == 0
+	cfg.Joining = len(o.join) > 0
 	cfg.Limits = o.limits
 	cfg.Logger = logger
 	cfg.Metrics = metrics.New()
