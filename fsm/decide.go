@@ -307,7 +307,8 @@ func requestedExpiry(req *idemkv.ReserveRequest, now idemkv.Timestamp) idemkv.Ti
 // client bug or a forged request; accepting it would let a caller that never reserved
 // complete someone else's attempt, so it is fenced like a stale one.
 func checkOwner(cur *idemkv.Record, fp string, fence uint64, now idemkv.Timestamp) error {
-	if Expired(cur, now) {
+	if Expired(cur, now) || (cur.Status == idemkv.StatusAwaitingApproval && cur.Approval.Lapsed(now)) {
+		// An approval that lapsed unanswered leaves the key absent, as a reserve sees it.
 		return fmt.Errorf("%w: no live record for this key", idemkv.ErrNotFound)
 	}
 	if fp != "" && fp != cur.Fingerprint {

@@ -266,3 +266,25 @@ func TestFencedOpsOnAwaitingRecord(t *testing.T) {
 		}
 	}
 }
+
+// A waiting approval that lapsed leaves the key absent (docs/protocol.md section 7):
+// every fenced operation on it is not_found, as on a key with no record.
+func TestFencedOpsOnALapsedApprovalAreNotFound(t *testing.T) {
+	cur := waitingRec()
+	now := idemkv.Timestamp(t0 + approvalTTL)
+	if _, _, err := DecideCommit(cur, commitReq(1), now); !errors.Is(err, idemkv.ErrNotFound) {
+		t.Errorf("commit: %v, want not_found", err)
+	}
+	if _, _, err := DecideFail(cur, &idemkv.FailRequest{Tenant: tenant, Key: key, Fingerprint: fpA, Fence: 1}, now); !errors.Is(err, idemkv.ErrNotFound) {
+		t.Errorf("fail: %v", err)
+	}
+	if _, err := DecideRelease(cur, &idemkv.ReleaseRequest{Tenant: tenant, Key: key, Fingerprint: fpA, Fence: 1}, now); !errors.Is(err, idemkv.ErrNotFound) {
+		t.Errorf("release: %v", err)
+	}
+	if _, err := DecideHeartbeat(cur, &idemkv.HeartbeatRequest{Tenant: tenant, Key: key, Fence: 1, LeaseTTLMs: lease}, now); !errors.Is(err, idemkv.ErrNotFound) {
+		t.Errorf("heartbeat: %v", err)
+	}
+	if _, _, err := DecideDoubt(cur, &idemkv.DoubtRequest{Tenant: tenant, Key: key, Fingerprint: fpA, Fence: 1}, now); !errors.Is(err, idemkv.ErrNotFound) {
+		t.Errorf("doubt: %v", err)
+	}
+}
