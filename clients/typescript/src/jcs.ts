@@ -194,7 +194,6 @@ function notJSON(obj: object): boolean {
 }
 
 function write(v: unknown, drop: DropPaths, out: string[], path: string, depth: number, seen: Set<object>): void {
-  if (depth > MAX_DEPTH) throw new FingerprintError(`nested deeper than ${MAX_DEPTH}`, path);
   switch (typeof v) {
     case "string":
       writeString(v, out, path);
@@ -237,6 +236,8 @@ function write(v: unknown, drop: DropPaths, out: string[], path: string, depth: 
     write(obj.valueOf(), drop, out, path, depth, seen);
     return;
   }
+  // An object or array at depth d is the (d+1)th level, as the server counts them.
+  if (depth >= MAX_DEPTH) throw new FingerprintError(`nested deeper than ${MAX_DEPTH}`, path);
   if (seen.has(obj)) throw new FingerprintError("the value refers to itself", path);
   seen.add(obj);
   if (Array.isArray(obj)) {
@@ -359,8 +360,9 @@ class Parser {
   }
 
   private value(depth: number): unknown {
-    if (depth > MAX_DEPTH) this.fail(`nested deeper than ${MAX_DEPTH}`);
     const c = this.s[this.i];
+    // An object or array at depth d is the (d+1)th level, as the server counts them.
+    if ((c === "{" || c === "[") && depth >= MAX_DEPTH) this.fail(`nested deeper than ${MAX_DEPTH}`);
     switch (c) {
       case "{":
         return this.object(depth);

@@ -132,6 +132,12 @@ test("JavaScript values that have no exact JSON form are refused", () => {
   let deep: unknown = 1;
   for (let i = 0; i < 1100; i++) deep = [deep];
   assert.throws(() => canonicalize(deep), /nested deeper than 1000/);
+  // 1000 levels of arrays are accepted and 1001 refused, as the server counts them.
+  const nested = (n: number): unknown => { let v: unknown = []; for (let i = 1; i < n; i++) v = [v]; return v; };
+  assert.equal(canonicalize(nested(1000)).length, 2000);
+  assert.throws(() => canonicalize(nested(1001)), /nested deeper than 1000/);
+  assert.equal(canonicalizeJSON("[".repeat(1000) + "]".repeat(1000)).length, 2000);
+  assert.throws(() => canonicalizeJSON("[".repeat(1001) + "]".repeat(1001)), /nested deeper than 1000/);
   assert.throws(() => canonicalize({ a: 1 }, ["a..b"]), /empty segment/);
 });
 
