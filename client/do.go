@@ -661,15 +661,24 @@ func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) 
 
 // underLease runs f while a heartbeat keeps the lease alive. lost is set when the
 // lease went to a newer attempt, in which case f's context was cancelled.
+//
+// The heartbeat lasts exactly as long as f: not less when the caller's context ends
+// (a tool that does not watch its context goes on, and without a lease a second
+// worker would recover the key and run it again), and not more when f panics (the
+// lease would then never run out, and every later attempt would wait in_progress).
 func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result, err, lost error) {
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	hctx, stop := context.WithCancel(ctx)
+	hctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		lost = x.heartbeat(hctx, fence, cancel)
+	}()
+	defer func() {
+		stop()
+		wg.Wait()
 	}()
 	res, err = f(fctx)
 	stop()

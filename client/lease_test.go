@@ -1,0 +1,70 @@
+package client
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A tool that panics stops its heartbeat: the lease runs out, and the next attempt
+// recovers the key instead of waiting in_progress for as long as the caller lives.
+func TestPanickingToolStopsItsHeartbeat(t *testing.T) {
+	e := newEnv(t)
+	e.store.real = true
+	op := ticketOp("k-panic", "x")
+	op.LeaseTTL = time.Second
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the tool's panic did not reach the caller")
+			}
+		}()
+		_, _ = e.runner.Do(context.Background(), op, func(context.Context) (*Result, error) { panic("boom") })
+	}()
+	before := e.store.count("heartbeat")
+	time.Sleep(3 * op.LeaseTTL)
+	if n := e.store.count("heartbeat") - before; n != 0 {
+		t.Fatalf("%d heartbeats after the tool panicked", n)
+	}
+	if rec := e.store.record(op.Tenant, op.Key); rec == nil || !rec.LeaseExpiresAt.Time().Before(time.Now()) {
+		t.Fatalf("the lease of the panicked attempt is still live: %+v", rec)
+	}
+}
+
+// A caller that gives up does not end the lease of a tool still running (one that
+// does not watch its context): the heartbeat goes on until the tool returns, so no
+// second worker recovers the key and runs it again meanwhile.
+func TestCancelledCallerKeepsTheLeaseWhileTheToolRuns(t *testing.T) {
+	e := newEnv(t)
+	e.store.real = true
+	op := ticketOp("k-cancel", "x")
+	op.LeaseTTL = time.Second
+	op.Probe = e.tickets.probe("k-cancel")
+	ctx, cancel := context.WithCancel(context.Background())
+	release := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.runner.Do(ctx, op, func(context.Context) (*Result, error) {
+			<-release // an SDK call that does not take ctx
+			return e.tickets.create("k-cancel"), nil
+		})
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	time.Sleep(3 * op.LeaseTTL)
+	op2 := op
+	op2.AttemptID, op2.Actor = "", "worker-2"
+	wctx, wcancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	_, err := e.runner.Do(wctx, op2, e.createFn("k-cancel"))
+	wcancel()
+	if KindOf(err) != KindNotExecuted {
+		t.Errorf("a second worker while the first tool still ran: %v (kind %q), want not_executed after waiting in_progress", err, KindOf(err))
+	}
+	close(release)
+	err1 := <-done
+	t.Logf("the first worker: %v", err1)
+	if n := e.tickets.created.Load(); n != 1 {
+		t.Fatalf("%d tickets created, want 1", n)
+	}
+}
