@@ -170,14 +170,35 @@ func (x *run) awaitApproval(ctx context.Context, res *idemkv.ReserveResult, dead
 	}
 	start := time.Now()
 	rec, err := x.store.Get(ctx, &idemkv.GetRequest{Tenant: x.op.Tenant, Key: x.op.Key, Wait: wait})
+	pause := func(d time.Duration) error {
+		if sleep(ctx, d) != nil {
+			pending.Cause = context.Cause(ctx)
+			return pending
+		}
+		return nil
+	}
 	switch {
 	case ctx.Err() != nil:
 		pending.Cause = context.Cause(ctx)
 		return pending
 	case err == nil && rec.Status == idemkv.StatusAwaitingApproval && rec.Approval.Waiting(idemkv.TimestampOf(time.Now())) && time.Since(start) < wait/2:
 		// Still waiting, and the long-poll ended early: do not spin.
-		return sleep(ctx, x.cfg.BackoffMax)
-	case err == nil, errors.Is(err, idemkv.ErrNotFound), retryable(err):
+		return pause(x.cfg.BackoffMax)
+	case err == nil, errors.Is(err, idemkv.ErrNotFound):
+		return nil
+	case retryable(err):
+		// A store that does not answer (or sheds long-polls: resource_exhausted) is
+		// waited for as the in_progress wait waits for it: backing off, within
+		// StoreWait, not reserving again at once.
+		x.waited += max(time.Since(start)-wait, 0)
+		d := min(x.cfg.BackoffMax, max(x.cfg.StoreWait-x.waited, 0))
+		if err := pause(d); err != nil {
+			return err
+		}
+		x.waited += d
+		if x.waited >= x.cfg.StoreWait {
+			return &storeWaitError{what: "get", waited: x.waited, last: err}
+		}
 		return nil
 	default:
 		return err

@@ -488,7 +488,16 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 			}
 		case idemkv.DecisionNeedsApproval:
 			if err := x.awaitApproval(ctx, res, &approvalDeadline); err != nil {
-				return nil, err
+				var pending *ApprovalPendingError
+				switch {
+				case errors.As(err, &pending):
+					return nil, err
+				case errors.As(err, &sw):
+					return x.storeUnavailable(ctx, sw, fn)
+				default:
+					// Refused (a token that may not read the key): nothing ran.
+					return nil, notExecuted(*op, decision, err)
+				}
 			}
 		case idemkv.DecisionExecute:
 			return x.execute(ctx, grant{decision, res.Fence, res.Record}, fn)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/idemkv/idemkv"
 )
 
 // A tool that panics stops its heartbeat: the lease runs out, and the next attempt
@@ -66,5 +68,42 @@ func TestCancelledCallerKeepsTheLeaseWhileTheToolRuns(t *testing.T) {
 	t.Logf("the first worker: %v", err1)
 	if n := e.tickets.created.Load(); n != 1 {
 		t.Fatalf("%d tickets created, want 1", n)
+	}
+}
+
+// A store that sheds the approval long-poll (resource_exhausted) is waited for with
+// backoff, within StoreWait: it was polled and reserved again as fast as the loop ran.
+// A refusal of the long-poll is not_executed, one of Do's kinds.
+func TestApprovalWaitBacksOffAndKeepsToTheKinds(t *testing.T) {
+	e := newEnv(t)
+	e.store.real = true
+	e.store.faults(func(op string, n int) error {
+		if op == "get" {
+			return idemkv.Errorf(idemkv.ErrResourceExhausted, "too many long-polls")
+		}
+		return nil
+	}, nil)
+	op := ticketOp("k-appr", "x")
+	op.Approval = &ApprovalRequirement{Required: true, Wait: time.Second}
+	_, err := e.runner.Do(ctxT(t), op, e.createFn("k-appr"))
+	if KindOf(err) == "" {
+		t.Errorf("Do: %v has none of the kinds", err)
+	}
+	if n := e.store.count("reserve"); n > 200 {
+		t.Errorf("%d reserves in a wait of 1 s: no backoff", n)
+	}
+
+	e2 := newEnv(t)
+	e2.store.real = true
+	e2.store.faults(func(op string, n int) error {
+		if op == "get" {
+			return idemkv.Errorf(idemkv.ErrPermissionDenied, "token may not read")
+		}
+		return nil
+	}, nil)
+	op2 := ticketOp("k-appr2", "x")
+	op2.Approval = &ApprovalRequirement{Required: true, Wait: time.Second}
+	if _, err := e2.runner.Do(ctxT(t), op2, e2.createFn("k-appr2")); KindOf(err) != KindNotExecuted {
+		t.Errorf("a refused long-poll: %v (kind %q), want not_executed", err, KindOf(err))
 	}
 }
