@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -105,5 +106,35 @@ func TestApprovalWaitBacksOffAndKeepsToTheKinds(t *testing.T) {
 	op2.Approval = &ApprovalRequirement{Required: true, Wait: time.Second}
 	if _, err := e2.runner.Do(ctxT(t), op2, e2.createFn("k-appr2")); KindOf(err) != KindNotExecuted {
 		t.Errorf("a refused long-poll: %v (kind %q), want not_executed", err, KindOf(err))
+	}
+}
+
+// A reserve that lands while the caller gives up leaves this attempt holding the key:
+// Do says so with the attempt id to retry as (store_unavailable), not not_executed,
+// whose retry with a new attempt waited out the lease and, for a tool without a probe,
+// marked the key in doubt though nothing had run.
+func TestCallerGivingUpDuringTheFirstReserveNamesTheAttempt(t *testing.T) {
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	e.store.faults(nil, func(op string, n int) error {
+		if op == "reserve" && n == 1 {
+			cancel()
+			return context.Canceled
+		}
+		return nil
+	})
+	op := ticketOp("k-gave-up", "x")
+	_, err := e.runner.Do(ctx, op, e.createFn("k-gave-up"))
+	var su *StoreUnavailableError
+	if !errors.As(err, &su) || su.AttemptID == "" {
+		t.Fatalf("Do: %v (kind %q), want store_unavailable naming the attempt", err, KindOf(err))
+	}
+	rec := e.store.record(op.Tenant, op.Key)
+	if rec == nil || rec.AttemptID != su.AttemptID {
+		t.Fatalf("the record's attempt %+v, the error's %q", rec, su.AttemptID)
+	}
+	op.AttemptID = su.AttemptID
+	if out, err := e.runner.Do(ctxT(t), op, e.createFn("k-gave-up")); err != nil || out.Replayed {
+		t.Fatalf("the retry as the same attempt: %+v, %v; want it to run", out, err)
 	}
 }

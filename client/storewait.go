@@ -97,7 +97,10 @@ func retry[T any](ctx context.Context, x *run, what string, f func(context.Conte
 			return v, nil
 		}
 		if !retryable(err) && !cut {
-			if ctx.Err() != nil && x.waited > 0 {
+			if ctx.Err() != nil {
+				// The caller gave up with this call in flight, which may have landed (a
+				// reserve whose lease this attempt now holds): the answer is the one
+				// that names the attempt to retry as, even on the first call.
 				return zero, &storeWaitError{what: what, waited: x.waited, last: err, ctxEnded: true}
 			}
 			return zero, err
