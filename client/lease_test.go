@@ -76,37 +76,34 @@ func TestCancelledCallerKeepsTheLeaseWhileTheToolRuns(t *testing.T) {
 // backoff, within StoreWait: it was polled and reserved again as fast as the loop ran.
 // A refusal of the long-poll is not_executed, one of Do's kinds.
 func TestApprovalWaitBacksOffAndKeepsToTheKinds(t *testing.T) {
-	e := newEnv(t)
-	e.store.real = true
-	e.store.faults(func(op string, n int) error {
-		if op == "get" {
-			return idemkv.Errorf(idemkv.ErrResourceExhausted, "too many long-polls")
-		}
-		return nil
-	}, nil)
-	op := ticketOp("k-appr", "x")
-	op.Approval = &ApprovalRequirement{Required: true, Wait: time.Second}
-	_, err := e.runner.Do(ctxT(t), op, e.createFn("k-appr"))
+	e, op := approvalWaitFailing(t, idemkv.Errorf(idemkv.ErrResourceExhausted, "too many long-polls"))
+	_, err := e.runner.Do(ctxT(t), op, e.createFn(op.Key))
 	if KindOf(err) == "" {
 		t.Errorf("Do: %v has none of the kinds", err)
 	}
 	if n := e.store.count("reserve"); n > 200 {
 		t.Errorf("%d reserves in a wait of 1 s: no backoff", n)
 	}
+	e, op = approvalWaitFailing(t, idemkv.Errorf(idemkv.ErrPermissionDenied, "token may not read"))
+	if _, err := e.runner.Do(ctxT(t), op, e.createFn(op.Key)); KindOf(err) != KindNotExecuted {
+		t.Errorf("a refused long-poll: %v (kind %q), want not_executed", err, KindOf(err))
+	}
+}
 
-	e2 := newEnv(t)
-	e2.store.real = true
-	e2.store.faults(func(op string, n int) error {
+// approvalWaitFailing is a store whose every get fails with err, and an op that waits
+// a second for its approval.
+func approvalWaitFailing(t *testing.T, err error) (*testEnv, Op) {
+	e := newEnv(t)
+	e.store.real = true
+	e.store.faults(func(op string, n int) error {
 		if op == "get" {
-			return idemkv.Errorf(idemkv.ErrPermissionDenied, "token may not read")
+			return err
 		}
 		return nil
 	}, nil)
-	op2 := ticketOp("k-appr2", "x")
-	op2.Approval = &ApprovalRequirement{Required: true, Wait: time.Second}
-	if _, err := e2.runner.Do(ctxT(t), op2, e2.createFn("k-appr2")); KindOf(err) != KindNotExecuted {
-		t.Errorf("a refused long-poll: %v (kind %q), want not_executed", err, KindOf(err))
-	}
+	op := ticketOp("k-appr", "x")
+	op.Approval = &ApprovalRequirement{Required: true, Wait: time.Second}
+	return e, op
 }
 
 // A reserve that lands while the caller gives up leaves this attempt holding the key:

@@ -363,26 +363,7 @@ func TestBackupOnAFollowerWritesNothing(t *testing.T) {
 }
 
 func TestRestoreRefusesBadInputAndLeavesNothing(t *testing.T) {
-	ctx := opsCtx(t)
-	cfg := opsNodeConfig(t, "n1", filepath.Join(t.TempDir(), "n1"))
-	cfg.Bootstrap = true
-	n, err := node.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitLeaderReady(t, n)
-	for i := range 20 {
-		if _, err := reserveAndCommit(ctx, n, fmt.Sprintf("k%d", i), true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var full bytes.Buffer
-	if err := n.Backup(ctx, &full); err != nil {
-		t.Fatal(err)
-	}
-	if err := n.Close(); err != nil {
-		t.Fatal(err)
-	}
+	cfg, full := backupOfANewNode(t, 20)
 
 	for name, data := range map[string][]byte{
 		"truncated": full.Bytes()[:full.Len()-3],
@@ -434,21 +415,7 @@ func flipByte(b []byte, i int) []byte {
 // would answer execute for keys the backup holds. A restore that fails cleanly leaves
 // the data dir empty. A store whose Raft files are gone is not bootstrapped over.
 func TestUnfinishedRestoreIsRefused(t *testing.T) {
-	ctx := opsCtx(t)
-	cfg := opsNodeConfig(t, "n1", filepath.Join(t.TempDir(), "n1"))
-	cfg.Bootstrap = true
-	n := openNode(t, cfg)
-	waitLeaderReady(t, n)
-	for i := range 20 {
-		if _, err := reserveAndCommit(ctx, n, fmt.Sprintf("k%d", i), true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var full bytes.Buffer
-	if err := n.Backup(ctx, &full); err != nil {
-		t.Fatal(err)
-	}
-
+	_, full := backupOfANewNode(t, 20)
 	dir := filepath.Join(t.TempDir(), "r")
 	rc := opsNodeConfig(t, "r1", dir)
 	pr, pw := io.Pipe()
@@ -488,18 +455,7 @@ func TestUnfinishedRestoreIsRefused(t *testing.T) {
 // was backed up from, say) it would be a voter that skips every entry it is sent as
 // old. The first start must be without --join; later restarts are as any node's.
 func TestRestoredDataDirStartsANewCluster(t *testing.T) {
-	ctx := opsCtx(t)
-	cfg := opsNodeConfig(t, "n1", filepath.Join(t.TempDir(), "n1"))
-	cfg.Bootstrap = true
-	n := openNode(t, cfg)
-	waitLeaderReady(t, n)
-	if _, err := reserveAndCommit(ctx, n, "k", true); err != nil {
-		t.Fatal(err)
-	}
-	var full bytes.Buffer
-	if err := n.Backup(ctx, &full); err != nil {
-		t.Fatal(err)
-	}
+	_, full := backupOfANewNode(t, 1)
 	rc := opsNodeConfig(t, "r1", filepath.Join(t.TempDir(), "r1"))
 	if _, err := node.Restore(rc, bytes.NewReader(full.Bytes())); err != nil {
 		t.Fatal(err)
@@ -526,4 +482,31 @@ func TestRestoredDataDirStartsANewCluster(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// backupOfANewNode bootstraps a node, commits keys k0… through it, takes a backup and
+// closes it: its configuration (its data dir holds the state) and the backup.
+func backupOfANewNode(t *testing.T, keys int) (node.Config, *bytes.Buffer) {
+	t.Helper()
+	ctx := opsCtx(t)
+	cfg := opsNodeConfig(t, "n1", filepath.Join(t.TempDir(), "n1"))
+	cfg.Bootstrap = true
+	n, err := node.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitLeaderReady(t, n)
+	for i := range keys {
+		if _, err := reserveAndCommit(ctx, n, fmt.Sprintf("k%d", i), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var full bytes.Buffer
+	if err := n.Backup(ctx, &full); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, &full
 }
