@@ -1,5 +1,7 @@
 package idemkv
 
+import "time"
+
 // Defaulting is a step of its own, after Validate, as Pebble's Options.EnsureDefaults
 // and raft's ValidateConfig split them: Validate only reports, so the HTTP layer can
 // check a request without rewriting what it forwards, and the node fills the request
@@ -8,6 +10,7 @@ package idemkv
 
 // EnsureDefaults fills the lease and, when neither ttl_ms nor expires_at is given,
 // the TTL from l, and drops an effect of JSON null (Validate counts it as absent).
+// The wait of an approval is WithApprovalWait's.
 func (r *ReserveRequest) EnsureDefaults(l Limits) {
 	l = l.WithDefaults()
 	if string(r.Effect) == "null" {
@@ -19,12 +22,25 @@ func (r *ReserveRequest) EnsureDefaults(l Limits) {
 	if r.TTLMs == 0 && r.ExpiresAt == 0 {
 		r.TTLMs = l.DefaultTTL.Milliseconds()
 	}
-	if r.Approval != nil && r.Approval.Required && r.Approval.TTLMs == 0 {
-		// A copy: the caller's ask is shared by every copy of the request.
-		a := *r.Approval
-		a.TTLMs = DefaultApprovalTTL.Milliseconds()
-		r.Approval = &a
+	// An approval's wait is left as asked: when the request names none, the rule of
+	// its tool (if any) names it, and only the node that proposes the reserve reads
+	// the rules (WithApprovalWait).
+}
+
+// WithApprovalWait fills the wait of an approval the request asks for without naming
+// one: ruleTTL (the wait of the rule that requires approval of its tool, 0 for none),
+// else DefaultApprovalTTL.
+func (r *ReserveRequest) WithApprovalWait(ruleTTL time.Duration) {
+	if r.Approval == nil || !r.Approval.Required || r.Approval.TTLMs != 0 {
+		return
 	}
+	// A copy: the caller's ask is shared by every copy of the request.
+	a := *r.Approval
+	a.TTLMs = DefaultApprovalTTL.Milliseconds()
+	if ruleTTL > 0 {
+		a.TTLMs = ruleTTL.Milliseconds()
+	}
+	r.Approval = &a
 }
 
 // EnsureDefaults fills the wait of a rule that requires approval (DefaultApprovalTTL).

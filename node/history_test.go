@@ -290,6 +290,16 @@ func TestRuleMasksKeepSecretsOutOfTheLog(t *testing.T) {
 	if wait := time.Duration(res.Approval.ExpiresAt-res.Approval.RequestedAt) * time.Millisecond; wait != 4*time.Hour {
 		t.Errorf("the approval waits %s, want the rule's 4h", wait)
 	}
+	// Over HTTP too, where the API layer fills the request's other defaults first.
+	var wire idemkv.ReserveResult
+	if code, raw := httpCall(t, http.MethodPost, c.Endpoint(c.LeaderIndex(t)), "/v1/reserve", &idemkv.ReserveRequest{Tenant: "acme", Key: "p2",
+		Tool: "pay", AttemptID: "a-p2", Effect: json.RawMessage(`{"card":{"number":"` + secret + `"},"amount":41}`),
+		Approval: &idemkv.ApprovalAsk{Required: true}}, &wire); code != http.StatusOK || wire.Approval == nil {
+		t.Fatalf("reserve over HTTP: %d %s", code, raw)
+	}
+	if wait := time.Duration(wire.Approval.ExpiresAt-wire.Approval.RequestedAt) * time.Millisecond; wait != 4*time.Hour {
+		t.Errorf("over HTTP the approval waits %s, want the rule's 4h", wait)
+	}
 	c.WaitConverged()
 	for i := range 3 {
 		err := filepath.WalkDir(c.DataDir(i), func(path string, d fs.DirEntry, err error) error {

@@ -82,7 +82,6 @@ func (n *Node) reserveRequest(req *idemkv.ReserveRequest) (*idemkv.ReserveReques
 	if err := r.Validate(n.cfg.Limits, n.now()); err != nil {
 		return nil, err
 	}
-	askedWait := r.Approval != nil && r.Approval.TTLMs > 0
 	r.EnsureDefaults(n.cfg.Limits)
 	if len(r.Effect) > 0 {
 		fp, err := fingerprint.Of(r.Effect)
@@ -98,13 +97,11 @@ func (n *Node) reserveRequest(req *idemkv.ReserveRequest) (*idemkv.ReserveReques
 	if err != nil {
 		return nil, err
 	}
-	if ruled && rule.RequiresApproval() && rule.TTLMs > 0 && !askedWait && r.Approval != nil && r.Approval.Required {
-		// The state machine takes the request's wait over the rule's, and
-		// EnsureDefaults filled one the request did not name: the rule's is meant.
-		a := *r.Approval
-		a.TTLMs = rule.TTLMs
-		r.Approval = &a
+	var ruleWait time.Duration
+	if ruled && rule.RequiresApproval() {
+		ruleWait = time.Duration(rule.TTLMs) * time.Millisecond
 	}
+	r.WithApprovalWait(ruleWait)
 	effect, err := n.effectToKeep(&r, rule, ruled)
 	if err != nil {
 		return nil, err
