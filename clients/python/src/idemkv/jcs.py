@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import uuid
 from typing import Any, Iterable, Sequence
 
@@ -160,8 +161,9 @@ def key_text(v: Any) -> str:
     key ``"<text>:<tool>"``), written as the Go gateway's key templates and the
     TypeScript client write it, so that equal values are one key and different values
     two: a string as it is (a ``str`` subclass, such as a ``StrEnum``, by its value);
-    ``true`` or ``false``; an integer (an ``int``, or a ``float`` that is one: 17 and
-    17.0 are both ``"17"``) as its exact digits, at most :data:`MAX_KEY_DIGITS`; any
+    ``true`` or ``false``; an integer (any ``numbers.Integral``, numpy's included, or a
+    ``float`` that is one below 2**53: 17 and 17.0 are both ``"17"``) as its exact
+    digits, at most :data:`MAX_KEY_DIGITS`; any
     other number as RFC 8785 writes it (``"0.5"``); a UUID as its canonical text.
     Anything else raises :class:`TypeError`: ``str()`` of an arbitrary object can differ
     between processes, and would then run one operation twice."""
@@ -176,15 +178,22 @@ def key_text(v: Any) -> str:
             raise FingerprintError(f"{v!r} cannot name an operation")
         if not v.is_integer():
             return format_number(v)
+        if abs(v) >= MAX_SAFE_INTEGER:
+            # Every double from 2**53 up is an integer, and most integers there have
+            # none: 1e23 is 99999999999999991611392 exactly, and 9007199254740993 read
+            # from JSON is already 9007199254740992. Its digits are not the sender's.
+            raise FingerprintError(f"the number {v!r} is 2**53 or beyond, where a float may already have lost the "
+                                   "digits it was sent with: send it as a string (an int keeps them)")
         v = int(v)
-    if isinstance(v, int):
+    if isinstance(v, numbers.Integral):
         text = str(int(v))
         if len(text.lstrip("-")) > MAX_KEY_DIGITS:
             raise FingerprintError(f"an integer of more than {MAX_KEY_DIGITS} digits cannot name an operation; "
                                    "send it as a string")
         return text
     raise TypeError(f"a {type(v).__name__} cannot name an operation: the key argument must be a string, "
-                    "a number, a boolean or a UUID (or give key=lambda ...)")
+                    "a number, a boolean or a UUID (or give key=lambda ...): str() of other values can differ "
+                    "between processes and versions")
 
 
 def _escape(s: str) -> str:
