@@ -37,3 +37,18 @@ func TestCrossSiteBrowserWritesAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// A same-origin browser request to a follower is forwarded without what the browser
+// said of its origin: the leader, whose Host the browser never named, took it for a
+// cross-origin write.
+func TestForwardedBrowserWriteIsNotCheckedAgain(t *testing.T) {
+	leader := startNode(t, &FakeStore{ReserveFunc: func(context.Context, *idemkv.ReserveRequest) (*idemkv.ReserveResult, error) {
+		return &idemkv.ReserveResult{Decision: idemkv.DecisionExecute, Fence: 1, Record: pendingRecord(testKey)}, nil
+	}}, nil)
+	follower := startNode(t, &FakeStore{LeaderFunc: func() (string, bool) { return leader.addr, false }}, nil)
+	body := map[string]any{"tenant": testTenant, "idempotency_key": testKey, "tool": "refund", "effect_fingerprint": "sha256:x"}
+	resp := do(t, http.MethodPost, follower.url+"/v1/reserve", body, map[string]string{"Origin": "http://" + follower.addr})
+	if resp.status != http.StatusOK {
+		t.Fatalf("a same-origin write through a follower: %d %s", resp.status, resp.body)
+	}
+}

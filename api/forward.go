@@ -64,6 +64,11 @@ func (s *Server) forwardToLeader(w http.ResponseWriter, r *http.Request, body []
 		return
 	}
 	copyHeaders(out.Header, r.Header)
+	// This node checked where the request came from (crossOrigin); the leader, whose
+	// Host the browser never named, must not check again.
+	for _, h := range []string{"Origin", "Sec-Fetch-Site", "Sec-Fetch-Mode", "Sec-Fetch-Dest", "Sec-Fetch-User"} {
+		out.Header.Del(h)
+	}
 	telemetry.Inject(r.Context(), out.Header)
 	out.Header.Set(HeaderForwarded, "1")
 	// Once the request's headers are on the wire the leader may act on it, so a forward

@@ -148,9 +148,10 @@ func (e *OutcomeUnknownError) Error() string {
 
 func (e *OutcomeUnknownError) Unwrap() []error { return unwrapKind(ErrOutcomeUnknown, e.Cause) }
 
-// StoreUnavailableError: idemkv did not answer within the store-wait bound, so the
-// tool did not run (policy FailClosed). Waited is the time spent waiting for the store;
-// Cause is the last error from it.
+// StoreUnavailableError: idemkv did not answer within the store-wait bound, or the
+// caller's context ended with a call to it in flight, so the tool did not run (policy
+// FailClosed). Waited is the time spent waiting for the store; Cause is the last error
+// from it.
 type StoreUnavailableError struct {
 	Tenant string
 	Key    string

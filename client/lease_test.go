@@ -44,16 +44,17 @@ func TestCancelledCallerKeepsTheLeaseWhileTheToolRuns(t *testing.T) {
 	op.LeaseTTL = time.Second
 	op.Probe = e.tickets.probe("k-cancel")
 	ctx, cancel := context.WithCancel(context.Background())
-	release := make(chan struct{})
+	started, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.runner.Do(ctx, op, func(context.Context) (*Result, error) {
+			close(started)
 			<-release // an SDK call that does not take ctx
 			return e.tickets.create("k-cancel"), nil
 		})
 		done <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	<-started
 	cancel()
 	time.Sleep(3 * op.LeaseTTL)
 	op2 := op

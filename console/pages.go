@@ -282,8 +282,10 @@ const maxFormBytes = 64 << 10
 // "/metrics", or its escaped "%2e%2e", which a browser resolves) is not one.
 func localPath(next, fallback string) string {
 	p, _, _ := strings.Cut(next, "?")
-	if !strings.HasPrefix(next, Prefix) || strings.ContainsAny(next, "\\\r\n") ||
+	if !strings.HasPrefix(next, Prefix) || strings.ContainsFunc(next, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '\\' }) ||
 		strings.Contains(strings.ToLower(p), "%2e") {
+		// A control character (a tab, which browsers drop from a URL: "/ui/.\t./x"
+		// is "/ui/../x" to them) or a backslash is no console path either.
 		return fallback
 	}
 	if c := path.Clean(p); c != p && c+"/" != p {

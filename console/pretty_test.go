@@ -32,6 +32,8 @@ func TestLocalPathStaysInTheConsole(t *testing.T) {
 		"/ui/%2e%2e/metrics":           "/ui/",
 		"/ui/%2E%2E/metrics":           "/ui/",
 		"/ui/./approvals":              "/ui/",
+		"/ui/.\t./metrics":             "/ui/",
+		"/ui/approvals\x7f":            "/ui/",
 		"//evil.example/ui/":           "/ui/",
 		"/metrics":                     "/ui/",
 	} {

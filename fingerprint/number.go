@@ -1,6 +1,8 @@
 package fingerprint
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -115,20 +117,20 @@ const MaxKeyDigits = 40
 //     is.
 func KeyText(lit string) (string, error) {
 	if lit == "" || (lit[0] != '-' && !isDigit(lit[0])) || !isDigit(lit[len(lit)-1]) {
-		return "", &SyntaxError{Msg: "not a JSON number: " + strconv.Quote(lit)}
+		return "", fmt.Errorf("%w: %s is not a JSON number", ErrKeyText, strconv.Quote(lit))
 	}
 	if err := Check([]byte(lit)); err != nil {
-		return "", err
+		return "", fmt.Errorf("%w: %w", ErrKeyText, err)
 	}
 	neg, digits, exp, ok := decimalOf(lit)
 	switch {
 	case !ok:
-		return "", &SyntaxError{Msg: "number " + lit + " has an exponent too large to hold"}
+		return "", fmt.Errorf("%w: the number %s has an exponent too large to hold", ErrKeyText, lit)
 	case digits == "":
 		return "0", nil
 	case exp >= len(digits):
 		if exp > MaxKeyDigits {
-			return "", &SyntaxError{Msg: "number " + lit + " has more than " + strconv.Itoa(MaxKeyDigits) + " digits: send it as a string"}
+			return "", fmt.Errorf("%w: the number %s has more than %d digits: send it as a string", ErrKeyText, lit, MaxKeyDigits)
 		}
 		sign := ""
 		if neg {
@@ -138,9 +140,12 @@ func KeyText(lit string) (string, error) {
 	}
 	c, err := Canonicalize([]byte(lit))
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("%w: the number %s does not keep its digits in a double (send it as a string): %w", ErrKeyText, lit, err)
 	}
 	return string(c), nil
 }
+
+// ErrKeyText is wrapped by every error of KeyText.
+var ErrKeyText = errors.New("fingerprint: no key text")
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }

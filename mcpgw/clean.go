@@ -26,9 +26,10 @@ import (
 // (fingerprint.Check): an invalid-params error with the request's id. nil otherwise.
 //
 // A batch (a JSON array of messages, which the go-sdk takes from a 2025-era client)
-// that is not clean is refused whole when it holds a tools/call: each call in it gets
-// the error, as nothing in the batch runs; a clean call beside an unclean one is not
-// picked out to run alone.
+// that is not clean is refused whole when it holds a tools/call: each request in it
+// gets the error (a ping or a tools/list beside it too, or its client would wait for
+// an answer that never comes), as nothing in the batch runs; a clean call beside an
+// unclean one is not picked out to run alone.
 func uncleanAnswer(msg []byte) []byte {
 	msg = bytes.TrimSpace(msg)
 	cerr := fingerprint.Check(msg)
@@ -51,12 +52,20 @@ func uncleanAnswer(msg []byte) []byte {
 
 // toolsCallOf returns msg as a tools/call request, or nil.
 func toolsCallOf(msg []byte) *jsonrpc.Request {
+	if req := requestOf(msg); req != nil && req.Method == "tools/call" {
+		return req
+	}
+	return nil
+}
+
+// requestOf returns msg as a request that expects an answer, or nil.
+func requestOf(msg []byte) *jsonrpc.Request {
 	m, err := jsonrpc.DecodeMessage(msg)
 	if err != nil {
 		return nil // not one JSON-RPC message: the go-sdk answers it
 	}
 	req, ok := m.(*jsonrpc.Request)
-	if !ok || !req.IsCall() || req.Method != "tools/call" {
+	if !ok || !req.IsCall() {
 		return nil
 	}
 	return req
@@ -75,9 +84,16 @@ func uncleanBatchAnswer(msg []byte, cerr error) []byte {
 	if json.Unmarshal(msg, &elems) != nil {
 		return nil
 	}
+	calls := false
+	for _, e := range elems {
+		calls = calls || toolsCallOf(e) != nil
+	}
+	if !calls {
+		return nil
+	}
 	var answers []json.RawMessage
 	for _, e := range elems {
-		req := toolsCallOf(e)
+		req := requestOf(e)
 		if req == nil {
 			continue
 		}

@@ -183,6 +183,13 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 func (u *Upstream) Close() error {
 	u.mu.Lock()
 	u.closed = true
+	u.mu.Unlock()
+	// A connect in flight ends within ConnectTimeout and, finding the upstream
+	// closed, closes what it made: wait for it, so that no stdio server starts after
+	// Close returns.
+	u.connecting <- struct{}{}
+	<-u.connecting
+	u.mu.Lock()
 	sess := u.sess
 	u.sess = nil
 	u.mu.Unlock()

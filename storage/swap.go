@@ -110,6 +110,20 @@ func openWatched(dir string, opts *pebble.Options) (*pebble.DB, error) {
 		}
 		return o.db, nil
 	case err := <-bg:
+		select {
+		case o := <-done: // it opened after all, with the same moment's error
+			if o.err == nil {
+				return o.db, nil
+			}
+			return nil, fmt.Errorf("storage: open %s: %w", dir, o.err)
+		default:
+		}
+		go func() {
+			// Should the abandoned Open still finish (the disk freed), let go of it.
+			if o := <-done; o.err == nil {
+				_ = o.db.Close()
+			}
+		}()
 		return nil, fmt.Errorf("storage: open %s: writing the received files failed, and would be retried for good (is the disk full?): %w", dir, err)
 	}
 }

@@ -96,7 +96,6 @@ export function fingerprintJSON(text: string | Uint8Array, drop: readonly string
   return sum(canonicalizeJSON(text, drop));
 }
 
-/** The fingerprint of text that is already canonical. */
 /** The most digits of an integer that keyText writes: an identifier, not a quantity. */
 export const MAX_KEY_DIGITS = 40;
 
@@ -133,6 +132,7 @@ export function keyText(v: unknown): string {
   throw new TypeError(`${v === null ? "null" : typeof v} cannot name an operation: the key argument must be a string, a number or a boolean (or give key: (a) => ...)`);
 }
 
+/** The fingerprint of text that is already canonical. */
 export function sum(canonical: string): string {
   return FINGERPRINT_PREFIX + createHash("sha256").update(canonical).digest("hex");
 }
