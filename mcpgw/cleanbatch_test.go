@@ -17,12 +17,12 @@ func TestUncleanBatchIsRefused(t *testing.T) {
 		batch string
 		ids   []string
 	}{
-		"one unclean call":            {batch: "[" + call(1, "k\xff") + "]", ids: []string{"1"}},
-		"an unclean and a clean call": {batch: "[" + call(1, "k\xfe") + "," + call(2, "k2") + "]", ids: []string{"1", "2"}},
-		"a name twice":                {batch: `[{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","name":"u"}}]`, ids: []string{"3"}},
+		"one unclean call":              {batch: "[" + call(1, "k\xff") + "]", ids: []string{"1"}},
+		"an unclean and a clean call":   {batch: "[" + call(1, "k\xfe") + "," + call(2, "k2") + "]", ids: []string{"1", "2"}},
+		"a name twice":                  {batch: `[{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","name":"u"}}]`, ids: []string{"3"}},
 		"a ping beside an unclean call": {batch: "[" + call(1, "k\xff") + `,{"jsonrpc":"2.0","id":9,"method":"ping"}]`, ids: []string{"1", "9"}},
-		"a clean batch":               {batch: "[" + call(1, "k1") + "," + call(2, "k2") + "]"},
-		"an unclean notification":     {batch: "[" + note + "]"},
+		"a clean batch":                 {batch: "[" + call(1, "k1") + "," + call(2, "k2") + "]"},
+		"an unclean notification":       {batch: "[" + note + "]"},
 	} {
 		ans := uncleanAnswer([]byte(tc.batch))
 		if tc.ids == nil {
