@@ -277,9 +277,8 @@ func (s *Server) action(h func(w http.ResponseWriter, r *http.Request, v viewer)
 const maxFormBytes = 64 << 10
 
 // localPath returns next when it is a console page, else fallback: a redirect never
-// leaves the console.
-// A path with a dot segment ("/ui/../metrics", which http.Redirect cleans to
-// "/metrics", or its escaped "%2e%2e", which a browser resolves) is not one.
+// leaves the console. A path with a dot segment ("/ui/../metrics", which http.Redirect
+// cleans to "/metrics", or its escaped "%2e%2e", which a browser resolves) is not one.
 func localPath(next, fallback string) string {
 	p, _, _ := strings.Cut(next, "?")
 	if !strings.HasPrefix(next, Prefix) || strings.ContainsFunc(next, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '\\' }) ||
