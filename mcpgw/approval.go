@@ -86,6 +86,12 @@ func compileApproval(c *compiled) error {
 	if tp.Approval == ApprovalRequired && tp.MissingKey == PassThrough {
 		return fmt.Errorf("approval: %s cannot take missing_key: %s: a call without a key would run unapproved", ApprovalRequired, PassThrough)
 	}
+	if tp.Approval == ApprovalRequired && tp.Key == KeyDerive {
+		// A derived key changes with its window: a retry after the window that held
+		// the request for approval is a new operation, whose new request a person may
+		// approve too, and the tool then runs twice.
+		return fmt.Errorf("approval: %s cannot take key: %s: a retry in a later derive window would ask for, and could be granted, a second approval of the same effect; give the tool a key template", ApprovalRequired, KeyDerive)
+	}
 	if d := tp.ApprovalTTL; d != 0 && (d < idemkv.MinApprovalTTL || d > idemkv.MaxApprovalTTL) {
 		return fmt.Errorf("approval_ttl %s outside [%s, %s]", d, idemkv.MinApprovalTTL, idemkv.MaxApprovalTTL)
 	}

@@ -519,6 +519,9 @@ func TestApprovalPolicy(t *testing.T) {
 		// Neither would ever reserve the call, so nobody would approve it.
 		"tools: {t: {approval: required, class: read_only}}",
 		"tools: {t: {approval: required, missing_key: pass_through}}",
+		// A retry in the next window would be a second operation, approved anew.
+		"tools: {t: {approval: required, key: derive}}",
+		"tools: {t: {approval: required, key: derive, derive_window: 24h}}",
 	} {
 		if _, err := mcpgw.ParsePolicy([]byte(bad)); !errors.Is(err, mcpgw.ErrPolicy) {
 			t.Errorf("%s: %v, want a policy error", bad, err)
