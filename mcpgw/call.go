@@ -211,48 +211,61 @@ func (w *waiter) stop() {
 	w.wg.Wait()
 }
 
-// relayLog sends an upstream log message to every agent session whose logging level
-// admits it. The upstream has one session for all agents, so a message cannot be
-// tied to one call.
+// relayLog sends an upstream log message to the agent whose calls are the only ones in
+// flight when it arrives, if that agent's logging level admits it. The upstream has one
+// session for all agents, so a message says nothing of whose call it is about: sent to
+// every agent, one agent's order ids or customer data in an upstream's log reached
+// every other agent of the gateway, of other tenants too. A message that arrives while
+// no call is in flight, or while calls of two agents are, goes to the gateway's own log
+// at debug level only.
 //
 // A 2026-07-28 agent has no session: it names a level in each request's _meta, and
-// gets log messages on that request's stream, so the upstream's go to the calls of
-// such agents in flight, each with its request's context, which carries its level.
+// gets log messages on that request's stream, which its context carries.
 func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 	clean := *p
 	clean.Meta = withoutOwnMeta(p.Meta) // hostile.go
 	p = &clean
 	g.mu.Lock()
-	calls := make(map[*mcp.ServerSession]context.Context, len(g.modernCalls))
-	for ss, c := range g.modernCalls {
-		calls[ss] = c
+	var to *inFlightCall
+	for c := range g.calls {
+		if to != nil && to.ss != c.ss {
+			to = nil
+			break
+		}
+		to = c
 	}
 	g.mu.Unlock()
-	for ss := range g.server.Sessions() {
-		lctx, ok := calls[ss]
-		if !ok {
-			if ss.InitializeParams() == nil {
-				continue
-			}
-			lctx = context.WithoutCancel(ctx)
-		}
-		if err := ss.Log(lctx, p); err != nil {
-			g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
-		}
+	if to == nil || to.ss == nil {
+		g.log.LogAttrs(ctx, slog.LevelDebug, "an upstream log message no single agent's call can own was not relayed",
+			slog.String("level", string(p.Level)), slog.String("logger", p.Logger))
+		return
+	}
+	lctx := to.ctx
+	if !to.modern {
+		lctx = context.WithoutCancel(ctx)
+	}
+	if err := to.ss.Log(lctx, p); err != nil {
+		g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
 	}
 }
 
-// inFlight notes a 2026-07-28 call's session and context for relayLog until done.
+// inFlightCall is a tools/call in flight: the agent's session and the call's context
+// (a 2026-07-28 request's carries its log level).
+type inFlightCall struct {
+	ss     *mcp.ServerSession
+	ctx    context.Context
+	modern bool
+}
+
+// inFlight notes a call for relayLog until done.
 func (g *Gateway) inFlight(ctx context.Context, req *mcp.CallToolRequest) (done func()) {
-	if req.Session == nil || !modernRequest(req) {
-		return func() {}
-	}
+	c := &inFlightCall{ss: req.Session, ctx: ctx, modern: modernRequest(req)}
 	g.mu.Lock()
-	g.modernCalls[req.Session] = ctx
+	g.calls[c] = struct{}{}
 	g.mu.Unlock()
 	return func() {
 		g.mu.Lock()
-		delete(g.modernCalls, req.Session)
+		delete(g.calls, c)
 		g.mu.Unlock()
 	}
 }

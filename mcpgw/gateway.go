@@ -163,11 +163,11 @@ type Gateway struct {
 	prop         propagation.TextMapPropagator
 	log          *slog.Logger
 
-	mu      sync.Mutex        // guards rules, offered and modernCalls
+	mu      sync.Mutex        // guards rules, offered and calls
 	offered map[string]string // tool name -> the tool as JSON, to notice changes
-	// modernCalls are the 2026-07-28 calls in flight, by their (one-request)
-	// session: where relayLog sends the upstream's log messages for them.
-	modernCalls map[*mcp.ServerSession]context.Context
+	// calls are the tools/calls in flight: whom relayLog may send the upstream's log
+	// messages to.
+	calls map[*inFlightCall]struct{}
 
 	storeDown atomic.Bool // an outage is logged; see noteStore
 
@@ -187,17 +187,17 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 	}
 	cfg.withDefaults()
 	g := &Gateway{
-		cfg:         cfg,
-		up:          cfg.Upstream,
-		runner:      cfg.Runner,
-		rules:       map[string]*rule{},
-		offered:     map[string]string{},
-		modernCalls: map[*mcp.ServerSession]context.Context{},
-		tracer:      cfg.TracerProvider.Tracer(ScopeName),
-		prop:        cfg.Propagator,
-		log:         cfg.Logger,
-		decider:     cfg.Approver,
-		stateKey:    cfg.StateKey,
+		cfg:      cfg,
+		up:       cfg.Upstream,
+		runner:   cfg.Runner,
+		rules:    map[string]*rule{},
+		offered:  map[string]string{},
+		calls:    map[*inFlightCall]struct{}{},
+		tracer:   cfg.TracerProvider.Tracer(ScopeName),
+		prop:     cfg.Propagator,
+		log:      cfg.Logger,
+		decider:  cfg.Approver,
+		stateKey: cfg.StateKey,
 	}
 	if g.decider == nil {
 		g.decider, _ = cfg.Runner.(Decider)

@@ -191,3 +191,60 @@ func TestWaitingCallSendsProgress(t *testing.T) {
 		t.Fatalf("export_report ran %d times, want 1", c)
 	}
 }
+
+// An upstream's log message goes to no agent but the one whose calls are in flight:
+// the upstream has one session for every agent, and its log of one tenant's call (an
+// order id, a customer) reached every agent of the gateway, of every tenant.
+func TestUpstreamLogsReachOnlyTheAgentWhoseCallItIs(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	for _, era := range eras {
+		t.Run(era, func(t *testing.T) {
+			g := newGW(t, cluster, httpUpstream(newM3Upstream().serveHTTP(t)),
+				gwOptions{policy: "tenant: logs-a-" + era + "\ntenants: [logs-b-" + era + "]\n"})
+			var a, b notes
+			agentA, agentB := g.connectGoEra("agent-a", a.options(), era), g.connectGoEra("agent-b", b.options(), era)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			call := func(agent *mcp.ClientSession, tenant, key string) error {
+				m := mcp.Meta{mcpgw.MetaIdempotencyKey: key, mcpgw.MetaTenant: tenant}
+				if era == legacyEra {
+					if err := agent.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "info"}); err != nil {
+						return err
+					}
+				} else {
+					m[mcp.MetaKeyLogLevel] = "info"
+				}
+				res, err := agent.CallTool(ctx, &mcp.CallToolParams{Name: "export_report", Arguments: map[string]any{"report": key}, Meta: m})
+				if err == nil && res.IsError {
+					err = fmt.Errorf("%s", show(res))
+				}
+				return err
+			}
+			// B's call logs at once and runs on for a second; A's call, made once B got
+			// its log, logs while both are in flight.
+			bDone := make(chan error, 1)
+			go func() { bDone <- call(agentB, "logs-b-"+era, "export-b") }()
+			if err := testcluster.Eventually(10*time.Second, func() error {
+				if _, logs := b.snapshot(); len(logs) == 0 {
+					return fmt.Errorf("agent B got no log message of its own call")
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := call(agentA, "logs-a-"+era, "export-a"); err != nil {
+				t.Fatalf("A's call: %v", err)
+			}
+			if err := <-bDone; err != nil {
+				t.Fatalf("B's call: %v", err)
+			}
+			time.Sleep(300 * time.Millisecond) // for a message on its way
+			if _, logs := b.snapshot(); len(logs) != 1 {
+				t.Errorf("agent B got %d log messages, want 1 (its own call's; A's call logged while both were in flight)", len(logs))
+			}
+			if _, logs := a.snapshot(); len(logs) != 0 {
+				t.Errorf("agent A got %d log messages, want none (its call logged while B's was in flight too)", len(logs))
+			}
+		})
+	}
+}
