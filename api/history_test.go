@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/idemkv/idemkv"
@@ -187,5 +189,40 @@ func TestGetOfAReleasedKey(t *testing.T) {
 	var ce *idemkv.Error
 	if !errors.Is(err, idemkv.ErrNotFound) || !errors.As(err, &ce) || ce.Details == nil || !reflect.DeepEqual(ce.Details.Released, tomb) {
 		t.Fatalf("client get: %v (%+v)", err, ce)
+	}
+}
+
+// TestApprovalNamesTheToken: a decision's approver names the token that decided as
+// well as the person the body names: any holder of an approver token could record a
+// decision as anyone's ("cfo-alice"), in the record, its history and a denial's
+// details. A body naming the token's holder, and a server without authentication,
+// record the one name.
+func TestApprovalNamesTheToken(t *testing.T) {
+	var got []string
+	fake := &FakeStore{DecideApprovalFunc: func(_ context.Context, req *idemkv.DecideApprovalRequest) (*idemkv.Record, error) {
+		got = append(got, req.Approver)
+		return &idemkv.Record{Tenant: req.Tenant, Key: req.Key}, nil
+	}}
+	decide := func(url, approver string) {
+		t.Helper()
+		body := map[string]any{"approval_id": "apr_7", "effect_fingerprint": testFP, "decision": "approve", "approver": approver}
+		do(t, http.MethodPost, url+"/v1/approvals/"+testTenant+"/"+testKey, body, nil).object(t, http.StatusOK)
+	}
+	authed := startNode(t, fake, withCaller(identifiedCaller{id: "ana (approver)"}))
+	decide(authed.url, "cfo-alice")
+	decide(authed.url, "ana")
+	decide(authed.url, strings.Repeat("é", 64)) // 128 bytes: clipped to fit beside the token
+	long := startNode(t, fake, withCaller(identifiedCaller{id: strings.Repeat("t", idemkv.MaxActorLen)}))
+	decide(long.url, "cfo-alice")
+	decide(startNode(t, fake, nil).url, "cfo-alice")
+	want := []string{"cfo-alice via ana (approver)", "ana (approver)",
+		strings.Repeat("é", 54) + " via ana (approver)", strings.Repeat("t", idemkv.MaxActorLen), "cfo-alice"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("approvers %q, want %q", got, want)
+	}
+	for _, a := range got {
+		if len(a) > idemkv.MaxApproverLen {
+			t.Errorf("approver of %d bytes, more than %d", len(a), idemkv.MaxApproverLen)
+		}
 	}
 }
