@@ -26,8 +26,11 @@ type Conflicts struct {
 	dropped  uint64
 }
 
-// ConflictEntry is one conflict answer. Seq numbers them from 1 in arrival order; the
-// console pages by it.
+// ConflictEntry is one conflict answer. Seq orders them by arrival: the time it came,
+// in Unix nanoseconds, moved on by a nanosecond when it would not be later than the
+// entry before. The console pages by it, so a viewer sees it: a count of every entry
+// would tell a viewer of one tenant, by the gaps between its own entries' numbers, how
+// many conflicts the other tenants got in between.
 type ConflictEntry struct {
 	Seq      uint64
 	At       time.Time
@@ -54,8 +57,8 @@ func (c *Conflicts) Observe(_ context.Context, req *idemkv.ReserveRequest, res *
 	e := ConflictEntry{At: time.Now(), Tenant: req.Tenant, Key: req.Key, Tool: req.Tool, Actor: req.Actor, Conflict: *res.Conflict}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.seq++
-	e.Seq = c.seq
+	e.Seq = max(uint64(max(e.At.UnixNano(), 0)), c.seq+1)
+	c.seq = e.Seq
 	if len(c.entries) >= c.max {
 		most := e.Tenant
 		for t, n := range c.byTenant {
@@ -80,25 +83,29 @@ func (c *Conflicts) Observe(_ context.Context, req *idemkv.ReserveRequest, res *
 
 // Page returns up to limit entries that visible lets through, newest first, older
 // than before (0: from the newest), and the Seq to ask for the next page before (0
-// when there is none). Kept is how many are held, Dropped how many were let go.
+// when there is none). Kept is how many of those visible lets through are held,
+// Dropped how many entries of any tenant were let go: the caller shows it only to a
+// viewer of every tenant.
 func (c *Conflicts) Page(before uint64, limit int, visible func(*ConflictEntry) bool) (page []ConflictEntry, next uint64, kept int, dropped uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := len(c.entries) - 1; i >= 0; i-- {
 		e := &c.entries[i]
-		if before != 0 && e.Seq >= before {
-			continue
-		}
 		if !visible(e) {
 			continue
 		}
-		if len(page) == limit {
-			next = page[len(page)-1].Seq
-			break
+		kept++
+		if before != 0 && e.Seq >= before {
+			continue
 		}
-		page = append(page, *e)
+		switch {
+		case len(page) < limit:
+			page = append(page, *e)
+		case next == 0:
+			next = page[len(page)-1].Seq
+		}
 	}
-	return page, next, len(c.entries), c.dropped
+	return page, next, kept, c.dropped
 }
 
 func (c *Conflicts) capacity() int { return c.max }

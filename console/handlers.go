@@ -214,9 +214,10 @@ func (s *Server) decide(_ http.ResponseWriter, r *http.Request, v viewer) (strin
 type conflictsBody struct {
 	Entries []ConflictEntry
 	Next    uint64
-	Kept    int
-	Dropped uint64
+	Kept    int    // of the viewer's tenants
+	Dropped uint64 // of every tenant: shown only to a viewer of every tenant
 	Cap     int
+	Every   bool // the viewer reads every tenant
 }
 
 func (s *Server) conflictsPage(r *http.Request, v viewer, d *pageData) {
@@ -225,6 +226,10 @@ func (s *Server) conflictsPage(r *http.Request, v viewer, d *pageData) {
 	var b conflictsBody
 	b.Entries, b.Next, b.Kept, b.Dropped = s.conflicts.Page(before, pageSize, func(e *ConflictEntry) bool { return v.may(api.OpRead, e.Tenant) })
 	b.Cap = s.conflicts.capacity()
+	// What the node let go counts every tenant's.
+	if _, b.Every = v.tenants(); !b.Every {
+		b.Dropped = 0
+	}
 	d.Body = b
 }
 

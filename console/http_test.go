@@ -326,3 +326,35 @@ func TestQueuesPage(t *testing.T) {
 		}
 	}
 }
+
+// A viewer of one tenant learns nothing of the others' conflicts: the count kept is of
+// its tenants, and the numbers it pages by are times, not a count of every tenant's
+// entries (the gaps between its own entries' numbers told how many the others got).
+func TestConflictsTellNothingOfOtherTenants(t *testing.T) {
+	ring := console.NewConflicts(10)
+	conflict := &idemkv.ReserveResult{Decision: idemkv.DecisionConflict, Conflict: &idemkv.Conflict{Status: "conflict"}}
+	observe := func(tenant, key string) {
+		ring.Observe(context.Background(), &idemkv.ReserveRequest{Tenant: tenant, Key: key}, conflict)
+	}
+	observe("mine", "m1")
+	for i := range 5 {
+		observe("theirs", fmt.Sprint("t", i))
+	}
+	observe("mine", "m2")
+	page, next, kept, _ := ring.Page(0, 1, func(e *console.ConflictEntry) bool { return e.Tenant == "mine" })
+	if len(page) != 1 || page[0].Key != "m2" || kept != 2 {
+		t.Fatalf("page %+v, kept %d: want m2, 2 kept of the viewer's tenant", page, kept)
+	}
+	older, _, kept, _ := ring.Page(next, 1, func(e *console.ConflictEntry) bool { return e.Tenant == "mine" })
+	if len(older) != 1 || older[0].Key != "m1" || kept != 2 {
+		t.Fatalf("older page %+v, kept %d", older, kept)
+	}
+	for _, e := range append(page, older...) {
+		if e.Seq < uint64(e.At.UnixNano()) {
+			t.Errorf("entry %s numbered %d, before its time %d: a count of every tenant's entries", e.Key, e.Seq, e.At.UnixNano())
+		}
+	}
+	if page[0].Seq <= older[0].Seq {
+		t.Errorf("m2 numbered %d, not after m1's %d", page[0].Seq, older[0].Seq)
+	}
+}
