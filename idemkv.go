@@ -546,6 +546,13 @@ type JoinRequest struct {
 	// before formats) counts as 2. A node that reads less than the cluster's format is
 	// refused.
 	Format int `json:"format,omitempty"`
+	// HoldsState says whether the joining node started with state of its own: a Raft
+	// log, term or snapshot, or records applied. Such a node that is not a member yet
+	// is refused: its state is another cluster's (one rebuilt on the same addresses, or
+	// the one a backup was restored from), or its own from before it was removed, and
+	// Raft would let it lead with entries this cluster never committed, over entries
+	// it did. Absent (a release before this field) is not checked.
+	HoldsState *bool `json:"holds_state,omitempty"`
 }
 
 // RemoveRequest removes a node (POST /v1/cluster/remove).

@@ -219,10 +219,8 @@ func (c *Client) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
 	var out idemkv.ClusterInfo
 	_, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: req}, &out)
-	if formatUnknown(req, err) {
-		old := *req
-		old.Format = 0
-		_, err = c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: &old}, &out)
+	for old, ok := olderJoin(req, err); ok; old, ok = olderJoin(old, err) {
+		_, err = c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: old}, &out)
 	}
 	if err != nil {
 		return nil, err
@@ -230,12 +228,24 @@ func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clu
 	return &out, nil
 }
 
-// formatUnknown reports whether err is a join's refusal of its format field by a
-// release that does not know it.
-func formatUnknown(req *idemkv.JoinRequest, err error) bool {
+// olderJoin is req as a release before its fields would take it, when err is such a
+// release's refusal of a field it does not know: without holds_state (a release
+// before it), or without format (a release before data formats, which knows neither).
+func olderJoin(req *idemkv.JoinRequest, err error) (*idemkv.JoinRequest, bool) {
 	var e *idemkv.Error
-	return req.Format != 0 && errors.As(err, &e) && e.Code == idemkv.CodeInvalidArgument && e.Field == "format" &&
-		strings.Contains(e.Message, "unknown field")
+	if !errors.As(err, &e) || e.Code != idemkv.CodeInvalidArgument || !strings.Contains(e.Message, "unknown field") {
+		return nil, false
+	}
+	old := *req
+	switch {
+	case e.Field == "holds_state" && req.HoldsState != nil:
+		old.HoldsState = nil
+	case e.Field == "format" && req.Format != 0:
+		old.Format, old.HoldsState = 0, nil
+	default:
+		return nil, false
+	}
+	return &old, true
 }
 
 // Remove removes a node from the cluster.

@@ -49,12 +49,10 @@ func (c *Client) JoinCluster(ctx context.Context, req *idemkv.JoinRequest) (*ide
 			var out idemkv.ClusterInfo
 			actx, cancel := context.WithTimeout(ctx, joinAttemptTimeout)
 			err := c.attempt(actx, seed, cl, body, &out)
-			if formatUnknown(req, err) {
-				// A seed (or leader) of a release before data formats: see Join.
-				old := *req
-				old.Format = 0
-				oldBody, _ := json.Marshal(&old)
-				err = c.attempt(actx, seed, call{method: cl.method, route: cl.route, path: cl.path, body: &old}, oldBody, &out)
+			for old, ok := olderJoin(req, err); ok; old, ok = olderJoin(old, err) {
+				// A seed (or leader) of an older release: see Join.
+				oldBody, _ := json.Marshal(old)
+				err = c.attempt(actx, seed, call{method: cl.method, route: cl.route, path: cl.path, body: old}, oldBody, &out)
 			}
 			cancel()
 			if err == nil {

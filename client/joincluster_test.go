@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -106,5 +107,63 @@ func TestJoinWithoutFormatForAnOlderRelease(t *testing.T) {
 	}
 	if req.Format != 3 {
 		t.Error("the caller's request was changed")
+	}
+}
+
+// A node of a release before holds_state refuses that field as unknown: the join goes
+// again without it, its format kept. A release before data formats, which knows
+// neither, names format first, and gets neither.
+func TestJoinWithoutHoldsStateForAnOlderRelease(t *testing.T) {
+	for _, release := range []struct {
+		name    string
+		unknown []string // the fields it refuses, in the order it meets them
+		want    map[string]any
+	}{
+		{"before holds_state", []string{"holds_state"}, map[string]any{"format": float64(3), "holds_state": nil}},
+		{"before formats", []string{"format", "holds_state"}, map[string]any{"format": nil, "holds_state": nil}},
+	} {
+		n := startNode(t, newMemStore())
+		var bodies []map[string]any
+		n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+			if r.URL.Path != "/v1/cluster/join" {
+				return false
+			}
+			var body map[string]any
+			_ = json.NewDecoder(r.Body).Decode(&body)
+			bodies = append(bodies, body)
+			w.Header().Set("Content-Type", "application/json")
+			for _, f := range release.unknown {
+				if _, ok := body[f]; ok {
+					w.WriteHeader(http.StatusBadRequest)
+					_, _ = fmt.Fprintf(w, `{"error":{"code":"invalid_argument","message":"unknown field \"%s\"","field":"%s"}}`, f, f)
+					return true
+				}
+			}
+			_ = json.NewEncoder(w).Encode(idemkv.ClusterInfo{Term: 4, Nodes: []idemkv.NodeInfo{{ID: "n1"}}})
+			return true
+		})
+		c := newClient(t, Config{Endpoints: []string{n.srv.URL}})
+		held := true
+		req := &idemkv.JoinRequest{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, HoldsState: &held}
+		for name, join := range map[string]func() (*idemkv.ClusterInfo, error){
+			"Join":        func() (*idemkv.ClusterInfo, error) { return c.Join(ctxT(t), req) },
+			"JoinCluster": func() (*idemkv.ClusterInfo, error) { return c.JoinCluster(ctxT(t), req) },
+		} {
+			bodies = nil
+			info, err := join()
+			if err != nil || info.Term != 4 || len(bodies) < 2 || bodies[0]["holds_state"] != true {
+				t.Errorf("%s, %s: %+v, %v; bodies %v", release.name, name, info, err, bodies)
+				continue
+			}
+			last := bodies[len(bodies)-1]
+			for f, v := range release.want {
+				if last[f] != v {
+					t.Errorf("%s, %s: the accepted join has %s = %v, want %v", release.name, name, f, last[f], v)
+				}
+			}
+		}
+		if req.HoldsState == nil || req.Format != 3 {
+			t.Error("the caller's request was changed")
+		}
 	}
 }

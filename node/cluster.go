@@ -196,6 +196,9 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 			}
 		}
 	}
+	if !member && req.HoldsState != nil && *req.HoldsState {
+		return nil, idemkv.Invalid("holds_state", "node %s is not a member and holds Raft state or records of its own: another cluster's, or its own from before it was removed; it could lead with entries this cluster never committed. Empty its data dir and join it again (it is sent this cluster's state)", req.ID)
+	}
 	if err := n.checkJoinFormat(req); err != nil {
 		return nil, err
 	}
@@ -214,6 +217,11 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	}
 	return n.Cluster(ctx)
 }
+
+// HeldState reports whether this node started with state of its own: a Raft log,
+// term or snapshot, or records applied. Its join says so (JoinRequest.HoldsState), and
+// a cluster it is not a member of refuses it.
+func (n *Node) HeldState() bool { return n.heldState }
 
 // Remove takes a node out of the cluster.
 func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.ClusterInfo, error) {

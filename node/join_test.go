@@ -74,3 +74,52 @@ func TestJoinNeverMovesAMember(t *testing.T) {
 		t.Errorf("joining again with the same addresses: %v", err)
 	}
 }
+
+// TestJoinRefusesAStrangerWithState: a node that is not a member and holds state of
+// its own (another cluster's data dir: an audit rebuilt a cluster on the same
+// addresses, joined a node of the old one, which led with its longer log, and a key
+// the new cluster had committed got execute again) is refused; a member's join, state
+// or not, is the no-op it was; a node says whether it started with state.
+func TestJoinRefusesAStrangerWithState(t *testing.T) {
+	c := testcluster.Start(t, 3)
+	li := c.WaitLeader()
+	leader := c.Node(li)
+	fi := (li + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	held, fresh := true, false
+	stranger := idemkv.JoinRequest{ID: "stranger", RaftAddr: "127.0.0.1:9", APIAddr: "127.0.0.1:9", Format: leader.Format(), HoldsState: &held}
+	var ie *idemkv.Error
+	if _, err := leader.Join(ctx, &stranger); !errors.As(err, &ie) || ie.Code != idemkv.CodeInvalidArgument || ie.Field != "holds_state" {
+		t.Fatalf("a stranger holding state: %v, want invalid_argument on holds_state", err)
+	}
+	info, err := leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ni := range info.Nodes {
+		if ni.ID == stranger.ID {
+			t.Fatalf("the stranger is a member: %+v", info.Nodes)
+		}
+	}
+	var follower idemkv.NodeInfo
+	for _, ni := range info.Nodes {
+		if ni.ID == c.ID(fi) {
+			follower = ni
+		}
+	}
+	for _, state := range []*bool{&held, &fresh, nil} {
+		req := idemkv.JoinRequest{ID: follower.ID, RaftAddr: follower.RaftAddr, APIAddr: follower.APIAddr, Format: follower.Format, HoldsState: state}
+		if _, err := leader.Join(ctx, &req); err != nil {
+			t.Errorf("a member joining again (holds_state %v): %v", state, err)
+		}
+	}
+	if c.Node(fi).HeldState() {
+		t.Error("a node that joined with an empty data dir says it started with state")
+	}
+	c.Stop(fi)
+	c.Restart(fi)
+	if !c.Node(fi).HeldState() {
+		t.Error("a node restarted on its data dir says it started without state")
+	}
+}

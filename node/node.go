@@ -285,6 +285,9 @@ type Node struct {
 	fsm       *fsm.FSM
 	raft      *raft.Raft
 	transport *heartbeatTransport
+	// heldState: the node started with a Raft log, term or snapshot, or records
+	// applied, of its own (HeldState).
+	heldState bool
 	// raftLog is the Raft log and stable store opened in the data dir, closed by the
 	// node even when WrapRaftStores put others in front of it.
 	raftLog raftLogStore
@@ -456,6 +459,15 @@ func (n *Node) open() error {
 	rc.NotifyCh = notify
 	n.leaderNotify = notify
 
+	hasRaft, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return fmt.Errorf("node: inspect raft state: %w", err)
+	}
+	applied, _, err := n.store.Applied()
+	if err != nil {
+		return fmt.Errorf("node: read the applied index: %w", err)
+	}
+	n.heldState = hasRaft || applied > 0
 	if n.raft, err = raft.NewRaft(rc, n.raftFSM(), logs, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
@@ -464,16 +476,12 @@ func (n *Node) open() error {
 		peers.raft.Store(n.raft)
 	}
 	if n.cfg.Bootstrap {
-		has, err := raft.HasExistingState(logs, stable, snaps)
-		if err != nil {
-			return fmt.Errorf("node: inspect raft state: %w", err)
-		}
-		if !has {
-			if index, _, err := n.store.Applied(); err != nil || index > 0 {
+		if !hasRaft {
+			if applied > 0 {
 				// A store that applied entries of a log this node no longer has (its
 				// Raft files were removed, or a restore was cut short before its
 				// snapshot): a new cluster's first entries would be skipped as old.
-				return errors.Join(err, fmt.Errorf("node: the store of %s has applied index %d but Raft has no log or snapshot: refusing to bootstrap a new cluster over it; empty the data dir and restore a backup, or join the node to its cluster", n.cfg.DataDir, index))
+				return fmt.Errorf("node: the store of %s has applied index %d but Raft has no log or snapshot: refusing to bootstrap a new cluster over it; empty the data dir and restore a backup, or join the node to its cluster", n.cfg.DataDir, applied)
 			}
 			conf := raft.Configuration{Servers: []raft.Server{{
 				ID: rc.LocalID, Address: n.transport.LocalAddr(), Suffrage: raft.Voter,

@@ -299,7 +299,8 @@ func runServe(ctx context.Context, o serveOptions) error {
 				return
 			}
 			defer jc.Close()
-			join := &idemkv.JoinRequest{ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format()}
+			held := n.HeldState()
+			join := &idemkv.JoinRequest{ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format(), HoldsState: &held}
 			_, _ = jc.JoinCluster(joinCtx, join)
 			// A join through a leader of a release before formats records no format,
 			// and so does one through a seed of that release (it drops the field it does
