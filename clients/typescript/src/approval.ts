@@ -80,7 +80,8 @@ export interface ApprovalWaiter {
   tenant: string;
   key: string;
   requirement: ApprovalRequirement<never[]> | undefined;
-  get(waitMs: number): Promise<IdemkvRecord>;
+  /** The record, long-polled; undefined when the store gave no answer within the wait (reserve again). */
+  get(waitMs: number): Promise<IdemkvRecord | undefined>;
   callOptions: CallOptions;
   backoffMaxMs: number;
   event(name: string, attributes?: Attributes): void;
@@ -115,13 +116,16 @@ export async function awaitApproval(w: ApprovalWaiter, res: ReserveResult, seen:
   const wait = Math.min(seen.deadline - Date.now(), MAX_WAIT_MS);
   if (wait <= 0) throw pending;
   const start = Date.now();
-  let rec: IdemkvRecord;
+  let rec: IdemkvRecord | undefined;
   try {
     rec = await w.get(wait);
   } catch (err) {
     if (err instanceof ApiError && err.code === "not_found" && w.callOptions.signal?.aborted !== true) return;
+    // The loop's kind: store_unavailable once storeWait is spent, not_executed for a
+    // refusal (a token that may not read the key): nothing ran either way.
     throw w.failed(err);
   }
+  if (rec === undefined) return;
   if (rec.status === "awaiting_approval" && rec.approval?.state === "waiting" && Date.now() - start < wait / 2) {
     // Still waiting, and the long-poll ended early: do not spin.
     try {

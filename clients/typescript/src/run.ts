@@ -120,7 +120,11 @@ function encodedSize(v: unknown): number {
 }
 
 export interface RunOptions {
-  /** Ends the call: before the tool runs, with NotExecutedError; while it runs, the tool's signal aborts too. */
+  /**
+   * Ends the call: before the tool runs, with NotExecutedError, or StoreUnavailableError
+   * naming the attempt to retry as when a reserve was in flight (it may hold the key);
+   * while the tool runs, the tool's signal aborts, but its lease is kept until it returns.
+   */
   signal?: AbortSignal;
 }
 
@@ -363,6 +367,22 @@ class Attempt {
   }
 
   /**
+   * The caller gave up with a reserve in flight. That reserve may have landed, and then
+   * this attempt holds the key until its lease runs out: the answer names the attempt to
+   * retry as (Go's Do: store_unavailable), not not_executed, whose retry as a new attempt
+   * waited out the lease and, for a tool without a probe, found the key in doubt though
+   * nothing had run. Never unguarded: the caller is gone.
+   */
+  private gaveUp(signal: AbortSignal): StoreUnavailableError {
+    this.event("store_unavailable");
+    const reason = abortReason(signal);
+    return new StoreUnavailableError(
+      `idemkv: store unavailable for ${this.q}: the caller gave up with a reserve in flight, which may hold the key; ` +
+        `the tool did not run; retry as attempt ${this.attemptId}: ${messageOf(reason)}`,
+      { cause: reason, attemptId: this.attemptId });
+  }
+
+  /**
    * Runs a read-only tool, or an idempotent one unguarded: nothing is recorded, so from
    * idemkv's side the call never happened, and its error is a NotExecutedError.
    */
@@ -401,9 +421,12 @@ class Attempt {
     let settles = 0;
     for (let waits = 0; ; waits++) {
       let res: ReserveResult;
+      // A reserve the signal had ended before it was sent holds nothing: not_executed.
+      const sentAborted = this.signal?.aborted === true;
       try {
         res = await this.client.reserve(req, this.before());
       } catch (err) {
+        if (this.signal?.aborted && !sentAborted) throw this.gaveUp(this.signal);
         const e = this.beforeError(err);
         if (e instanceof StoreUnavailableError && this.client.settings.onStoreUnavailable === "unguarded" && this.cls === "idempotent") {
           // Opt-in: an idempotent tool may run unrecorded rather than not at all.
@@ -428,7 +451,7 @@ class Attempt {
         case "needs_approval":
           await awaitApproval({
             tenant: op.tenant, key: op.key, requirement: op.approval, callOptions: this.before(),
-            get: (waitMs) => this.client.get(op.tenant, op.key, { ...this.before(), waitMs }),
+            get: (waitMs) => this.approvalGet(waitMs),
             backoffMaxMs: this.client.settings.backoffMaxMs, event: (name, a) => this.event(name, a),
             failed: (err) => this.beforeError(err, "needs_approval"),
           }, res, seen);
@@ -448,6 +471,27 @@ class Attempt {
           throw new NotExecutedError(`idemkv: ${this.q} not executed: unknown reserve decision ${JSON.stringify(res.decision)}`,
             { record: res.record });
       }
+    }
+  }
+
+  /**
+   * The long-poll of the approval wait. A store that sheds it (resource_exhausted) or
+   * does not answer is retried with backoff within storeWait, and for no longer than
+   * this long-poll's wait (Go's awaitApproval): then undefined, the loop reserves again,
+   * and the caller past its approval wait gets ApprovalPendingError, not a wait of the
+   * whole storeWait.
+   */
+  private async approvalGet(waitMs: number): Promise<IdemkvRecord | undefined> {
+    const shared = this.beforeBudget;
+    const budget: StoreBudget = { ...shared, limitMs: Math.min(shared.limitMs, shared.spentMs + waitMs) };
+    try {
+      return await this.client.get(this.op.tenant, this.op.key, { ...this.before(), budget, waitMs });
+    } catch (err) {
+      if (isRetryable(err) && !this.signal?.aborted && budget.spentMs < shared.limitMs) return undefined;
+      throw err;
+    } finally {
+      shared.spentMs = budget.spentMs;
+      if (budget.answered === true) shared.answered = true;
     }
   }
 
@@ -635,6 +679,11 @@ class Attempt {
   /**
    * Runs f while a heartbeat keeps the lease alive. lost is set when the lease went to
    * a newer attempt; f's signal was then aborted.
+   *
+   * The heartbeat lasts exactly as long as f (Go's underLease): not less when the
+   * caller's signal aborts (a tool that does not watch its signal goes on, and without a
+   * lease a second worker would recover the key and run it again), so it stops on a
+   * controller of its own; and not more when f throws, so it stops in finally.
    */
   private async underLease<T>(g: Grant, f: (ctx: ToolContext) => Promise<T>): Promise<{ value?: T; error?: unknown; lost?: LeaseLost }> {
     const tool = linkedController([this.signal]);
