@@ -103,7 +103,7 @@ class Approvals(unittest.TestCase):
 
         rec = self.approver.approve(TENANT, key, approval_id=p.approval_id, fingerprint=p.fingerprint,
                                     approver="ana", reason="customer called")
-        self.assertEqual((rec["approval"]["state"], rec["approval"]["approver"]), ("approved", "ana"))
+        self.assertEqual((rec["approval"]["state"], rec["approval"]["approver"]), ("approved", "ana (approver)"))
         with self.assertRaises(idemkv.ApprovalNotPendingError) as again:
             self.approver.deny(TENANT, key, approval_id=p.approval_id, fingerprint=p.fingerprint, approver="bo")
         self.assertEqual(again.exception.code, "not_pending")
@@ -140,7 +140,7 @@ class Approvals(unittest.TestCase):
                 e = d.exception
                 self.assertIsInstance(e, idemkv.StoredFailureError)
                 self.assertEqual((e.kind, e.code, e.approver, e.reason, e.approval_id, e.replayed),
-                                 ("stored_failure", "approval_denied", "ana", "not the owner", p.approval_id, True))
+                                 ("stored_failure", "approval_denied", "ana (approver)", "not the owner", p.approval_id, True))
             self.assertEqual(self.ran, [])
             await aio.close()
             await self.approver.aio().close()

@@ -105,7 +105,7 @@ describe("approvals", () => {
       (err: unknown) => err instanceof ApprovalMismatchError && err.code === "fingerprint_mismatch" && err.status === 409);
 
     const rec = await approver.approve({ tenant: TENANT, idempotency_key: key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "ana", reason: "customer called" });
-    assert.deepEqual([rec.approval?.state, rec.approval?.approver], ["approved", "ana"]);
+    assert.deepEqual([rec.approval?.state, rec.approval?.approver], ["approved", "ana (approver)"]);
     await assert.rejects(approver.deny({ tenant: TENANT, idempotency_key: key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "bo" }),
       (err: unknown) => err instanceof ApprovalNotPendingError && err instanceof ApiError && err.code === "not_pending");
     assert.deepEqual(await waiting(key), []);
@@ -128,7 +128,7 @@ describe("approvals", () => {
       await assert.rejects(refund({ order, amount: 900 }), (err: unknown) => {
         assert.ok(err instanceof ApprovalDeniedError && err instanceof StoredFailureError, String(err));
         assert.deepEqual([err.kind, err.receipt.error?.code, err.approver, err.reason, err.approvalId, err.replayed],
-          ["stored_failure", "approval_denied", "ana", "too much", p.approvalId, true]);
+          ["stored_failure", "approval_denied", "ana (approver)", "too much", p.approvalId, true]);
         return true;
       });
     }
