@@ -553,9 +553,27 @@ type JoinRequest struct {
 	// Raft would let it lead with entries this cluster never committed, over entries
 	// it did. Absent (a release before this field) is not checked.
 	HoldsState *bool `json:"holds_state,omitempty"`
+	// Stage is how the node joins. JoinLearner adds it as a nonvoter: it is sent the
+	// log and the state but neither votes nor counts toward a quorum. JoinPromote makes
+	// a nonvoter member a voter. `idemkv serve --join` does the first, waits until it
+	// has what the cluster had committed, then does the second. Absent (a release before
+	// stages) adds a voter at once, which counted toward every quorum before it held
+	// anything: one whose raft_addr was wrong, added while a member was down, left the
+	// others without a quorum for good.
+	Stage string `json:"stage,omitempty"`
 }
+
+// Join stages (JoinRequest.Stage).
+const (
+	JoinLearner = "learner"
+	JoinPromote = "promote"
+)
 
 // RemoveRequest removes a node (POST /v1/cluster/remove).
 type RemoveRequest struct {
 	ID string `json:"id"`
+	// Force removes the node even when the voters left that the leader can reach are
+	// short of their quorum: the cluster then commits nothing, the removal included,
+	// until enough of them are back.
+	Force bool `json:"force,omitempty"`
 }

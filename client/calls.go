@@ -229,8 +229,9 @@ func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clu
 }
 
 // olderJoin is req as a release before its fields would take it, when err is such a
-// release's refusal of a field it does not know: without holds_state (a release
-// before it), or without format (a release before data formats, which knows neither).
+// release's refusal of a field it does not know: without stage or holds_state (a
+// release before either), or without format (a release before data formats, which
+// knows none of them).
 func olderJoin(req *idemkv.JoinRequest, err error) (*idemkv.JoinRequest, bool) {
 	var e *idemkv.Error
 	if !errors.As(err, &e) || e.Code != idemkv.CodeInvalidArgument || !strings.Contains(e.Message, "unknown field") {
@@ -238,10 +239,13 @@ func olderJoin(req *idemkv.JoinRequest, err error) (*idemkv.JoinRequest, bool) {
 	}
 	old := *req
 	switch {
+	case e.Field == "stage" && req.Stage != "":
+		// A voter at once, as that release adds every node.
+		old.Stage = ""
 	case e.Field == "holds_state" && req.HoldsState != nil:
 		old.HoldsState = nil
 	case e.Field == "format" && req.Format != 0:
-		old.Format, old.HoldsState = 0, nil
+		old.Format, old.HoldsState, old.Stage = 0, nil, ""
 	default:
 		return nil, false
 	}

@@ -168,6 +168,11 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	if req.APIAddr == "" {
 		return nil, idemkv.Invalid("api_addr", "api_addr is required")
 	}
+	switch req.Stage {
+	case "", idemkv.JoinLearner, idemkv.JoinPromote:
+	default:
+		return nil, idemkv.Invalid("stage", "stage %q is neither %s nor %s", req.Stage, idemkv.JoinLearner, idemkv.JoinPromote)
+	}
 	if n.raft.State() != raft.Leader {
 		return nil, idemkv.ErrNotLeader
 	}
@@ -178,11 +183,11 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	// A join never changes a member: moving one's addresses is a remove and a join.
 	// Otherwise a join with a live member's ID and a new api_addr would make every
 	// follower forward callers' requests, bearer tokens included, to that address.
-	member := false
+	member, voter := false, false
 	for _, s := range f.Configuration().Servers {
 		switch {
 		case s.ID == raft.ServerID(req.ID) && s.Address == raft.ServerAddress(req.RaftAddr):
-			member = true
+			member, voter = true, s.Suffrage == raft.Voter
 		case s.ID == raft.ServerID(req.ID):
 			return nil, idemkv.Invalid("raft_addr", "%s is a member at raft_addr %s; a join cannot move it: remove it first", req.ID, s.Address)
 		case s.Address == raft.ServerAddress(req.RaftAddr):
@@ -202,11 +207,21 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	if err := n.checkJoinFormat(req); err != nil {
 		return nil, err
 	}
-	if !member {
-		if err := n.raft.AddVoter(raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr), 0, n.timeout(ctx)).Error(); err != nil {
+	if !member && req.Stage == idemkv.JoinPromote {
+		return nil, idemkv.Invalid("stage", "node %s is not a member at raft_addr %s: join it as a %s first", req.ID, req.RaftAddr, idemkv.JoinLearner)
+	}
+	id, addr := raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr)
+	switch {
+	case !member && req.Stage == idemkv.JoinLearner:
+		if err := n.raft.AddNonvoter(id, addr, 0, n.timeout(ctx)).Error(); err != nil {
 			return nil, n.raftError(err)
 		}
-		n.log.Info("added voter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr)
+		n.log.Info("added nonvoter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr)
+	case !member, member && !voter && req.Stage == idemkv.JoinPromote:
+		if err := n.raft.AddVoter(id, addr, 0, n.timeout(ctx)).Error(); err != nil {
+			return nil, n.raftError(err)
+		}
+		n.log.Info("added voter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr, "promoted", member)
 	}
 	ni := idemkv.NodeInfo{ID: req.ID, RaftAddr: req.RaftAddr, APIAddr: req.APIAddr}
 	if _, err := n.propose(ctx, &fsm.Command{Op: fsm.OpSetNode, Node: &ni}); err != nil {
@@ -236,11 +251,21 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 		return nil, n.readError(err)
 	}
 	found := false
+	var left []raft.ServerID // the voters after the removal
 	for _, s := range f.Configuration().Servers {
 		found = found || s.ID == raft.ServerID(req.ID)
+		if s.ID != raft.ServerID(req.ID) && s.Suffrage == raft.Voter {
+			left = append(left, s.ID)
+		}
 	}
 	if !found {
 		return nil, idemkv.Errorf(idemkv.ErrNotFound, "no member with id %q", req.ID)
+	}
+	if reach, quorum := n.reachable(left), len(left)/2+1; reach < quorum && !req.Force {
+		// Raft commits the removal, and everything after it, with a quorum of the
+		// voters left: removing a live follower while another was down left the
+		// leader a candidate for good.
+		return nil, idemkv.Invalid("id", "removing %s would leave %d voters, of which this leader reaches %d, short of their quorum of %d: the cluster could commit nothing, the removal included. Bring the others back first, or force it", req.ID, len(left), reach, quorum)
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(req.ID), 0, n.timeout(ctx)).Error(); err != nil {
 		return nil, n.raftError(err)
@@ -253,6 +278,37 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 		}
 	}
 	return n.Cluster(ctx)
+}
+
+// reachable counts the servers of ids this leader reaches: itself, and the followers
+// whose heartbeats do not fail.
+func (n *Node) reachable(ids []raft.ServerID) int {
+	count := 0
+	for _, id := range ids {
+		if _, failing := n.peers.unreachable(id); string(id) == n.cfg.ID || !failing {
+			count++
+		}
+	}
+	return count
+}
+
+// CaughtUpTo reports whether this node's state machine reflects every entry up to
+// index (no-ops and barriers, which never reach it, aside): how a joining node knows
+// it holds what the cluster had committed when it joined.
+func (n *Node) CaughtUpTo(index uint64) bool { return n.caughtUp(index) }
+
+// Voter reports whether this node's Raft configuration makes it a voter.
+func (n *Node) Voter() bool {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == n.cfg.ID {
+			return s.Suffrage == raft.Voter
+		}
+	}
+	return false
 }
 
 func (n *Node) timeout(ctx context.Context) time.Duration {

@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -121,5 +122,65 @@ func TestJoinRefusesAStrangerWithState(t *testing.T) {
 	c.Restart(fi)
 	if !c.Node(fi).HeldState() {
 		t.Error("a node restarted on its data dir says it started without state")
+	}
+}
+
+// TestMembershipChangesKeepAQuorum: with one of three voters down, a node that joins
+// as a learner, whose raft_addr nobody can reach, leaves the others committing (a
+// voter added at once left them a candidate for good: an audit's case), and it cannot
+// be promoted without being a member; a removal that would leave the voters the
+// leader reaches short of their quorum is refused unless forced, while removing the
+// voter that is down is not.
+func TestMembershipChangesKeepAQuorum(t *testing.T) {
+	c := testcluster.Start(t, 3)
+	li := c.WaitLeader()
+	leader := c.Node(li)
+	up, down := (li+1)%3, (li+2)%3
+	c.Stop(down)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The leader notices the voter that is down once its heartbeats fail.
+	if err := testcluster.Eventually(20*time.Second, func() error {
+		info, err := leader.Cluster(ctx)
+		if err != nil {
+			return err
+		}
+		for _, ni := range info.Nodes {
+			if ni.ID == c.ID(down) && ni.State != "unreachable" {
+				return fmt.Errorf("%s is %s", ni.ID, ni.State)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const nowhere = "127.0.0.1:9"
+	learner := idemkv.JoinRequest{ID: "n-learner", RaftAddr: nowhere, APIAddr: nowhere, Format: leader.Format(), Stage: idemkv.JoinLearner}
+	if _, err := leader.Join(ctx, &learner); err != nil {
+		t.Fatalf("joining a learner: %v", err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err := leader.Reserve(wctx, reserveReq("after-learner", "a1", "fp1"))
+	wcancel()
+	if err != nil {
+		t.Fatalf("a write after a learner joined, one voter down: %v", err)
+	}
+	stranger := idemkv.JoinRequest{ID: "n-stranger", RaftAddr: "127.0.0.1:8", APIAddr: "127.0.0.1:8", Format: leader.Format(), Stage: idemkv.JoinPromote}
+	if _, err := leader.Join(ctx, &stranger); !errors.Is(err, idemkv.ErrInvalidArgument) {
+		t.Errorf("promoting a node that is not a member: %v, want invalid_argument", err)
+	}
+	var ie *idemkv.Error
+	if _, err := leader.Remove(ctx, &idemkv.RemoveRequest{ID: c.ID(up)}); !errors.As(err, &ie) || ie.Code != idemkv.CodeInvalidArgument {
+		t.Fatalf("removing the one live follower while another voter is down: %v, want invalid_argument", err)
+	}
+	for _, id := range []string{"n-learner", c.ID(down)} {
+		if _, err := leader.Remove(ctx, &idemkv.RemoveRequest{ID: id}); err != nil {
+			t.Errorf("removing %s: %v", id, err)
+		}
+	}
+	wctx, wcancel = context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if _, err := leader.Reserve(wctx, reserveReq("after-removals", "a2", "fp2")); err != nil {
+		t.Fatalf("a write after the removals: %v", err)
 	}
 }

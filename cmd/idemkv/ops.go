@@ -321,6 +321,7 @@ leader hands leadership over before it stops.`,
 	add.Flags().StringVar(&join.RaftAddr, "raft-addr", "", "Raft address peers dial")
 	add.Flags().StringVar(&join.APIAddr, "api-addr", "", "API address clients and peers use")
 	add.Flags().IntVar(&join.Format, "format", fsm.FormatVersion, "the data format the node's release reads (2: a release before formats; a node that reads less than the cluster's is refused)")
+	add.Flags().StringVar(&join.Stage, "stage", "", "learner: add the node as a nonvoter, which gets the state but neither votes nor counts toward a quorum; promote: make a nonvoter member a voter (once it caught up); default: a voter at once")
 	var rm idemkv.RemoveRequest
 	remove := &cobra.Command{
 		Use:   "remove --id ID",
@@ -331,6 +332,7 @@ leader hands leadership over before it stops.`,
 		},
 	}
 	remove.Flags().StringVar(&rm.ID, "id", "", "node ID")
+	remove.Flags().BoolVar(&rm.Force, "force", false, "remove it even when the voters left that the leader reaches are short of their quorum (the cluster then commits nothing until enough are back)")
 	for _, c := range []*cobra.Command{add, remove} {
 		_ = c.MarkFlagRequired("id")
 	}

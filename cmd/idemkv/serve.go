@@ -300,8 +300,11 @@ func runServe(ctx context.Context, o serveOptions) error {
 			}
 			defer jc.Close()
 			held := n.HeldState()
-			join := &idemkv.JoinRequest{ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format(), HoldsState: &held}
-			_, _ = jc.JoinCluster(joinCtx, join)
+			join := &idemkv.JoinRequest{ID: cfg.ID, RaftAddr: cfg.RaftAdvertiseOrAddr(), APIAddr: cfg.APIAddr, Format: n.Format(),
+				HoldsState: &held, Stage: idemkv.JoinLearner}
+			if info, err := jc.JoinCluster(joinCtx, join); err == nil {
+				promoteWhenCaughtUp(joinCtx, n, jc, join, info.CommitIndex, logger)
+			}
 			// A join through a leader of a release before formats records no format,
 			// and so does one through a seed of that release (it drops the field it does
 			// not know before it forwards): join again, at the leader itself, until the
@@ -374,3 +377,40 @@ func tuneGC(logger *slog.Logger) {
 	debug.SetGCPercent(serveGCPercent)
 	logger.Debug("garbage collector target set", "gogc", serveGCPercent)
 }
+
+// promoteWhenCaughtUp makes a node that joined as a learner a voter once it holds what
+// the cluster had committed when it joined (at commit): a voter counts toward every
+// quorum, so one that held nothing yet (or could not be reached at the raft_addr it
+// gave) left the others short of one while a member was down. A node that is a voter
+// already (a restart, or a join through a release before stages, which adds voters at
+// once) has nothing to do.
+func promoteWhenCaughtUp(ctx context.Context, n *node.Node, jc *client.Client, join *idemkv.JoinRequest, commit uint64, logger *slog.Logger) {
+	t := time.NewTicker(promoteCheckEvery)
+	defer t.Stop()
+	waiting := time.Now()
+	for !n.CaughtUpTo(commit) {
+		if time.Since(waiting) > promoteLogEvery {
+			logger.Info("joined as a learner; catching up before becoming a voter", "commit_index", commit, "applied_index", n.AppliedIndex())
+			waiting = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	if n.Voter() {
+		return
+	}
+	promote := *join
+	promote.Stage = idemkv.JoinPromote
+	if _, err := jc.JoinCluster(ctx, &promote); err == nil {
+		logger.Info("caught up and promoted to voter", "commit_index", commit)
+	}
+}
+
+// How often a learner checks whether it caught up, and how often it says it waits.
+const (
+	promoteCheckEvery = 100 * time.Millisecond
+	promoteLogEvery   = 10 * time.Second
+)
