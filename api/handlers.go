@@ -449,7 +449,20 @@ func (s *Server) cluster(w http.ResponseWriter, r *http.Request) {
 	answer(s, w, r, info, err)
 }
 
+// Halter is implemented by a store that can halt for good (a node whose state machine
+// met a storage error): /healthz then answers 503, so that a liveness probe restarts
+// the process, which is what a halted node needs.
+type Halter interface {
+	Halted() error
+}
+
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	if h, ok := s.store.(Halter); ok {
+		if err := h.Halted(); err != nil {
+			s.writeError(w, r, idemkv.Errorf(idemkv.ErrUnavailable, "halted: %v; the node must restart", err))
+			return
+		}
+	}
 	s.writeJSON(w, r, http.StatusOK, map[string]string{"status": "ok"})
 }
 

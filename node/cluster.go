@@ -68,6 +68,10 @@ func (n *Node) Ready() error {
 	return nil
 }
 
+// Halted returns why this node's state machine halted, or nil (api.Halter): such a
+// node serves nothing more until it restarts.
+func (n *Node) Halted() error { return n.fsm.Err() }
+
 // Cluster describes the members as this node sees them.
 func (n *Node) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 	f := n.raft.GetConfiguration()

@@ -18,9 +18,16 @@ import (
 	"github.com/idemkv/idemkv/node"
 )
 
-// waitHalted waits until node n reports a halted state machine on /readyz.
+// waitHalted waits until node n reports a halted state machine on /readyz, and checks
+// that /healthz fails too: a liveness probe restarts a halted node (it answered 200, and
+// the node waited halted for a person).
 func waitHalted(t *testing.T, n *node.Node) {
 	t.Helper()
+	defer func() {
+		if err := probe(n, "/healthz"); err == nil || !strings.Contains(err.Error(), "503") || !strings.Contains(err.Error(), "must restart") {
+			t.Errorf("/healthz of a halted node: %v, want 503 saying it must restart", err)
+		}
+	}()
 	if err := testcluster.Eventually(20*time.Second, func() error {
 		err := readyz(n)
 		if err == nil || !strings.Contains(err.Error(), "halted") {

@@ -29,11 +29,14 @@ func quickTimings(cfg *node.Config) {
 }
 
 // readyz asks n's HTTP API for /readyz, as a load balancer would.
-func readyz(n *node.Node) error {
+func readyz(n *node.Node) error { return probe(n, "/readyz") }
+
+// probe asks n's API for path (/readyz, /healthz): an error unless 200.
+func probe(n *node.Node, path string) error {
 	w := httptest.NewRecorder()
-	api.New(api.Config{Store: n}).Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	api.New(api.Config{Store: n}).Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
 	if w.Code != http.StatusOK {
-		return fmt.Errorf("/readyz answered %d: %s", w.Code, w.Body)
+		return fmt.Errorf("%s answered %d: %s", path, w.Code, w.Body)
 	}
 	return nil
 }
