@@ -152,7 +152,7 @@ func TestBadInputNeverReachesTheStore(t *testing.T) {
 		{"join without api_addr", "POST", "/v1/cluster/join",
 			map[string]any{"id": "n3", "raft_addr": "127.0.0.1:1"}, 400, "invalid_argument", "api_addr"},
 		{"remove without id", "POST", "/v1/cluster/remove", map[string]any{}, 400, "invalid_argument", "id"},
-		{"remove unknown field", "POST", "/v1/cluster/remove", map[string]any{"id": "n2", "force": true}, 400, "invalid_argument", "force"},
+		{"remove unknown field", "POST", "/v1/cluster/remove", map[string]any{"id": "n2", "purge": true}, 400, "invalid_argument", "purge"},
 
 		// Size: 2 MiB, announced and chunked.
 		{"2 MiB body", "POST", "/v1/reserve", hugeBody(), 413, "payload_too_large", ""},
