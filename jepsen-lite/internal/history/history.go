@@ -5,6 +5,8 @@ package history
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -50,6 +52,10 @@ type Input struct {
 	Fence       uint64 `json:"fence,omitempty"`
 	RemoteID    string `json:"remote_id,omitempty"`
 	ErrorCode   string `json:"error_code,omitempty"`
+	// RemoteURL and Result are what a commit sent with its receipt: Result byte for
+	// byte, as the answers must give it back (see Digest).
+	RemoteURL string          `json:"remote_url,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
 	// Stale marks a register operation that deliberately carries an old fence.
 	Stale bool `json:"stale,omitempty"`
 	// Class and Args belong to the agent workload.
@@ -72,22 +78,55 @@ type Record struct {
 	Attempts    uint32 `json:"attempts"`
 	RemoteID    string `json:"remote_id,omitempty"`
 	ErrorCode   string `json:"error_code,omitempty"`
-	// UpdatedAt is the record's updated_at in Unix milliseconds.
+	// RemoteURL, ResultDigest and CommittedAt are the stored receipt's, when
+	// committed (ResultDigest is Digest of its result).
+	RemoteURL    string `json:"remote_url,omitempty"`
+	ResultDigest string `json:"result_digest,omitempty"`
+	CommittedAt  int64  `json:"committed_at,omitempty"`
+	// CreatedAt and UpdatedAt are the record's created_at and updated_at in Unix
+	// milliseconds: the stamps of the entry that made the record and of the latest
+	// that changed it.
+	CreatedAt int64 `json:"created_at,omitempty"`
 	UpdatedAt int64 `json:"updated_at"`
 	// LeaseExpiresAt is the record's lease_expires_at in Unix milliseconds (0 when
-	// no lease is held).
+	// no lease is held), ExpiresAt its expires_at: from then on it counts as absent.
 	LeaseExpiresAt int64 `json:"lease_expires_at,omitempty"`
+	ExpiresAt      int64 `json:"expires_at,omitempty"`
 	// ApprovalID and ApprovalState are the record's approval, if it asked for one.
 	ApprovalID    string `json:"approval,omitempty"`
 	ApprovalState string `json:"approval_state,omitempty"`
 }
 
-// Receipt is the part of a receipt that the checkers look at.
+// Receipt is the part of a receipt that the checkers look at: all of it but the
+// key, the remote system and the error's message, with the result as its Digest. A
+// replay must give back exactly the receipt the first answer gave.
 type Receipt struct {
-	Status      string `json:"status"`
-	Fingerprint string `json:"fp"`
-	RemoteID    string `json:"remote_id,omitempty"`
-	ErrorCode   string `json:"error_code,omitempty"`
+	Status       string `json:"status"`
+	Fingerprint  string `json:"fp"`
+	RemoteID     string `json:"remote_id,omitempty"`
+	RemoteURL    string `json:"remote_url,omitempty"`
+	ResultDigest string `json:"result_digest,omitempty"`
+	ErrorCode    string `json:"error_code,omitempty"`
+	// CommittedAt is committed_at in Unix milliseconds: the stamp of the commit, or
+	// of the failure for a failed receipt.
+	CommittedAt int64 `json:"committed_at,omitempty"`
+}
+
+// Same reports whether r and o are the same receipt, field for field.
+func (r *Receipt) Same(o *Receipt) bool {
+	return r != nil && o != nil && *r == *o
+}
+
+// Digest names a result by its exact bytes: "" for none, else the length and a prefix
+// of its SHA-256. The history keeps digests of what the nodes answered, so that a
+// result dropped, cut or re-encoded (keys sorted, numbers or escapes rewritten) on
+// any path shows as another digest.
+func Digest(raw []byte) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	sum := sha256.Sum256(raw)
+	return fmt.Sprintf("%d:%s", len(raw), hex.EncodeToString(sum[:8]))
 }
 
 // Output is what the system answered. Err is the wire code of an error answer.

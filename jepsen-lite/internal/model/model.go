@@ -8,7 +8,14 @@
 // day). What the model cannot predict, the Raft index that becomes a fence, it takes
 // from the answer, and checks that a newly granted fence is higher than every fence
 // seen for the key before. A reserve whose answer was lost leaves a pending record
-// whose fence is unknown until some later answer shows it.
+// whose fence is unknown until some later answer shows it. The stamp of a stored
+// outcome (committed_at, or a failure's updated_at) is taken from the first answer
+// that shows it the same way, and every later answer must show the same.
+//
+// A stored outcome is compared field for field: status, fingerprint, remote id, remote
+// URL, the result byte for byte (by its digest: the commit's own bytes, which the
+// workload sends as the nodes encode them), the error code and the stamp. A replay
+// that re-encodes or drops the result, or re-stamps committed_at, has no linearization.
 package model
 
 import (
@@ -33,7 +40,13 @@ type State struct {
 	// FenceLB is the highest fence ever seen for the key: a new grant must exceed it.
 	FenceLB   uint64
 	RemoteID  string
+	RemoteURL string
+	// Result is the digest of the committed result (history.Digest).
+	Result    string
 	ErrorCode string
+	// Stamp is the stored outcome's committed_at (a failure's: its updated_at), 0
+	// while no answer has shown it.
+	Stamp int64
 }
 
 func (s State) String() string {
@@ -47,6 +60,12 @@ func (s State) String() string {
 	out := fmt.Sprintf("%s fp=%s attempt=%s fence=%s", s.Status, short(s.FP), short(s.AttemptID), fence)
 	if s.RemoteID != "" {
 		out += " remote=" + s.RemoteID
+	}
+	if s.RemoteURL != "" || s.Result != "" {
+		out += fmt.Sprintf(" url=%s result=%s", s.RemoteURL, s.Result)
+	}
+	if s.Stamp != 0 {
+		out += fmt.Sprintf(" at=%d", s.Stamp)
 	}
 	if s.ErrorCode != "" {
 		out += " error=" + s.ErrorCode
@@ -75,11 +94,26 @@ func fenceCases(s State, fence uint64) (eq, neq bool, bound State) {
 	return true, true, bound
 }
 
-// observe checks a record read back against s and binds an unknown fence.
+// observe checks a record read back against s and binds an unknown fence or stamp.
 func observe(s State, r *history.Record) (State, bool) {
 	if r == nil || !s.Present || idemkv.Status(r.Status) != s.Status || r.Fingerprint != s.FP || r.Tool != s.Tool ||
-		r.AttemptID != s.AttemptID || r.RemoteID != s.RemoteID || r.ErrorCode != s.ErrorCode {
+		r.AttemptID != s.AttemptID || r.RemoteID != s.RemoteID || r.RemoteURL != s.RemoteURL ||
+		r.ResultDigest != s.Result || r.ErrorCode != s.ErrorCode {
 		return s, false
+	}
+	switch s.Status {
+	case idemkv.StatusCommitted:
+		var ok bool
+		if s, ok = bindStamp(s, r.CommittedAt); !ok {
+			return s, false
+		}
+	case idemkv.StatusFailed:
+		// A failed receipt's committed_at is the record's updated_at, which nothing
+		// changes once the record is terminal.
+		var ok bool
+		if s, ok = bindStamp(s, r.UpdatedAt); !ok {
+			return s, false
+		}
 	}
 	if s.Fence == 0 {
 		if r.Fence <= s.FenceLB {
@@ -92,9 +126,22 @@ func observe(s State, r *history.Record) (State, bool) {
 	return s, true
 }
 
-func outcomeMatches(s State, rc *history.Receipt) bool {
-	return rc != nil && idemkv.Status(rc.Status) == s.Status && rc.Fingerprint == s.FP &&
-		rc.RemoteID == s.RemoteID && rc.ErrorCode == s.ErrorCode
+// bindStamp binds the stamp of s's stored outcome to t, or checks t against it.
+func bindStamp(s State, t int64) (State, bool) {
+	if s.Stamp == 0 {
+		s.Stamp = t
+		return s, true
+	}
+	return s, s.Stamp == t
+}
+
+// outcomeMatches checks a receipt against the stored outcome of s and binds its stamp.
+func outcomeMatches(s State, rc *history.Receipt) (State, bool) {
+	if rc == nil || idemkv.Status(rc.Status) != s.Status || rc.Fingerprint != s.FP || rc.RemoteID != s.RemoteID ||
+		rc.RemoteURL != s.RemoteURL || rc.ResultDigest != s.Result || rc.ErrorCode != s.ErrorCode {
+		return s, false
+	}
+	return bindStamp(s, rc.CommittedAt)
 }
 
 // Step returns every state the key can be in after op answered out; none means the
@@ -151,9 +198,11 @@ func Step(s State, op *history.Op, out *history.Output) []State {
 				}
 			}
 		case s.Status.Terminal():
-			if out != nil && out.Err == "" && out.Decision == string(idemkv.DecisionReplay) && outcomeMatches(s, out.Receipt) {
-				if b, ok := observe(s, out.Record); ok {
-					next = append(next, b)
+			if out != nil && out.Err == "" && out.Decision == string(idemkv.DecisionReplay) {
+				if b, ok := outcomeMatches(s, out.Receipt); ok {
+					if b, ok = observe(b, out.Record); ok {
+						next = append(next, b)
+					}
 				}
 			}
 		case in.AttemptID == s.AttemptID:
@@ -207,8 +256,13 @@ func transition(s State, op *history.Op, out *history.Output) []State {
 	case s.Status.Terminal():
 		switch op.F {
 		case history.FCommit:
-			if out == nil || (ok() && outcomeMatches(s, out.Receipt)) {
+			if out == nil {
 				return []State{s}
+			}
+			if ok() {
+				if b, good := outcomeMatches(s, out.Receipt); good {
+					return []State{b}
+				}
 			}
 		case history.FFail:
 			if out == nil {
@@ -227,9 +281,14 @@ func transition(s State, op *history.Op, out *history.Output) []State {
 		return nil
 	case op.F == history.FCommit:
 		n = s
-		n.Status, n.RemoteID = idemkv.StatusCommitted, in.RemoteID
-		if out == nil || (ok() && outcomeMatches(n, out.Receipt)) {
+		n.Status, n.RemoteID, n.RemoteURL, n.Result = idemkv.StatusCommitted, in.RemoteID, in.RemoteURL, history.Digest(in.Result)
+		if out == nil {
 			return []State{n}
+		}
+		if ok() {
+			if b, good := outcomeMatches(n, out.Receipt); good {
+				return []State{b}
+			}
 		}
 	case op.F == history.FFail:
 		n = s

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -191,7 +192,7 @@ func TestFailAndHeartbeat(t *testing.T) {
 	failed.ErrorCode = "boom"
 	b.add(0, history.FFail, 13, 14, history.Input{Fingerprint: fpA, Fence: 5, ErrorCode: "boom"}, &history.Output{Record: failed})
 	b.add(0, history.FCommit, 15, 16, history.Input{Fingerprint: fpA, Fence: 5, RemoteID: "late"},
-		&history.Output{Receipt: &history.Receipt{Status: "failed", Fingerprint: fpA, ErrorCode: "boom"}})
+		&history.Output{Receipt: &history.Receipt{Status: "failed", Fingerprint: fpA, ErrorCode: "boom", CommittedAt: 2}})
 	b.add(0, history.FHeartbeat, 17, 18, history.Input{Fence: 5}, &history.Output{Err: "not_pending"})
 	b.add(0, history.FCommit, 19, 20, history.Input{Fingerprint: fpB, Fence: 5, RemoteID: "x"}, &history.Output{Err: "fingerprint_mismatch"})
 	if got := check(t, b.ops); got != porcupine.Ok {
@@ -201,6 +202,76 @@ func TestFailAndHeartbeat(t *testing.T) {
 		&history.Output{Receipt: &history.Receipt{Status: "committed", Fingerprint: fpA, RemoteID: "late"}})
 	if got := check(t, b.ops); got != porcupine.Illegal {
 		t.Fatalf("a commit overwrote a stored failure, judged %s", got)
+	}
+}
+
+// A stored receipt is given back exactly: the result byte for byte, the remote URL and
+// committed_at as the first answer showed them, by every replay, retried commit and read.
+func TestReceiptsReplayExactly(t *testing.T) {
+	result := json.RawMessage(`{"zid":"r1","ticket":{"n":1.50,"title":"Zürich"},"é":"\u00e9"}`)
+	receipt := func(raw []byte, url string, at int64) *history.Receipt {
+		return &history.Receipt{Status: "committed", Fingerprint: fpA, RemoteID: "r1", RemoteURL: url, ResultDigest: history.Digest(raw), CommittedAt: at}
+	}
+	stored := func(raw []byte, url string, at int64) *history.Record {
+		r := rec("committed", fpA, "a1", 5, "r1", at)
+		r.RemoteURL, r.ResultDigest, r.CommittedAt = url, history.Digest(raw), at
+		return r
+	}
+	base := func() *h {
+		b := &h{}
+		b.add(0, history.FReserve, 0, 10, history.Input{Fingerprint: fpA, AttemptID: "a1"}, execute(fpA, "a1", 5))
+		b.add(0, history.FCommit, 11, 20, history.Input{Fingerprint: fpA, Fence: 5, RemoteID: "r1", RemoteURL: "https://x/r1", Result: result},
+			&history.Output{Receipt: receipt(result, "https://x/r1", 1000)})
+		return b
+	}
+	replay := func(rc *history.Receipt, r *history.Record) *history.Output {
+		return &history.Output{Decision: "replay", Receipt: rc, Record: r}
+	}
+	t.Run("exact replays, retried commit and read", func(t *testing.T) {
+		b := base()
+		b.add(1, history.FReserve, 21, 22, history.Input{Fingerprint: fpA, AttemptID: "a2"},
+			replay(receipt(result, "https://x/r1", 1000), stored(result, "https://x/r1", 1000)))
+		b.add(0, history.FCommit, 23, 24, history.Input{Fingerprint: fpA, Fence: 5, RemoteID: "r1", Result: json.RawMessage(`{}`)},
+			&history.Output{Receipt: receipt(result, "https://x/r1", 1000)})
+		b.add(1, history.FGet, 25, 26, history.Input{}, &history.Output{Record: stored(result, "https://x/r1", 1000)})
+		if got := check(t, b.ops); got != porcupine.Ok {
+			t.Fatalf("judged %s", got)
+		}
+	})
+	// What a bug on one path does to the receipt.
+	canonical := json.RawMessage(`{"zid":"r1","ticket":{"n":1.5,"title":"Zürich"},"é":"é"}`)
+	cases := map[string]func(b *h){
+		"a replay without the result": func(b *h) {
+			b.add(1, history.FReserve, 21, 22, history.Input{Fingerprint: fpA, AttemptID: "a2"},
+				replay(receipt(nil, "https://x/r1", 1000), stored(nil, "https://x/r1", 1000)))
+		},
+		"a replay with the result re-encoded": func(b *h) {
+			b.add(1, history.FReserve, 21, 22, history.Input{Fingerprint: fpA, AttemptID: "a2"},
+				replay(receipt(canonical, "https://x/r1", 1000), stored(canonical, "https://x/r1", 1000)))
+		},
+		"a replay re-stamped": func(b *h) {
+			b.add(1, history.FReserve, 21, 22, history.Input{Fingerprint: fpA, AttemptID: "a2"},
+				replay(receipt(result, "https://x/r1", 1500), stored(result, "https://x/r1", 1500)))
+		},
+		"a retried commit without the remote URL": func(b *h) {
+			b.add(0, history.FCommit, 23, 24, history.Input{Fingerprint: fpA, Fence: 5, RemoteID: "r1"},
+				&history.Output{Receipt: receipt(result, "", 1000)})
+		},
+		"a read of another result": func(b *h) {
+			b.add(1, history.FGet, 25, 26, history.Input{}, &history.Output{Record: stored(canonical, "https://x/r1", 1000)})
+		},
+		"the first answer is not what was committed": func(b *h) {
+			b.ops[1].Out = &history.Output{Receipt: receipt(canonical, "https://x/r1", 1000)}
+		},
+	}
+	for name, addBad := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := base()
+			addBad(b)
+			if got := check(t, b.ops); got != porcupine.Illegal {
+				t.Fatalf("judged %s", got)
+			}
+		})
 	}
 }
 

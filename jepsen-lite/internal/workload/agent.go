@@ -52,12 +52,20 @@ type Downstream struct {
 	RefuseBeforeEffect float64
 }
 
-// Effect is one side effect the downstream performed.
+// Effect is one side effect the downstream performed, and the receipt it answered:
+// its id, URL and result, which a receipt naming it must carry exactly.
 type Effect struct {
-	Key      string `json:"key"`
-	Args     string `json:"args"`
-	RemoteID string `json:"remote_id"`
-	Class    string `json:"class"`
+	Key       string          `json:"key"`
+	Args      string          `json:"args"`
+	RemoteID  string          `json:"remote_id"`
+	Class     string          `json:"class"`
+	RemoteURL string          `json:"remote_url,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+}
+
+// receipt is what the tool or the probe reports for e.
+func (e Effect) receipt() *client.Result {
+	return &client.Result{RemoteSystem: "tickets", RemoteID: e.RemoteID, RemoteURL: e.RemoteURL, Result: e.Result}
 }
 
 // NewDownstream returns an empty downstream.
@@ -71,30 +79,31 @@ var (
 	errRefused            = errors.New("downstream: refused (nothing happened)")
 )
 
-// Execute performs the effect of key with args.
-func (d *Downstream) Execute(key, args, class string) (string, error) {
+// Execute performs the effect of key with args and returns it.
+func (d *Downstream) Execute(key, args, class string) (Effect, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	x := d.r.Float64()
 	if x < d.RefuseBeforeEffect {
-		return "", errRefused
+		return Effect{}, errRefused
 	}
 	d.seq++
 	id := fmt.Sprintf("T-%d", d.seq)
+	e := Effect{Key: key, Args: args, RemoteID: id, Class: class, RemoteURL: remoteURL(d.r, "tickets", id), Result: randomResult(d.r, id)}
 	if class == ClassIdempotent {
 		// An idempotent effect is an upsert: running it again changes nothing and
-		// answers with the same id.
-		for _, e := range d.effects[key] {
-			if e.Args == args {
-				id = e.RemoteID
+		// answers as the first run did.
+		for _, prev := range d.effects[key] {
+			if prev.Args == args {
+				e = prev
 			}
 		}
 	}
-	d.effects[key] = append(d.effects[key], Effect{Key: key, Args: args, RemoteID: id, Class: class})
+	d.effects[key] = append(d.effects[key], e)
 	if x < d.RefuseBeforeEffect+d.TimeoutAfterEffect {
-		return "", errTimeoutAfterEffect
+		return Effect{}, errTimeoutAfterEffect
 	}
-	return id, nil
+	return e, nil
 }
 
 // Heal stops the injected failures: every later call succeeds.
@@ -105,13 +114,13 @@ func (d *Downstream) Heal() {
 }
 
 // Probe looks the effect of key up.
-func (d *Downstream) Probe(key string) (string, bool) {
+func (d *Downstream) Probe(key string) (Effect, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if list := d.effects[key]; len(list) > 0 {
-		return list[0].RemoteID, true
+		return list[0], true
 	}
-	return "", false
+	return Effect{}, false
 }
 
 // Effects returns every effect by key.
@@ -340,15 +349,15 @@ func (a *Agent) run(ctx context.Context, cl *client.Client, op AgentOp) (*histor
 	}
 	if op.Class == ClassProbe {
 		cop.Probe = func(context.Context) (*client.Result, error) {
-			if id, found := a.down.Probe(op.Key); found {
-				return &client.Result{RemoteSystem: "tickets", RemoteID: id}, nil
+			if e, found := a.down.Probe(op.Key); found {
+				return e.receipt(), nil
 			}
 			return nil, nil
 		}
 	}
 	var effects atomic.Int32
 	res, err := cl.Do(ctx, cop, func(context.Context) (*client.Result, error) {
-		id, err := a.down.Execute(op.Key, op.Args, op.Class)
+		e, err := a.down.Execute(op.Key, op.Args, op.Class)
 		switch {
 		case errors.Is(err, errRefused):
 			return nil, client.NotExecuted(err)
@@ -357,7 +366,7 @@ func (a *Agent) run(ctx context.Context, cl *client.Client, op AgentOp) (*histor
 			return nil, err
 		}
 		effects.Add(1)
-		return &client.Result{RemoteSystem: "tickets", RemoteID: id}, nil
+		return e.receipt(), nil
 	})
 	out.Effects = int(effects.Load())
 	var (
@@ -596,7 +605,13 @@ func CheckAgents(ops []history.Op, effects map[string][]Effect, final map[string
 				add(AnomalyOrphanEffect, key, "effect %s (%s) happened; the key ended %s", e.RemoteID, e.Args, status)
 			}
 		}
-		// Acknowledged receipts: every one the same, and the one stored at the end.
+		// Acknowledged receipts: every one exactly the one stored at the end (so all
+		// the same: the first answer's, down to the result's bytes and committed_at),
+		// and a committed one exactly what the effect it names answered.
+		var final *history.Receipt
+		if rec != nil {
+			final = toReceipt(rec.Outcome())
+		}
 		for _, op := range list {
 			if op.Type != history.OK || op.Out == nil || op.Out.Receipt == nil {
 				continue
@@ -605,12 +620,20 @@ func CheckAgents(ops []history.Op, effects map[string][]Effect, final map[string
 			switch {
 			case rec == nil:
 				add(AnomalyLostReceipt, key, "op %d was acknowledged %s %s, the record is gone", op.ID, rc.Status, rc.RemoteID)
-			case string(rec.Status) != rc.Status || rec.Fingerprint != rc.Fingerprint || remoteID(rec) != rc.RemoteID:
-				add(AnomalyReceiptMismatch, key, "op %d was acknowledged %s %s, the record holds %s %s",
-					op.ID, rc.Status, rc.RemoteID, rec.Status, remoteID(rec))
+			case !rc.Same(final):
+				add(AnomalyReceiptMismatch, key, "op %d was acknowledged %s, the record holds %s (%s)",
+					op.ID, describeReceipt(rc), describeReceipt(final), rec.Status)
 			}
-			if rc.Status == string(idemkv.StatusCommitted) && !hasEffect(eff, rc.RemoteID) {
+			if rc.Status != string(idemkv.StatusCommitted) {
+				continue
+			}
+			e, found := effectOf(eff, rc.RemoteID)
+			switch {
+			case !found:
 				add(AnomalyPhantomReceipt, key, "op %d got receipt %s that no effect produced", op.ID, rc.RemoteID)
+			case rc.RemoteURL != e.RemoteURL || rc.ResultDigest != history.Digest(e.Result):
+				add(AnomalyReceiptMismatch, key, "op %d got receipt %s with url %q result %s; effect %s answered url %q result %s",
+					op.ID, rc.RemoteID, rc.RemoteURL, rc.ResultDigest, e.RemoteID, e.RemoteURL, history.Digest(e.Result))
 			}
 		}
 		// Conflicts: only where another argument set used the key, naming it; and an
@@ -639,11 +662,13 @@ func CheckAgents(ops []history.Op, effects map[string][]Effect, final map[string
 	return out
 }
 
-func remoteID(r *idemkv.Record) string {
-	if r.Receipt == nil {
-		return ""
+// describeReceipt names every field of a receipt the checkers compare.
+func describeReceipt(rc *history.Receipt) string {
+	if rc == nil {
+		return "no receipt"
 	}
-	return r.Receipt.RemoteID
+	return fmt.Sprintf("%s fp=%s remote=%s url=%q result=%s error=%s committed_at=%d",
+		rc.Status, rc.Fingerprint, rc.RemoteID, rc.RemoteURL, rc.ResultDigest, rc.ErrorCode, rc.CommittedAt)
 }
 
 func countArgs(eff []Effect, args string) int {
@@ -656,11 +681,12 @@ func countArgs(eff []Effect, args string) int {
 	return n
 }
 
-func hasEffect(eff []Effect, id string) bool {
+// effectOf finds the effect that answered with remote id id.
+func effectOf(eff []Effect, id string) (Effect, bool) {
 	for _, e := range eff {
 		if e.RemoteID == id {
-			return true
+			return e, true
 		}
 	}
-	return false
+	return Effect{}, false
 }

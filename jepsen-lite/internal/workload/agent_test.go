@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/idemkv/idemkv"
@@ -107,12 +108,12 @@ func TestCheckAgentsFindsEachAnomaly(t *testing.T) {
 func TestDownstream(t *testing.T) {
 	d := NewDownstream(1)
 	d.TimeoutAfterEffect, d.RefuseBeforeEffect = 0, 0
-	id, err := d.Execute("k", "{}", ClassProbe)
-	if err != nil || id == "" {
-		t.Fatalf("Execute = %q, %v", id, err)
+	e, err := d.Execute("k", "{}", ClassProbe)
+	if err != nil || e.RemoteID == "" || e.RemoteURL == "" || !json.Valid(e.Result) {
+		t.Fatalf("Execute = %+v, %v", e, err)
 	}
-	if got, found := d.Probe("k"); !found || got != id {
-		t.Fatalf("Probe = %q, %v; want %q", got, found, id)
+	if got, found := d.Probe("k"); !found || got.RemoteID != e.RemoteID || string(got.Result) != string(e.Result) || got.RemoteURL != e.RemoteURL {
+		t.Fatalf("Probe = %+v, %v; want %+v", got, found, e)
 	}
 	if _, found := d.Probe("other"); found {
 		t.Fatal("a probe found an effect that never happened")
@@ -124,9 +125,54 @@ func TestDownstream(t *testing.T) {
 	if _, found := d.Probe("k2"); !found {
 		t.Fatal("the effect before the timeout is not visible to the probe")
 	}
-	again, _ := func() (string, error) { d.TimeoutAfterEffect = 0; return d.Execute("i", "{}", ClassIdempotent) }()
+	again, _ := func() (Effect, error) { d.TimeoutAfterEffect = 0; return d.Execute("i", "{}", ClassIdempotent) }()
 	twice, _ := d.Execute("i", "{}", ClassIdempotent)
-	if again != twice || len(d.Effects()["i"]) != 2 {
-		t.Fatalf("idempotent effects: ids %q %q, %d effects", again, twice, len(d.Effects()["i"]))
+	if again.RemoteID != twice.RemoteID || string(again.Result) != string(twice.Result) || len(d.Effects()["i"]) != 2 {
+		t.Fatalf("idempotent effects: %+v %+v, %d effects", again, twice, len(d.Effects()["i"]))
+	}
+}
+
+// Every acknowledged receipt is exactly the stored one and what its effect answered:
+// the result's bytes, the remote URL and committed_at too.
+func TestCheckAgentsReceiptsExactly(t *testing.T) {
+	result := json.RawMessage(`{"zid":"T-1","ticket":{"n":2E+3,"title":"日本語"}}`)
+	effects := map[string][]Effect{"k": {{Key: "k", Args: "args:" + fpA, RemoteID: "T-1", Class: ClassProbe, RemoteURL: "https://t/T-1", Result: result}}}
+	full := func(raw []byte, url string, at int64) *history.Receipt {
+		return &history.Receipt{Status: "committed", Fingerprint: fpA, RemoteID: "T-1", RemoteURL: url, ResultDigest: history.Digest(raw), CommittedAt: at}
+	}
+	final := func(raw []byte, url string, at int64) map[string]*idemkv.Record {
+		return map[string]*idemkv.Record{"k": {Fingerprint: fpA, Status: idemkv.StatusCommitted,
+			Receipt: &idemkv.StoredReceipt{RemoteID: "T-1", RemoteURL: url, Result: raw, CommittedAt: idemkv.Timestamp(at)}}}
+	}
+	ops := func(replay *history.Receipt) []history.Op {
+		return []history.Op{do(1, "k", fpA, OutcomeCommitted, full(result, "https://t/T-1", 1000)), do(2, "k", fpA, OutcomeReplayed, replay)}
+	}
+	if a := CheckAgents(ops(full(result, "https://t/T-1", 1000)), effects, final(result, "https://t/T-1", 1000)); len(a) != 0 {
+		t.Fatalf("exact replays have anomalies: %v", a)
+	}
+	canonical := json.RawMessage(`{"ticket":{"n":2000,"title":"日本語"},"zid":"T-1"}`)
+	cases := []struct {
+		name   string
+		replay *history.Receipt
+		final  map[string]*idemkv.Record
+	}{
+		{"a replay without the result", full(nil, "https://t/T-1", 1000), final(result, "https://t/T-1", 1000)},
+		{"a replay with the result re-encoded", full(canonical, "https://t/T-1", 1000), final(result, "https://t/T-1", 1000)},
+		{"a replay without the remote URL", full(result, "", 1000), final(result, "https://t/T-1", 1000)},
+		{"a replay re-stamped", full(result, "https://t/T-1", 1001), final(result, "https://t/T-1", 1000)},
+		{"the result stored re-encoded, replayed alike", full(canonical, "https://t/T-1", 1000), final(canonical, "https://t/T-1", 1000)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := kinds(CheckAgents(ops(c.replay), effects, c.final)); got[AnomalyReceiptMismatch] == 0 || len(got) != 1 {
+				t.Fatalf("want only %s, got %v", AnomalyReceiptMismatch, got)
+			}
+		})
+	}
+	// Every answer agrees with the stored record, and none with what the tool
+	// answered: the commit itself lost the result.
+	lost := []history.Op{do(1, "k", fpA, OutcomeCommitted, full(nil, "https://t/T-1", 1000)), do(2, "k", fpA, OutcomeReplayed, full(nil, "https://t/T-1", 1000))}
+	if got := kinds(CheckAgents(lost, effects, final(nil, "https://t/T-1", 1000))); got[AnomalyReceiptMismatch] != 2 || len(got) != 1 {
+		t.Fatalf("a result the commit dropped: %v", got)
 	}
 }

@@ -189,16 +189,17 @@ func recordPath(key string) string {
 	return "/v1/records/" + url.PathEscape(Tenant) + "/" + url.PathEscape(key)
 }
 
-// toRecord keeps the fields the checkers compare.
+// toRecord keeps the fields the checkers compare; a receipt's result as its digest.
 func toRecord(r *idemkv.Record) *history.Record {
 	if r == nil {
 		return nil
 	}
 	out := &history.Record{Status: string(r.Status), Fingerprint: r.Fingerprint, Tool: r.Tool,
-		AttemptID: r.AttemptID, Fence: r.Fence, Attempts: r.Attempts, UpdatedAt: int64(r.UpdatedAt),
-		LeaseExpiresAt: int64(r.LeaseExpiresAt)}
+		AttemptID: r.AttemptID, Fence: r.Fence, Attempts: r.Attempts, CreatedAt: int64(r.CreatedAt), UpdatedAt: int64(r.UpdatedAt),
+		LeaseExpiresAt: int64(r.LeaseExpiresAt), ExpiresAt: int64(r.ExpiresAt)}
 	if r.Receipt != nil {
-		out.RemoteID = r.Receipt.RemoteID
+		out.RemoteID, out.RemoteURL = r.Receipt.RemoteID, r.Receipt.RemoteURL
+		out.ResultDigest, out.CommittedAt = history.Digest(r.Receipt.Result), int64(r.Receipt.CommittedAt)
 	}
 	if r.Error != nil {
 		out.ErrorCode = r.Error.Code
@@ -209,11 +210,14 @@ func toRecord(r *idemkv.Record) *history.Record {
 	return out
 }
 
+// toReceipt keeps every field of r but the key, the remote system and the error's
+// message; the result as its digest.
 func toReceipt(r *idemkv.Receipt) *history.Receipt {
 	if r == nil {
 		return nil
 	}
-	out := &history.Receipt{Status: string(r.Status), Fingerprint: r.Fingerprint, RemoteID: r.RemoteID}
+	out := &history.Receipt{Status: string(r.Status), Fingerprint: r.Fingerprint, RemoteID: r.RemoteID,
+		RemoteURL: r.RemoteURL, ResultDigest: history.Digest(r.Result), CommittedAt: int64(r.CommittedAt)}
 	if r.Error != nil {
 		out.ErrorCode = r.Error.Code
 	}

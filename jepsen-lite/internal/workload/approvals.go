@@ -205,9 +205,10 @@ func (w *Approvals) ask(ctx context.Context, c *approvalClient, key string, amou
 				return // the agent died after the grant; the lease runs out and a later ask recovers
 			}
 			cin := history.Input{Fingerprint: fp, Fence: out.Grant, RemoteID: fmt.Sprintf("RF-%s-%d", key, out.Grant)}
+			cin.RemoteURL, cin.Result = remoteURL(c.r, "payments", cin.RemoteID), randomResult(c.r, cin.RemoteID)
 			w.call(ctx, c, history.FCommit, key, cin, func(node int) (*history.Output, result) {
 				return w.api.Commit(ctx, node, &idemkv.CommitRequest{Tenant: Tenant, Key: key, Fingerprint: fp, Fence: out.Grant,
-					RemoteSystem: "payments", RemoteID: cin.RemoteID})
+					RemoteSystem: "payments", RemoteID: cin.RemoteID, RemoteURL: cin.RemoteURL, Result: cin.Result})
 			})
 		}
 		return

@@ -160,9 +160,10 @@ func (w *Lease) hold(ctx context.Context, c *leaseClient, key string, fence uint
 	commit := func() {
 		cin := in
 		cin.RemoteID = fmt.Sprintf("L-%s-%d", key, fence)
+		cin.RemoteURL, cin.Result = remoteURL(c.r, "jepsen", cin.RemoteID), randomResult(c.r, cin.RemoteID)
 		w.call(ctx, c, history.FCommit, key, cin, func(node int) (*history.Output, result) {
 			return w.api.Commit(ctx, node, &idemkv.CommitRequest{Tenant: Tenant, Key: key, Fingerprint: leaseFP, Fence: fence,
-				RemoteSystem: "jepsen", RemoteID: cin.RemoteID})
+				RemoteSystem: "jepsen", RemoteID: cin.RemoteID, RemoteURL: cin.RemoteURL, Result: cin.Result})
 		})
 	}
 	switch n := c.r.IntN(20); {

@@ -259,11 +259,12 @@ func (w *Register) useFence(ctx context.Context, c *registerClient, key string, 
 	switch {
 	case n < 55:
 		in.RemoteID = fmt.Sprintf("R-%s-%d-%d", key, g.fence, c.id)
+		in.RemoteURL, in.Result = remoteURL(c.r, "jepsen", in.RemoteID), randomResult(c.r, in.RemoteID)
 		op = w.op(c, history.FCommit, key, in)
 		op.Node = w.api.Addrs()[node]
 		w.rec.Invoke(op)
 		out, r = w.api.Commit(ctx, node, &idemkv.CommitRequest{Tenant: Tenant, Key: key, Fingerprint: g.fp, Fence: g.fence,
-			RemoteSystem: "jepsen", RemoteID: in.RemoteID})
+			RemoteSystem: "jepsen", RemoteID: in.RemoteID, RemoteURL: in.RemoteURL, Result: in.Result})
 	case n < 65:
 		in.ErrorCode = fmt.Sprintf("E%d", c.id)
 		op = w.op(c, history.FFail, key, in)
