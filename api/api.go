@@ -90,10 +90,12 @@ type Config struct {
 	ForwardTimeout time.Duration
 	// Middleware, when set, wraps the whole handler (tracing, authentication).
 	Middleware func(http.Handler) http.Handler
-	// MaxLongPolls and MaxLongPollsPerCaller cap the long-polls this node holds, in
-	// all and per token (DefaultMaxLongPolls, DefaultMaxLongPollsPerCaller).
+	// MaxLongPolls, MaxLongPollsPerCaller and MaxLongPollsPerTenant cap the long-polls
+	// this node holds, in all, per token and per tenant (DefaultMaxLongPolls,
+	// DefaultMaxLongPollsPerCaller, DefaultMaxLongPollsPerTenant).
 	MaxLongPolls          int
 	MaxLongPollsPerCaller int
+	MaxLongPollsPerTenant int
 	// Pprof serves Go's profiles at /debug/pprof/ for the admin role alone: the
 	// command line, heap and goroutine stacks are no tenant's business.
 	Pprof bool
@@ -140,7 +142,7 @@ func New(cfg Config) *Server {
 		forwardTimeout: cfg.ForwardTimeout,
 		mux:            http.NewServeMux(),
 		routes:         http.NewServeMux(),
-		polls:          newLongPolls(cfg.MaxLongPolls, cfg.MaxLongPollsPerCaller),
+		polls:          newLongPolls(cfg.MaxLongPolls, cfg.MaxLongPollsPerCaller, cfg.MaxLongPollsPerTenant),
 		onReserve:      cfg.OnReserve,
 	}
 	if s.log == nil {

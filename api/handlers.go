@@ -354,7 +354,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	}
 	req.EnsureDefaults()
 	if req.Wait > 0 {
-		release, err := s.polls.acquire(r)
+		release, err := s.polls.acquire(r, req.Tenant)
 		if err != nil {
 			s.writeError(w, r, err)
 			return

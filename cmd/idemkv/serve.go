@@ -41,6 +41,7 @@ type serveOptions struct {
 	maxToolsTenant int
 	maxLongPolls   int
 	maxPollsToken  int
+	maxPollsTenant int
 	maxConns       int
 	maxConnsSource int
 	cacheMB        int64
@@ -91,6 +92,7 @@ asks the cluster to add it and retries until it is in.
 	f.IntVar(&o.maxToolsTenant, "metrics-max-tools-per-tenant", o.maxToolsTenant, "of those, how many one tenant's requests may claim (a name counts for the tenant that used it first)")
 	f.IntVar(&o.maxLongPolls, "max-long-polls", o.maxLongPolls, "long-polls (get with wait_ms) this node holds at once; beyond, 429 resource_exhausted")
 	f.IntVar(&o.maxPollsToken, "max-long-polls-per-token", o.maxPollsToken, "long-polls one token holds on this node at once; beyond, 429 resource_exhausted")
+	f.IntVar(&o.maxPollsTenant, "max-long-polls-per-tenant", 0, "long-polls on one tenant's records this node holds at once, of every token together (default: half of --max-long-polls); beyond, 429 resource_exhausted")
 	f.IntVar(&o.maxConns, "max-conns", o.maxConns,
 		"API connections this node holds at once; past it a new one takes the place of an idle one (no request in flight) of the source holding the most, or waits")
 	f.IntVar(&o.maxConnsSource, "max-conns-per-source", o.maxConnsSource,
@@ -251,6 +253,7 @@ func runServe(ctx context.Context, o serveOptions) error {
 
 		MaxLongPolls:          o.maxLongPolls,
 		MaxLongPollsPerCaller: o.maxPollsToken,
+		MaxLongPollsPerTenant: o.maxPollsTenant,
 		OnReserve:             conflicts.Observe,
 	}).Handler()
 	if !o.noConsole {
