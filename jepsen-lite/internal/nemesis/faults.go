@@ -373,25 +373,45 @@ func (n *Nemesis) snapshotInstallFails(ctx, heal context.Context, hold time.Dura
 	return iso + "; " + detail, errors.Join(isoErr, err)
 }
 
-// clockJump moves one node's clock (the leader's two times in three: only the leader
-// stamps) forward by minutes, then back by minutes, then resets it.
+// clockJump moves one node's clock forward by minutes, then back by minutes, then
+// resets it. Only a leader stamps, so the first jump of a run goes to the leader, and
+// two in three after it: a run whose jumps all went to followers (which stamp only
+// once they lead) tested nothing of the stamp bound. Each offset must read back from
+// the node, and the detail says whether the node led when its forward jump ended.
 func (n *Nemesis) clockJump(ctx, heal context.Context, hold time.Duration) (string, error) {
+	n.clockJumps++
 	victim := n.r.IntN(n.c.Size())
-	if n.r.IntN(3) > 0 {
+	toLeader := n.r.IntN(3) > 0 || n.clockJumps == 1
+	role := "a node drawn at random"
+	if toLeader {
+		role = "no leader found: a node drawn at random"
 		if l, err := n.leader(heal); err == nil {
-			victim = l
+			victim, role = l, "the leader"
 		}
 	}
 	fwd := time.Duration(2+n.r.IntN(4)) * time.Minute
 	back := -time.Duration(2+n.r.IntN(4)) * time.Minute
-	for _, off := range []time.Duration{fwd, back} {
+	led := false
+	for i, off := range []time.Duration{fwd, back} {
 		ms := off.Milliseconds()
-		if _, err := n.c.SetHooks(heal, victim, testhooks.StateUpdate{ClockOffsetMs: &ms}); err != nil {
+		st, err := n.c.SetHooks(heal, victim, testhooks.StateUpdate{ClockOffsetMs: &ms})
+		if err != nil {
 			return "", errors.Join(err, n.resetClocks(heal))
 		}
+		if st.ClockOffsetMs != ms {
+			return "", errors.Join(fmt.Errorf("nemesis: %s reports clock offset %d ms, set %d", n.id(victim), st.ClockOffsetMs, ms), n.resetClocks(heal))
+		}
 		sleep(ctx, hold/2)
+		if i == 0 {
+			led = n.c.Leader(heal) == victim
+		}
 	}
-	detail := fmt.Sprintf("%s clock %+v, then %+v", n.id(victim), fwd, back)
+	detail := fmt.Sprintf("%s (%s) clock %+v, then %+v", n.id(victim), role, fwd, back)
+	if led {
+		detail += "; it led when the forward jump ended"
+	} else {
+		detail += "; it did not lead when the forward jump ended"
+	}
 	if err := n.resetClocks(heal); err != nil {
 		return detail, err
 	}

@@ -116,6 +116,9 @@ type Nemesis struct {
 	// clockRestarts counts the clock-restart faults begun, which set their direction
 	// (clockRestart); like r, it is only used by the fault in force.
 	clockRestarts int
+	// clockJumps counts the clock-jump faults begun: the first goes to the leader
+	// (clockJump).
+	clockJumps int
 }
 
 // New returns a nemesis for c.

@@ -24,6 +24,9 @@ import (
 type fakeNodes struct {
 	mu      sync.Mutex
 	offsets map[string][]int64 // node ID -> every clock offset set, in order
+	// ignoreOffsets makes every node take clock offsets and keep its clock: it
+	// reports an offset of zero.
+	ignoreOffsets bool
 }
 
 func (f *fakeNodes) handler(id string) http.Handler {
@@ -39,8 +42,12 @@ func (f *fakeNodes) handler(id string) http.Handler {
 		}
 		f.mu.Lock()
 		f.offsets[id] = append(f.offsets[id], *u.ClockOffsetMs)
+		st := testhooks.State{ClockOffsetMs: *u.ClockOffsetMs}
+		if f.ignoreOffsets {
+			st.ClockOffsetMs = 0
+		}
 		f.mu.Unlock()
-		_ = json.NewEncoder(w).Encode(testhooks.State{ClockOffsetMs: *u.ClockOffsetMs})
+		_ = json.NewEncoder(w).Encode(st)
 	})
 	// Storage faults are taken and never fire: the fake has no store.
 	mux.HandleFunc("POST "+testhooks.PathFaults, func(w http.ResponseWriter, r *http.Request) {

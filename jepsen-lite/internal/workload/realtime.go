@@ -6,36 +6,48 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/fsm"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/history"
 )
 
-// AnomalyLeaseCutShort: an attempt was granted recover on a key before the lease of
-// the holder it recovered from could have run out in real time. CheckLeases judges
-// leases by the times the state machine stamped, which a leader whose clock runs
-// ahead moves forward for everyone: every stamp agrees with every other and the
-// lease still ends while its holder runs (issue 12, defect 5). This check holds the
-// stamps to the harness's own clock.
+// AnomalyLeaseCutShort: an attempt was granted a key, by execute or recover, before
+// the lease of the holder before it could have run out in real time, and that holder
+// had sent nothing that could end its lease. CheckLeases judges leases by the times
+// the state machine stamped, which a leader whose clock runs ahead moves forward for
+// everyone: every stamp agrees with every other and the lease still ends while its
+// holder runs (issue 12, defect 5). This check holds the stamps to the harness's own
+// clock.
 const AnomalyLeaseCutShort = "lease-cut-short"
 
 // realTimeSlack absorbs the millisecond rounding of stamps and the difference between
 // the nodes' wall clock and the harness's monotonic one; a lease cut short by more
-// than this was cut short.
+// than this and the slew below was cut short.
 const realTimeSlack = 50 * time.Millisecond
 
-// leaseSpan is one acknowledged grant or heartbeat of a fence: the holder's lease
-// lasts at least from the moment it asked (Call) for the duration the answer names.
+// leaseSpan is one acknowledged grant or heartbeat of a fence: the state machine
+// clock, when it stamped the answer (no earlier than call), was dur before the lease's
+// end.
 type leaseSpan struct {
 	call, ret int64
 	dur       time.Duration
 	op        int64
 }
 
-// CheckLeasesRealTime finds every recover of the short-lease workload that came back
-// before the previous holder's lease could have ended in real time. With clocks in
-// step no correct node can do that: a grant is stamped no earlier than its request
-// was sent, so its lease_expires_at is at least that moment plus the lease, and a
-// recover needs the state machine's clock, no later than the moment the recover
-// answer came back, past it.
+// CheckLeasesRealTime finds every grant of the short-lease workload, execute or
+// recover, that came back before the previous holder's lease could have ended in
+// real time. The previous holder is the greatest fence below the grant's that an
+// answer showed: fences are Raft indexes, so its grant and every heartbeat of it that
+// was answered applied before this grant, whatever the order of the answers. This
+// grant needed the state machine clock past that lease's end (recover: the lease ran
+// out; execute: the record expired, and a pending record outlives its lease), so the
+// clock advanced at least dur from a stamp made after the span's request was sent to
+// one made before this grant's answer came back. It advances at most (1+fsm.ClockSlew)
+// times as fast as real time (fsm.BoundStamp), so a correct cluster cannot grant
+// sooner than s.call + dur/(1+ClockSlew): a lease lasts at most a tenth shorter in
+// real time. An attempt granted in between whose answer was lost changes nothing: it
+// too had to wait for the lease.
+// An end (commit, fail, release) the holder sent before this grant came back, unless
+// it was refused, may have ended the lease early, and excuses it.
 func CheckLeasesRealTime(ops []history.Op) []AgentAnomaly {
 	type keyFence struct {
 		key   string
@@ -44,7 +56,7 @@ func CheckLeasesRealTime(ops []history.Op) []AgentAnomaly {
 	spans := map[keyFence][]leaseSpan{}
 	ends := map[keyFence][]int64{}
 	fences := map[string][]uint64{}
-	var recovers []*history.Op
+	var grants []*history.Op
 	for i := range ops {
 		op := &ops[i]
 		if op.Workload != "lease" {
@@ -52,7 +64,9 @@ func CheckLeasesRealTime(ops []history.Op) []AgentAnomaly {
 		}
 		switch op.F {
 		case history.FCommit, history.FFail, history.FRelease:
-			if op.Type != history.Fail {
+			// An end refused (fenced, not_found) certainly ended nothing: a holder
+			// whose lease was cut short learns it so.
+			if op.Type != history.Fail && (op.Type != history.OK || op.Out == nil || op.Out.Err == "") {
 				kf := keyFence{op.Key, op.In.Fence}
 				ends[kf] = append(ends[kf], op.Call)
 			}
@@ -66,9 +80,7 @@ func CheckLeasesRealTime(ops []history.Op) []AgentAnomaly {
 		switch {
 		case op.F == history.FReserve && (op.Out.Decision == string(idemkv.DecisionExecute) || op.Out.Decision == string(idemkv.DecisionRecover)):
 			fence = op.Out.Grant
-			if op.Out.Decision == string(idemkv.DecisionRecover) {
-				recovers = append(recovers, op)
-			}
+			grants = append(grants, op)
 		case op.F == history.FHeartbeat && rec.Fence == op.In.Fence:
 			fence = rec.Fence
 		default:
@@ -84,13 +96,13 @@ func CheckLeasesRealTime(ops []history.Op) []AgentAnomaly {
 		spans[kf] = append(spans[kf], leaseSpan{call: op.Call, ret: op.Return,
 			dur: time.Duration(rec.LeaseExpiresAt-rec.UpdatedAt) * time.Millisecond, op: op.ID})
 	}
-	var out []AgentAnomaly
-	for _, b := range recovers {
-		// The holder recovered from is the greatest fence below b's that was granted.
-		list := fences[b.Key]
+	for _, list := range fences {
 		sort.Slice(list, func(i, j int) bool { return list[i] < list[j] })
+	}
+	var out []AgentAnomaly
+	for _, b := range grants {
 		var prev uint64
-		for _, f := range list {
+		for _, f := range fences[b.Key] {
 			if f < b.Out.Grant {
 				prev = f
 			}
@@ -107,16 +119,13 @@ func CheckLeasesRealTime(ops []history.Op) []AgentAnomaly {
 			continue
 		}
 		for _, s := range spans[kf] {
-			// Only leases known before b was asked for count.
-			if s.ret >= b.Call {
-				continue
-			}
-			until := s.call + int64(s.dur)
-			if short := time.Duration(until - b.Return); short > realTimeSlack {
+			elapsed := time.Duration(b.Return - s.call)
+			short := time.Duration(s.call) + s.dur - time.Duration(b.Return)
+			if short > realTimeSlack+time.Duration(fsm.ClockSlew*float64(max(elapsed, 0))) {
 				out = append(out, AgentAnomaly{Kind: AnomalyLeaseCutShort, Key: b.Key,
-					Detail: fmt.Sprintf("op %d recovered fence %d at %.3fs, %s before the %s lease op %d granted fence %d at %.3fs could end",
-						b.ID, prev, time.Duration(b.Return).Seconds(), short.Round(time.Millisecond), s.dur, s.op, prev,
-						time.Duration(s.call).Seconds())})
+					Detail: fmt.Sprintf("op %d was granted %s (fence %d) at %.3fs, %s before the %s lease of fence %d, asked for by op %d at %.3fs, could end (a tenth of %s allowed for clock slew)",
+						b.ID, b.Out.Decision, b.Out.Grant, time.Duration(b.Return).Seconds(), short.Round(time.Millisecond), s.dur, prev, s.op,
+						time.Duration(s.call).Seconds(), elapsed.Round(time.Millisecond))})
 				break
 			}
 		}
