@@ -137,14 +137,25 @@ func CheckAcknowledged(ops []history.Op) []AgentAnomaly {
 			}
 		}
 		for _, a := range acks {
-			what := fmt.Sprintf("op %d acknowledged %s at fence %d, expires_at >= %d", a.op.ID, describeReceipt(a.receipt), a.fence, a.expires)
+			// One anomaly of each kind per acknowledged outcome, at the first answer
+			// that betrays it; the others are counted.
+			first, more := map[string]string{}, map[string]int{}
+			var kinds []string
+			note := func(kind, detail string) {
+				if _, seen := first[kind]; seen {
+					more[kind]++
+					return
+				}
+				first[kind] = detail
+				kinds = append(kinds, kind)
+			}
 			for _, op := range list {
 				if op.Call <= a.op.Return || op.Type != history.OK || op.Out == nil {
 					continue
 				}
 				if op.In.Final && op.F == history.FGet {
 					if kind, detail := judgeFinal(a, op, clockBound); kind != "" {
-						add(kind, key, "%s; final read op %d %s", what, op.ID, detail)
+						note(kind, fmt.Sprintf("the final read (op %d) %s", op.ID, detail))
 					}
 					continue
 				}
@@ -152,8 +163,12 @@ func CheckAcknowledged(ops []history.Op) []AgentAnomaly {
 					continue
 				}
 				if kind, detail := judgeLater(a, op); kind != "" {
-					add(kind, key, "%s; op %d (%s, begun after) %s", what, op.ID, op.F, detail)
+					note(kind, fmt.Sprintf("op %d (%s, begun after) %s", op.ID, op.F, detail))
 				}
+			}
+			for _, kind := range kinds {
+				add(kind, key, "op %d acknowledged %s %s at fence %d (committed_at %d, expires_at >= %d); %s, and %d later answers alike",
+					a.op.ID, a.receipt.Status, a.receipt.RemoteID+a.receipt.ErrorCode, a.fence, a.receipt.CommittedAt, a.expires, first[kind], more[kind])
 			}
 		}
 	}

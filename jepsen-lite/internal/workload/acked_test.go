@@ -61,8 +61,9 @@ func TestCheckAcknowledgedLease(t *testing.T) {
 		{"a new record before it expired", func(*history.Receipt) []history.Op {
 			return []history.Op{reserve(3, 40, &history.Output{Decision: "execute", Grant: 9, Record: pending(9, 3999)})}
 		}, AnomalyAckThenExecuted},
-		{"the key still pending under the acknowledged fence", func(*history.Receipt) []history.Op {
-			return []history.Op{reserve(3, 40, &history.Output{Decision: "in_progress", Record: pending(5, 1000)})}
+		{"the key still pending under the acknowledged fence, twice (one anomaly)", func(*history.Receipt) []history.Op {
+			return []history.Op{reserve(3, 40, &history.Output{Decision: "in_progress", Record: pending(5, 1000)}),
+				reserve(4, 50, &history.Output{Decision: "in_progress", Record: pending(5, 1000)})}
 		}, AnomalyAckThenExecuted},
 		{"another fence committed before it expired", func(*history.Receipt) []history.Op {
 			return []history.Op{ackedOp("lease", 3, history.FCommit, history.Input{Fingerprint: leaseFP, Fence: 9}, 40, 45,

@@ -113,12 +113,30 @@ func (w *Lease) call(ctx context.Context, c *leaseClient, f, key string, in hist
 }
 
 func (w *Lease) step(ctx context.Context, c *leaseClient) {
-	key := fmt.Sprintf("lease:%d", c.r.IntN(w.cfg.Keys))
 	lease := w.cfg.LeaseMin + time.Duration(c.r.Int64N(int64(w.cfg.LeaseMax-w.cfg.LeaseMin)+1))
 	lease = lease.Truncate(time.Millisecond)
+	if c.r.IntN(4) == 0 {
+		w.lateCommit(ctx, c, lease)
+		return
+	}
+	key := fmt.Sprintf("lease:%d", c.r.IntN(w.cfg.Keys))
+	out := w.reserve(ctx, c, key, lease)
+	switch {
+	case out == nil:
+	case out.Decision == string(idemkv.DecisionExecute) || out.Decision == string(idemkv.DecisionRecover):
+		w.hold(ctx, c, key, out.Grant, lease)
+	case out.Decision == string(idemkv.DecisionInProgress):
+		// Come back somewhere around the holder's lease.
+		w.pause(ctx, time.Duration(c.r.Int64N(int64(lease))))
+	}
+}
+
+// reserve reserves key with lease; a reserve whose answer was lost is asked again with
+// the same attempt id, twice. It returns the answer, nil when there was none or it was
+// an error.
+func (w *Lease) reserve(ctx context.Context, c *leaseClient, key string, lease time.Duration) *history.Output {
 	req := idemkv.ReserveRequest{Tenant: Tenant, Key: key, Tool: leaseTool, Actor: fmt.Sprintf("lease-%d", c.id),
 		Fingerprint: leaseFP, AttemptID: idemkv.NewAttemptID(), LeaseTTLMs: lease.Milliseconds(), TTLMs: w.cfg.TTL.Milliseconds()}
-	// A reserve whose answer was lost is asked again with the same attempt id, twice.
 	for try := 0; try < 3 && ctx.Err() == nil; try++ {
 		out, r := w.call(ctx, c, history.FReserve, key, history.Input{Tool: leaseTool, Fingerprint: leaseFP, AttemptID: req.AttemptID},
 			func(node int) (*history.Output, result) {
@@ -129,15 +147,36 @@ func (w *Lease) step(ctx context.Context, c *leaseClient) {
 		case r.typ == history.Info:
 			continue
 		case r.typ != history.OK || out.Err != "":
-			return
-		case out.Decision == string(idemkv.DecisionExecute) || out.Decision == string(idemkv.DecisionRecover):
-			w.hold(ctx, c, key, out.Grant, lease)
-		case out.Decision == string(idemkv.DecisionInProgress):
-			// Come back somewhere around the holder's lease.
-			w.pause(ctx, time.Duration(c.r.Int64N(int64(lease))))
+			return nil
 		}
+		return out
+	}
+	return nil
+}
+
+// lateCommit works the client's own key, which no other client reserves: it takes the
+// key, lets the lease run out and commits just after. Nobody recovered the key, so the
+// fence is still current and the commit lands (docs/protocol.md section 1: an expired
+// lease does not by itself void a commit); a reserve right after must replay its
+// receipt until the record expires (CheckAcknowledged). On the shared keys a commit
+// that late is nearly always fenced.
+func (w *Lease) lateCommit(ctx context.Context, c *leaseClient, lease time.Duration) {
+	key := fmt.Sprintf("lease:own:%d", c.id)
+	out := w.reserve(ctx, c, key, lease)
+	if out == nil || (out.Decision != string(idemkv.DecisionExecute) && out.Decision != string(idemkv.DecisionRecover)) {
 		return
 	}
+	w.pause(ctx, lease+time.Duration(c.r.Int64N(int64(lease/4))))
+	if ctx.Err() != nil {
+		return
+	}
+	in := history.Input{Fingerprint: leaseFP, Fence: out.Grant, RemoteID: fmt.Sprintf("L-%s-%d", key, out.Grant)}
+	in.RemoteURL, in.Result = remoteURL(c.r, "jepsen", in.RemoteID), randomResult(c.r, in.RemoteID)
+	w.call(ctx, c, history.FCommit, key, in, func(node int) (*history.Output, result) {
+		return w.api.Commit(ctx, node, &idemkv.CommitRequest{Tenant: Tenant, Key: key, Fingerprint: leaseFP, Fence: out.Grant,
+			RemoteSystem: "jepsen", RemoteID: in.RemoteID, RemoteURL: in.RemoteURL, Result: in.Result})
+	})
+	w.reserve(ctx, c, key, lease)
 }
 
 // hold uses a grant: a few heartbeats, then a commit, a release, or nothing at all
