@@ -291,6 +291,9 @@ type NodeStats struct {
 	// out); ApprovalOldestAge is how long the oldest of them has waited (0 if none).
 	ApprovalsWaiting  int
 	ApprovalOldestAge time.Duration
+	// VotesWithheld: the node started without Raft state and refuses votes until it
+	// has caught up with a leader.
+	VotesWithheld bool
 }
 
 // RaftStates are the values of the state label of idemkv_raft_state.
@@ -323,6 +326,8 @@ var (
 		"Approval requests nobody has approved or denied yet, lapsed ones left out.", nil, nil)
 	descApprovalAge = prometheus.NewDesc(namespace+"_approval_oldest_waiting_seconds",
 		"How long the oldest waiting approval has waited for a decision (0 when there is none).", nil, nil)
+	descVotesWithheld = prometheus.NewDesc(namespace+"_raft_votes_withheld",
+		"1 while this node, started without Raft state (a new member, or one that lost its data dir), refuses votes until it has caught up with a leader.", nil, nil)
 )
 
 // RegisterNode adds the figures of a running node to the registry, read from stats on
@@ -335,7 +340,7 @@ type nodeCollector func() NodeStats
 
 func (c nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descTerm, descCommitIndex, descAppliedIndex,
-		descLastLogIndex, descLastContact, descRecords, descInDoubt, descInDoubtAge, descClockOffset, descLocalAnswers, descApprovalsWaiting, descApprovalAge} {
+		descLastLogIndex, descLastContact, descRecords, descInDoubt, descInDoubtAge, descClockOffset, descLocalAnswers, descApprovalsWaiting, descApprovalAge, descVotesWithheld} {
 		ch <- d
 	}
 }
@@ -369,4 +374,9 @@ func (c nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLocalAnswers, prometheus.GaugeValue, local)
 	ch <- prometheus.MustNewConstMetric(descApprovalsWaiting, prometheus.GaugeValue, float64(s.ApprovalsWaiting))
 	ch <- prometheus.MustNewConstMetric(descApprovalAge, prometheus.GaugeValue, s.ApprovalOldestAge.Seconds())
+	withheld := 0.0
+	if s.VotesWithheld {
+		withheld = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descVotesWithheld, prometheus.GaugeValue, withheld)
 }

@@ -26,6 +26,8 @@ func (n *Node) RegisterMetrics(m *metrics.Metrics) error {
 			LastLogIndex: n.raft.LastIndex(),
 			LastContact:  -1,
 			Records:      int(n.store.RecordCount()),
+
+			VotesWithheld: n.WithholdsVotes(),
 		}
 		if count, oldest := n.fsm.InDoubt(); count > 0 {
 			s.InDoubt = count

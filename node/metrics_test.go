@@ -96,6 +96,7 @@ func TestMetricsPresentAndMovingAfterTraffic(t *testing.T) {
 		"idemkv_fsm_apply_batch_entries":       nil,
 		"idemkv_raft_apply_duration_seconds":   nil,
 		"idemkv_expiry_sweep_duration_seconds": nil,
+		"idemkv_raft_votes_withheld":           nil,
 	} {
 		if _, ok := sample(before, name, labels); !ok {
 			t.Errorf("/metrics lacks %s%v", name, labels)
@@ -106,6 +107,9 @@ func TestMetricsPresentAndMovingAfterTraffic(t *testing.T) {
 	}
 	if v, _ := sample(before, "idemkv_raft_state", map[string]string{"state": "follower"}); v != 0 {
 		t.Errorf("the leader reports raft_state{follower} = %v", v)
+	}
+	if v, _ := sample(before, "idemkv_raft_votes_withheld", nil); v != 0 {
+		t.Errorf("the leader reports raft_votes_withheld = %v", v)
 	}
 	if v, _ := sample(before, "idemkv_raft_last_contact_seconds", nil); v != 0 {
 		t.Errorf("the leader's last contact is %v, want 0", v)

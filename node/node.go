@@ -468,8 +468,16 @@ func (n *Node) open() error {
 		return fmt.Errorf("node: read the applied index: %w", err)
 	}
 	n.heldState = hasRaft || applied > 0
+	if !hasRaft && !n.cfg.Bootstrap {
+		// A new member, or one that lost its data dir: it votes once it has caught
+		// up (votefence.go). One that bootstraps has its own log from the start.
+		n.transport.fence = newVoteFence(rc.LocalID, n.transport.LocalAddr(), n.log)
+	}
 	if n.raft, err = raft.NewRaft(rc, n.raftFSM(), logs, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
+	}
+	if f := n.transport.fence; f != nil {
+		f.raft.Store(n.raft)
 	}
 	stream.preferMembers(n.raft, n.cfg.PeerAddresses)
 	if peers != nil {

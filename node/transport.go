@@ -152,10 +152,71 @@ var errNoOverride = errors.New("no address override")
 // closed meanwhile, and Raft panicked ("failed to save current term: closed") and took
 // the process down (seen under -race in CI). stopHeartbeats waits for a handler under
 // way and turns later heartbeats away, unanswered, as Raft itself does once shut down.
+//
+// With a fence (a node started without Raft state, votefence.go), the RPCs Raft consumes
+// pass through it first, and this node's own vote requests stay home while it is shut.
+// Heartbeats need not pass: they carry no index it could learn from.
 type heartbeatTransport struct {
 	*raft.NetworkTransport
 	mu      sync.RWMutex
 	stopped bool
+
+	fence       *voteFence // nil: votes as Raft decides
+	consumeOnce sync.Once
+	consumed    chan raft.RPC
+	done        chan struct{}
+	closeOnce   sync.Once
+	filtering   sync.WaitGroup
+}
+
+// Consumer is Raft's channel of RPCs, behind the fence if there is one. Raft calls it
+// once, in NewRaft.
+func (t *heartbeatTransport) Consumer() <-chan raft.RPC {
+	if t.fence == nil {
+		return t.NetworkTransport.Consumer()
+	}
+	t.consumeOnce.Do(func() {
+		t.consumed, t.done = make(chan raft.RPC), make(chan struct{})
+		t.filtering.Add(1)
+		go func() {
+			defer t.filtering.Done()
+			t.fence.filter(t.NetworkTransport.Consumer(), t.consumed, t.done)
+		}()
+	})
+	return t.consumed
+}
+
+// RequestVote asks target for its vote, unless the fence withholds this node's votes:
+// then it answers for target with a refusal of the candidate's own term.
+func (t *heartbeatTransport) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	if t.fence.withholds() {
+		*resp = raft.RequestVoteResponse{Term: args.Term}
+		return nil
+	}
+	return t.NetworkTransport.RequestVote(id, target, args, resp)
+}
+
+// RequestPreVote is RequestVote's pre-vote.
+func (t *heartbeatTransport) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	if t.fence.withholds() {
+		*resp = raft.RequestPreVoteResponse{Term: args.Term}
+		return nil
+	}
+	return t.NetworkTransport.RequestPreVote(id, target, args, resp)
+}
+
+// Close closes the transport and waits for the fence's goroutine. Raft's Shutdown
+// calls it, and so does the node's Close.
+func (t *heartbeatTransport) Close() error {
+	t.consumeOnce.Do(func() {}) // a Consumer from now on gets no fence, and done is set if it ran
+	t.closeOnce.Do(func() {
+		if t.done != nil {
+			close(t.done)
+		}
+	})
+	err := t.NetworkTransport.Close()
+	t.filtering.Wait()
+	return err
 }
 
 // SetHeartbeatHandler installs cb behind the fence.
