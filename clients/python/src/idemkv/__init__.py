@@ -35,6 +35,7 @@ from .errors import (
     Permanent,
     StoredFailureError,
     StoreUnavailableError,
+    find_cause,
 )
 from .jcs import FingerprintError, RawJSON, canonicalize, fingerprint
 from .loop import OMITTED_RESULT_KEY, Lease, Op, Outcome, Result, current_lease, result_omitted
@@ -74,6 +75,7 @@ __all__ = [
     "current_lease",
     "current_operation",
     "default_effect",
+    "find_cause",
     "fingerprint",
     "idempotent",
     "new_attempt_id",

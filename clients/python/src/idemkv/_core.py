@@ -22,6 +22,10 @@ __all__ = ["Config", "HEADER_LEADER", "new_attempt_id", "refused"]
 # The answer header that names the leader's API address (docs/protocol.md).
 HEADER_LEADER = "Idemkv-Leader"
 
+# Wire codes worth another attempt: unavailable (certainly not applied),
+# outcome_unknown (retry with the same attempt id), resource_exhausted (a cap; later).
+RETRY_CODES = frozenset({"unavailable", "outcome_unknown", "resource_exhausted"})
+
 # The server's bound on one long-poll (idemkv.MaxWait): 5 minutes.
 MAX_WAIT = 300.0
 

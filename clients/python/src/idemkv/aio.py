@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 from . import _core, _otel
 from ._context import operation as _operation
 from ._core import Call, Config
-from .client import RETRY_CODES
 from .errors import APIError, StoreUnavailableError
 
 __all__ = ["AsyncClient"]
@@ -190,6 +189,9 @@ class AsyncClient:
                 # An idle connection the server had closed: try once on a new one.
                 conn.close()
                 conn = None
+            except BaseException:
+                conn.close()  # cancelled mid-exchange: not reusable
+                raise
         if conn is None:
             conn = await self._pool.new(base)
             try:
@@ -205,7 +207,7 @@ class AsyncClient:
         return _core.read_answer(ans.status, ans.body)
 
     async def _send(self, call: Call, bound: Optional[float] = None,
-              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
+                    connect_wait: Optional[float] = None, once: bool = False) -> tuple[Any, bool]:
         cfg = self.config
         body = call.encoded_body()
         wait_for = bound or cfg.store_wait
@@ -225,7 +227,7 @@ class AsyncClient:
             try:
                 return await asyncio.wait_for(self._attempt(base, call, body), timeout), retried
             except APIError as e:
-                if e.code not in RETRY_CODES:
+                if e.code not in _core.RETRY_CODES:
                     e.retried = retried  # type: ignore[attr-defined]
                     raise
                 last: Exception = e
@@ -237,6 +239,8 @@ class AsyncClient:
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
+            if once:
+                raise last
             left = wait_for - used
             if connect_wait is not None and only_refused:
                 if used >= connect_wait:

@@ -127,14 +127,29 @@ def await_approval(loop: "_Loop", res: dict[str, Any], seen: ApprovalWait,
         wait = min(wait, call_deadline - now)
     if wait <= 0:
         raise pending
+    poll = _core.get_call(op.tenant, op.key, wait)
     start = time.monotonic()
     try:
-        rec = yield from loop.budgeted(_core.get_call(op.tenant, op.key, wait))
+        # One long-poll: a store that fails it is backed off from below, and the reserve
+        # after the pause says whether the wait is over (its retry would take the whole
+        # wait again, past the approval wait).
+        rec = yield from loop.budgeted(poll, once=True)
     except APIError as e:
         if e.code == "not_found":
             return  # swept or released: the next reserve asks anew
-        raise NotExecutedError(f"idemkv: waiting for the approval of {op.key!r}: {e}", decision="needs_approval",
-                               record=record, cause=e) from e
+        if e.code not in _core.RETRY_CODES:
+            # Refused (a token that may not read the key): nothing ran.
+            raise NotExecutedError(f"idemkv: waiting for the approval of {op.key!r}: {e}",
+                                   decision="needs_approval", record=record, cause=e) from e
+        # A store that does not answer (or sheds long-polls: resource_exhausted) is
+        # waited for as the reserve waits for it: backing off, within store_wait, not
+        # reserving and polling again at once.
+        pause = min(op.backoff_max, max(op.store_wait - loop.used, 0.0))
+        yield _Sleep(pause)
+        loop.used += pause
+        if loop.used >= op.store_wait:
+            raise loop.store_wait_spent(poll, e) from e
+        return
     a = rec.get("approval") or {}
     if rec.get("status") == "awaiting_approval" and a.get("state") == "waiting" and time.monotonic() - start < wait / 2:
         # Still waiting, and the long-poll ended early: do not spin.

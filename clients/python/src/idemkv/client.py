@@ -26,9 +26,7 @@ R = TypeVar("R")
 # repeat (a reserve carries its attempt id).
 _TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ssl.SSLError)
 
-# Wire codes worth another attempt: unavailable (certainly not applied),
-# outcome_unknown (retry with the same attempt id), resource_exhausted (a cap; later).
-RETRY_CODES = frozenset({"unavailable", "outcome_unknown", "resource_exhausted"})
+RETRY_CODES = _core.RETRY_CODES
 
 
 def _exchange(
@@ -140,9 +138,12 @@ class Client:
             conn = self._pool.new(base, timeout)
             try:
                 resp, data = _exchange(conn, call, body, hdrs)
-            except _TRANSPORT_ERRORS:
+            except BaseException:
                 conn.close()
                 raise
+        except BaseException:
+            conn.close()  # interrupted mid-exchange: not reusable
+            raise
         self._router.saw_leader(resp.getheader(_core.HEADER_LEADER) or "")
         if resp.will_close:
             conn.close()
@@ -151,10 +152,12 @@ class Client:
         return _core.read_answer(resp.status, data)
 
     def _send(self, call: Call, bound: Optional[float] = None,
-              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
+              connect_wait: Optional[float] = None, once: bool = False) -> tuple[Any, bool]:
         """Sends call, retrying on another node after answers that leave it safe to
         repeat, until it succeeds or store_wait (plus a long-poll's wait) runs out.
-        Returns the answer and whether an earlier attempt may have reached a node."""
+        Returns the answer and whether an earlier attempt may have reached a node.
+        once: one attempt, whose failure, even one safe to repeat, is raised (an
+        APIError), for a caller that backs off itself."""
         cfg = self.config
         body = call.encoded_body()
         wait_for = bound or cfg.store_wait
@@ -186,6 +189,8 @@ class Client:
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
+            if once:
+                raise last
             left = wait_for - used
             if connect_wait is not None and only_refused:
                 if used >= connect_wait:

@@ -32,7 +32,7 @@ another request or effect :class:`ApprovalMismatchError` (both APIErrors).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, TypeVar
 
 __all__ = [
     "IdemkvError",
@@ -54,6 +54,7 @@ __all__ = [
     "Permanent",
     "NotExecuted",
     "DEFAULT_FAILURE_CODE",
+    "find_cause",
 ]
 
 
@@ -206,6 +207,28 @@ class ApprovalDeniedError(StoredFailureError):
         self.reason = str(details.get("reason") or approval.get("reason") or "")
         self.approval_id = str(approval.get("id", ""))
         self.decided_at = approval.get("decided_at")
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def find_cause(exc: BaseException, kind: type[E]) -> Optional[E]:
+    """The first exception of ``kind`` in exc's chain (exc, its ``__cause__`` or
+    ``__context__``, and so on), or None: Go's ``errors.As`` for Python's chains.
+
+    A call cancelled (asyncio) or interrupted (KeyboardInterrupt) while its reserve was
+    in flight raises that cancellation or interrupt, as asyncio and Python require, with
+    the loop's answer as its cause: ``find_cause(e, idemkv.StoreUnavailableError)`` finds
+    it, and its ``attempt_id``, also behind the TimeoutError of ``asyncio.timeout`` or
+    ``asyncio.wait_for``."""
+    seen: set[int] = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ if e.__cause__ is not None else e.__context__
+    return None
 
 
 # The names of the task's vocabulary, for who prefers them.

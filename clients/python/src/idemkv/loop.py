@@ -295,6 +295,9 @@ class _Send:
     call: Call
     bound: Optional[float] = None  # store_wait of this call (heartbeats use less)
     connect_wait: Optional[float] = None  # before the tool runs: give up soon when nobody listens
+    # One attempt: a failure that is safe to retry is raised (an APIError) for the loop
+    # to back off from itself, as a long-poll's must be, which is not sent again at once.
+    once: bool = False
 
 
 @dataclass
@@ -343,23 +346,37 @@ class _Loop:
         return Outcome(decision=g.decision, receipt=receipt, value=value, fingerprint=self.fp, fence=g.fence,
                        attempts=attempts, **kw)
 
-    def budgeted(self, call: Call) -> Generator[Any, Any, Any]:
+    def budgeted(self, call: Call, once: bool = False) -> Generator[Any, Any, Any]:
         """Sends a call made before the tool runs within what is left of store_wait,
         so that a call whose store does not answer ends within store_wait in all."""
         left = self.op.store_wait - self.used
         if left <= 0:
-            raise StoreUnavailableError(
-                f"idemkv: {call.method} {call.route}: store_wait ({self.op.store_wait:g}s) spent before the tool ran",
-                attempt_id=self.attempt_id)
+            raise self.store_wait_spent(call)
         start = time.monotonic()
         try:
-            return (yield _Send(call, bound=left, connect_wait=self.op.connect_wait))
+            return (yield _Send(call, bound=left, connect_wait=self.op.connect_wait, once=once))
         except StoreUnavailableError as e:
             # The caller may retry as this same attempt (docs/protocol.md section 4).
             e.attempt_id = self.attempt_id
             raise
+        except BaseException as e:
+            if isinstance(e, (Exception, GeneratorExit)) or call.route != "/v1/reserve":
+                raise
+            # The caller gave up (a cancelled task, an interrupt) with this reserve in
+            # flight, and it may have landed: this attempt may hold the key for its
+            # lease. The cancellation goes on, as asyncio needs it to, caused by the
+            # error that names the attempt to retry as (a retry as a new attempt would
+            # wait out that lease, then find the key in doubt though nothing ran).
+            raise e from StoreUnavailableError(
+                f"idemkv: the caller gave up with the reserve of {self.op.key!r} in flight; it may hold the key: "
+                f"retry with attempt_id={self.attempt_id!r}", attempt_id=self.attempt_id)
         finally:
             self.used += max(time.monotonic() - start - call.wait, 0.0)
+
+    def store_wait_spent(self, call: Call, last: Optional[BaseException] = None) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"idemkv: {call.method} {call.route}: store_wait ({self.op.store_wait:g}s) spent before the tool ran"
+            + (f" (last: {last})" if last is not None else ""), attempt_id=self.attempt_id, cause=last)
 
     def main(self) -> Gen:
         op = self.op

@@ -133,12 +133,13 @@ def run_sync(client: Any, op: Op, fn: Callable[[], Any]) -> Outcome:
             send, throw = None, None
             try:
                 if isinstance(eff, _Send):
-                    send = client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait)[0]
+                    send = client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait, once=eff.once)[0]
                 elif isinstance(eff, _Sleep):
                     time.sleep(eff.seconds)
                 else:
                     send = _run_sync(client, op, fn, eff)
-            except Exception as e:
+            except BaseException as e:
+                # An interrupt too: the loop says what it cut short, and lets it go on.
                 throw = e
     except BaseException as e:
         _finish_span(span, None, e)
@@ -171,7 +172,10 @@ async def _heartbeat_task(client: Any, op: Op, lease: Lease, tool: "asyncio.Task
             nxt = max(every / 6, 0.05)
 
 
-async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]], eff: _Run) -> _Ran:
+async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
+                     eff: _Run) -> tuple[_Ran, Optional[asyncio.CancelledError]]:
+    """Runs the tool or the probe; also returns the caller's cancellation, when the
+    caller gave up while a leased run went on."""
     maybe = fn if eff.which == "tool" else op.probe
     assert maybe is not None
     f: Callable[[], Any] = maybe
@@ -184,9 +188,9 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]], eff:
 
     if eff.fence is None:
         try:
-            return _Ran(value=await call())
+            return _Ran(value=await call()), None
         except Exception as e:
-            return _Ran(error=e)
+            return _Ran(error=e), None
     lease = Lease(eff.fence)
     ctx = contextvars.copy_context()
     ctx.run(_lease.set, lease)
@@ -197,24 +201,43 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]], eff:
     else:  # 3.10: a task copies the context it is created in
         tool = ctx.run(lambda: asyncio.ensure_future(call()))
     hb = asyncio.ensure_future(_heartbeat_task(client, op, lease, tool))
+    # The heartbeat lasts exactly as long as the tool's task, whoever still awaits it:
+    # not less when the caller gives up (a tool that goes on when cancelled would lose
+    # the key to a worker that recovers it and runs it again), not more when it raises.
+    tool.add_done_callback(lambda _: hb.cancel())
+    tool.add_done_callback(_retrieved)
+    hb.add_done_callback(_retrieved)
+    cancelled: Optional[asyncio.CancelledError] = None
     try:
         try:
-            ran = _Ran(value=await asyncio.shield(tool))
-        except asyncio.CancelledError:
-            if lease.error is None or not tool.cancelled():
-                tool.cancel()  # our caller was cancelled: stop the tool too
-                raise
-            ran = _Ran(error=None)
-        except Exception as e:
-            ran = _Ran(error=e)
+            await asyncio.wait((tool,))
+        except asyncio.CancelledError as e:
+            # The caller gave up: the tool is asked to stop too, and awaited under its
+            # lease; what it did is stored before the cancellation goes on (the Go Do
+            # returns once the tool has). A second cancellation is not waited out.
+            cancelled = e
+            tool.cancel()
+            await asyncio.wait((tool,))
     finally:
-        hb.cancel()
-        try:
-            await hb
-        except (asyncio.CancelledError, Exception):
-            pass
+        if tool.done():
+            hb.cancel()
+            await asyncio.wait((hb,))
+    if tool.cancelled():
+        # Stopped by the heartbeat (the lease went to a newer attempt), or by the
+        # caller's cancellation: whether its effect happened is unknown.
+        ran = _Ran(error=None if lease.error is not None else asyncio.CancelledError())
+    elif tool.exception() is not None:
+        ran = _Ran(error=tool.exception())
+    else:
+        ran = _Ran(value=tool.result())
     ran.lost = lease.error
-    return ran
+    return ran, cancelled
+
+
+def _retrieved(t: "asyncio.Future[Any]") -> None:
+    """Marks a task's error as seen (a caller cancelled twice no longer awaits the tool)."""
+    if not t.cancelled():
+        t.exception()
 
 
 _HAS_TASK_CONTEXT = sys.version_info >= (3, 11)
@@ -240,22 +263,36 @@ async def run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]]) -> Ou
         gen = _Loop(op, fp, span).main()
         send: Any = None
         throw: Optional[BaseException] = None
+        # The caller's cancellation while the tool ran on: it goes on once the loop has
+        # stored what the tool did, with the loop's error, if any, as its cause.
+        cancelled: Optional[asyncio.CancelledError] = None
         while True:
             try:
                 eff = gen.throw(throw) if throw is not None else gen.send(send)
             except StopIteration as stop:
-                out = stop.value
-                return stop.value  # type: ignore[no-any-return]
+                result: Outcome = stop.value
+                break
+            except Exception as e:
+                if cancelled is None:
+                    raise
+                raise cancelled from e
             send, throw = None, None
             try:
                 if isinstance(eff, _Send):
-                    send = (await client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait))[0]
+                    send = (await client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait,
+                                               once=eff.once))[0]
                 elif isinstance(eff, _Sleep):
                     await asyncio.sleep(eff.seconds)
                 else:
-                    send = await _run_async(client, op, fn, eff)
-            except Exception as e:
+                    send, gave_up = await _run_async(client, op, fn, eff)
+                    cancelled = cancelled or gave_up
+            except BaseException as e:
+                # A cancellation too: the loop says what it cut short, and lets it go on.
                 throw = e
+        if cancelled is not None:
+            raise cancelled
+        out = result
+        return out
     except BaseException as e:
         _finish_span(span, None, e)
         raise

@@ -288,7 +288,7 @@ class MemoryClient(Client):
         self.store = store or MemoryStore()
 
     def _send(self, call: Call, bound: Optional[float] = None,
-              connect_wait: Optional[float] = None) -> tuple[Any, bool]:
+              connect_wait: Optional[float] = None, once: bool = False) -> tuple[Any, bool]:
         return self.store.handle(call), False
 
     def aio(self) -> "AsyncMemoryClient":
@@ -308,7 +308,7 @@ class AsyncMemoryClient(AsyncClient):
         self.store = store or MemoryStore()
 
     async def _send(self, call: Call, bound: Optional[float] = None,
-                    connect_wait: Optional[float] = None) -> tuple[Any, bool]:
+                    connect_wait: Optional[float] = None, once: bool = False) -> tuple[Any, bool]:
         if call.wait:
             # A long-poll would block the event loop: wait in a thread.
             return await asyncio.get_running_loop().run_in_executor(None, self.store.handle, call), False
