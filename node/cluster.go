@@ -263,7 +263,7 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 		}
 	}
 	if !found {
-		return nil, idemkv.Errorf(idemkv.ErrNotFound, "no member with id %q", req.ID)
+		return nil, idemkv.Errorf(idemkv.ErrNotFound, "no member with id %q (a removal retried after an outcome_unknown answer may already have happened)", req.ID)
 	}
 	if reach, quorum := n.reachable(left), len(left)/2+1; reach < quorum && !req.Force {
 		// Raft commits the removal, and everything after it, with a quorum of the
