@@ -294,6 +294,9 @@ func run(ctx context.Context, cfg config) error {
 	for _, a := range workload.CheckApprovals(ops) {
 		sum.add(a.Kind, a.Key, a.Detail)
 	}
+	for _, a := range workload.CheckAcknowledged(ops) {
+		sum.add(a.Kind, a.Key, a.Detail)
+	}
 	effects := down.Effects()
 	for _, a := range workload.CheckAgents(ops, effects, finalRecs) {
 		sum.add(a.Kind, a.Key, a.Detail)

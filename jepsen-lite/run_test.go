@@ -137,6 +137,12 @@ func TestSabotageIsCaught(t *testing.T) {
 		// A disk that silently changed one stored entry: only raft-wal's verifier,
 		// reading the entry back, sees it, and the check of the nodes' logs reports it.
 		{testhooks.RotRaftLog, nil, []string{anomalyLogMismatch}},
+		// A commit that lands on a lease that ran out, answered and not stored. No fault
+		// is needed: the short-lease clients commit on their own keys just after their
+		// leases ran out, and the next reserve recovers the key.
+		{testhooks.DropLateCommits, nil, []string{workload.AnomalyAckThenExecuted}},
+		// Replays a follower answers from its own state lose their result.
+		{testhooks.ReplayDropsResult, nil, []string{workload.AnomalyReceiptMismatch}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {

@@ -40,6 +40,9 @@ func unboundedClock() bool { return false }
 // the state machine clock (stampClock).
 func unanchoredStamps() bool { return false }
 
+// replayDropsResult returns every local answer as it is here.
+func (n *Node) replayDropsResult(res *idemkv.ReserveResult) *idemkv.ReserveResult { return res }
+
 // localPending is always false here: only committed and failed records are answered
 // from local state.
 func localPending() bool { return false }

@@ -56,8 +56,8 @@ func (n *Node) earlyAck(cmd *fsm.Command) (res *fsm.Result, handled bool, err er
 }
 
 // raftFSM is the state machine as Raft sees it: in this build the FSM behind the
-// IgnoreFences and SkipFailedRestore sabotages, which live here, at the apply seam,
-// so that fsm itself stays free of test hooks.
+// IgnoreFences, DropLateCommits and SkipFailedRestore sabotages, which live here, at
+// the apply seam, so that fsm itself stays free of test hooks.
 func (n *Node) raftFSM() raft.FSM {
 	return applySaboteur{FSM: n.fsm, log: n.log}
 }
@@ -72,19 +72,69 @@ type applySaboteur struct {
 // is not the record's current one is rewritten to carry the current fence before the
 // FSM sees it, so the decision table accepts it: a stale holder completes someone
 // else's attempt. A commit whose record is gone, expired or of another fingerprint is
-// refused as before: the decision table checks those ahead of the fence. While the sabotage is on, entries apply one at a
-// time, so the current fence read for an entry includes every entry before it.
+// refused as before: the decision table checks those ahead of the fence. Under
+// DropLateCommits a commit that would land on a lease that ran out is applied as a
+// commit nobody was granted (refused, nothing stored) and answered with the receipt it
+// would have stored. While a sabotage is on, entries apply one at a time, so the
+// record read for an entry includes every entry before it; every replica decides the
+// same from the same log, so the replicas stay alike.
 func (s applySaboteur) Apply(l *raft.Log) any { return s.ApplyBatch([]*raft.Log{l})[0] }
 
 func (s applySaboteur) ApplyBatch(logs []*raft.Log) []any {
-	if !testhooks.Sabotaged(testhooks.IgnoreFences) {
+	ignore, drop := testhooks.Sabotaged(testhooks.IgnoreFences), testhooks.Sabotaged(testhooks.DropLateCommits)
+	if !ignore && !drop {
 		return s.FSM.ApplyBatch(logs)
 	}
 	out := make([]any, len(logs))
 	for i, l := range logs {
-		out[i] = s.FSM.ApplyBatch([]*raft.Log{s.ignoreFence(l)})[0]
+		if ignore {
+			l = s.ignoreFence(l)
+		}
+		var acked *idemkv.Receipt
+		if drop {
+			l, acked = s.dropLateCommit(l)
+		}
+		out[i] = s.FSM.ApplyBatch([]*raft.Log{l})[0]
+		if res, ok := out[i].(*fsm.Result); ok && acked != nil && errors.Is(res.Err, idemkv.ErrFenced) {
+			out[i] = &fsm.Result{Receipt: acked}
+		}
 	}
 	return out
+}
+
+// dropLateCommit returns l, or, when l is a commit that lands on a pending record
+// whose lease ran out (nobody recovered it: the fence is still current), a copy of it
+// with a fence never granted, which the state machine refuses and stores nothing of,
+// and the receipt the commit would have stored.
+func (s applySaboteur) dropLateCommit(l *raft.Log) (*raft.Log, *idemkv.Receipt) {
+	if l.Type != raft.LogCommand || l.Index <= s.FSM.AppliedIndex() {
+		return l, nil
+	}
+	cmd, err := fsm.DecodeCommand(l.Data)
+	if err != nil || cmd.Op != fsm.OpCommit {
+		return l, nil
+	}
+	now := max(s.FSM.Clock(), cmd.Now)
+	cur, err := s.FSM.Get(cmd.Commit.Tenant, cmd.Commit.Key, now)
+	if err != nil || cur.Status != idemkv.StatusPending || cur.InDoubt || cur.Fence != cmd.Commit.Fence || cur.LeaseExpiresAt > now {
+		return l, nil
+	}
+	_, receipt, err := fsm.DecideCommit(cur, cmd.Commit, now)
+	if err != nil {
+		return l, nil
+	}
+	c := *cmd.Commit
+	c.Fence = cur.Fence + 1
+	cmd.Commit = &c
+	data, err := cmd.AppendBinary(nil)
+	if err != nil {
+		return l, nil
+	}
+	s.log.Warn("sabotage drop-late-commits: acknowledging a commit on a lease that ran out and storing nothing", "fence", cur.Fence,
+		"lease_expired_ms_ago", now-cur.LeaseExpiresAt)
+	cp := *l
+	cp.Data = data
+	return &cp, receipt
 }
 
 // ignoreFence returns l, or a copy of it whose commit carries the record's fence.
@@ -196,6 +246,28 @@ func unboundedClock() bool { return testhooks.Sabotaged(testhooks.UnboundedClock
 // wall clock (never behind the state machine clock), so a node restarted with a clock
 // hours fast moves the state machine clock by hours with its first stamp.
 func unanchoredStamps() bool { return testhooks.Sabotaged(testhooks.UnanchoredStamps) }
+
+// replayDropsResult is the ReplayDropsResult sabotage of the test build, at the seam
+// where a node answers a reserve from its own state: a follower's replay receipt, and
+// the record it carries, lose their result (the leader's stay whole). Outside the
+// sabotage res is returned as it is.
+func (n *Node) replayDropsResult(res *idemkv.ReserveResult) *idemkv.ReserveResult {
+	if !testhooks.Sabotaged(testhooks.ReplayDropsResult) || res == nil || res.Decision != idemkv.DecisionReplay ||
+		n.raft.State() == raft.Leader {
+		return res
+	}
+	c := *res
+	if c.Receipt != nil {
+		rc := *c.Receipt
+		rc.Result = nil
+		c.Receipt = &rc
+	}
+	if c.Record != nil && c.Record.Receipt != nil {
+		c.Record = c.Record.Clone() // the record may be the state machine's own
+		c.Record.Receipt.Result = nil
+	}
+	return &c
+}
 
 // localPending is the LocalPending sabotage of the test build: a node answers reserves
 // of pending records from its own state too (in_progress, conflict), which a follower

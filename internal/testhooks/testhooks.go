@@ -84,6 +84,18 @@ const (
 	// raft-wal's verifier, which reads the entry back, can see it. jepsen-lite's check
 	// of the nodes' logs for verifier mismatches must catch it.
 	RotRaftLog
+	// DropLateCommits makes the state machine acknowledge a commit that lands on a
+	// pending record whose lease ran out and which nobody recovered (its fence is
+	// still current, so the commit lands: docs/protocol.md section 1) and store
+	// nothing: the receipt is answered, the record stays pending, and the next
+	// reserve recovers it. jepsen-lite's check of acknowledged outcomes must catch it
+	// (ack-then-executed).
+	DropLateCommits
+	// ReplayDropsResult makes a follower that answers a replay from its own state
+	// (docs/protocol.md "Followers") leave the receipt's result out; the leader's
+	// answers stay whole. jepsen-lite's receipt checks must catch it
+	// (receipt-mismatch).
+	ReplayDropsResult
 )
 
 // RotEntry is the Raft log command that RotRaftLog changes on disk, counted from a
@@ -109,6 +121,8 @@ var modeNames = []struct {
 	{LegacyListenPolicy, "legacy-listen-policy"},
 	{UnboundApproval, "unbound-approval"},
 	{RotRaftLog, "rot-raft-log"},
+	{DropLateCommits, "drop-late-commits"},
+	{ReplayDropsResult, "replay-drops-result"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -197,7 +211,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {
