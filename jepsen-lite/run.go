@@ -288,7 +288,13 @@ func run(ctx context.Context, cfg config) error {
 	for _, a := range model.CheckDurable(regOps) {
 		sum.add("lost-acknowledged-write", a.Key, fmt.Sprintf("op %d: %s", a.Op, a.Detail))
 	}
+	for _, a := range model.CheckClockAhead(ops, rec.Start()) {
+		sum.add(model.AnomalyClockAhead, a.Key, a.String())
+	}
 	for _, a := range workload.CheckLeases(ops) {
+		sum.add(a.Kind, a.Key, a.Detail)
+	}
+	for _, a := range workload.CheckLeasesRealTime(ops) {
 		sum.add(a.Kind, a.Key, a.Detail)
 	}
 	for _, a := range workload.CheckApprovals(ops) {

@@ -13,6 +13,7 @@ import (
 	"github.com/idemkv/idemkv/internal/testhooks"
 	"github.com/idemkv/idemkv/internal/testlog"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/cluster"
+	"github.com/idemkv/idemkv/jepsen-lite/internal/model"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/nemesis"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/progress"
 	"github.com/idemkv/idemkv/jepsen-lite/internal/workload"
@@ -143,6 +144,11 @@ func TestSabotageIsCaught(t *testing.T) {
 		{testhooks.DropLateCommits, nil, []string{workload.AnomalyAckThenExecuted}},
 		// Replays a follower answers from its own state lose their result.
 		{testhooks.ReplayDropsResult, nil, []string{workload.AnomalyReceiptMismatch}},
+		// Stamps without the upper bound of their band: a leader whose clock jumps
+		// minutes ahead stamps minutes ahead, which ends every live lease at once. Every
+		// stamp agrees with every other, and the lower bound keeps leases running out
+		// after the reset; only the harness's own clock shows it.
+		{testhooks.UnboundedForwardClock, []string{nemesis.FamilyClockJump}, []string{model.AnomalyClockAhead, workload.AnomalyLeaseCutShort}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {

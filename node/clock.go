@@ -96,7 +96,11 @@ func (c *stampClock) bound(now time.Duration, wall time.Time) (time.Time, bool) 
 	if !c.anchored {
 		return c.prev, !wall.Equal(c.prev)
 	}
-	return fsm.BoundStamp(c.prev, now-c.at, wall)
+	s, clamped := fsm.BoundStamp(c.prev, now-c.at, wall)
+	if clamped && wall.After(s) && unboundedForwardClock() {
+		return wall, false
+	}
+	return s, clamped
 }
 
 // read returns the bounded time without advancing the clock (for reads and checks).

@@ -40,6 +40,9 @@ func unboundedClock() bool { return false }
 // the state machine clock (stampClock).
 func unanchoredStamps() bool { return false }
 
+// unboundedForwardClock is always false here: stamps stay below the band's upper bound.
+func unboundedForwardClock() bool { return false }
+
 // replayDropsResult returns every local answer as it is here.
 func (n *Node) replayDropsResult(res *idemkv.ReserveResult) *idemkv.ReserveResult { return res }
 

@@ -247,6 +247,12 @@ func unboundedClock() bool { return testhooks.Sabotaged(testhooks.UnboundedClock
 // hours fast moves the state machine clock by hours with its first stamp.
 func unanchoredStamps() bool { return testhooks.Sabotaged(testhooks.UnanchoredStamps) }
 
+// unboundedForwardClock is the UnboundedForwardClock sabotage of the test build: the
+// stamp band of fsm.BoundStamp without its upper bound, so a wall clock ahead of the
+// band is stamped as it reads, while one behind it is still held to the band. It lives
+// here, at the seam where a node stamps, so that fsm.BoundStamp stays pure.
+func unboundedForwardClock() bool { return testhooks.Sabotaged(testhooks.UnboundedForwardClock) }
+
 // replayDropsResult is the ReplayDropsResult sabotage of the test build, at the seam
 // where a node answers a reserve from its own state: a follower's replay receipt, and
 // the record it carries, lose their result (the leader's stay whole). Outside the

@@ -96,6 +96,14 @@ const (
 	// answers stay whole. jepsen-lite's receipt checks must catch it
 	// (receipt-mismatch).
 	ReplayDropsResult
+	// UnboundedForwardClock removes only the upper bound of the stamp band
+	// (fsm.BoundStamp's case wall.After(hi)): a leader whose clock jumps minutes ahead
+	// stamps minutes ahead at once, while stamps still never fall behind the band, so
+	// the state machine clock keeps moving after the reset and no lease freezes: every
+	// lease live at the jump ends at once, and the next attempt is granted while its
+	// holder still runs. jepsen-lite's clock-jump nemesis must catch it by real time
+	// (clock-ahead, lease-cut-short), since every stamp agrees with every other.
+	UnboundedForwardClock
 )
 
 // RotEntry is the Raft log command that RotRaftLog changes on disk, counted from a
@@ -123,6 +131,7 @@ var modeNames = []struct {
 	{RotRaftLog, "rot-raft-log"},
 	{DropLateCommits, "drop-late-commits"},
 	{ReplayDropsResult, "replay-drops-result"},
+	{UnboundedForwardClock, "unbounded-forward-clock"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -211,7 +220,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult | UnboundedForwardClock
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

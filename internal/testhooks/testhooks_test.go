@@ -19,6 +19,7 @@ func TestParseModes(t *testing.T) {
 		{[]string{"fail-writes,internal-errors,early-recover,orphan-effects"}, FailWrites | InternalErrors | EarlyRecover | OrphanEffects},
 		{[]string{"skip-failed-restore"}, SkipFailedRestore},
 		{[]string{"wedge-gap"}, WedgeGap},
+		{[]string{"unbounded-clock,unbounded-forward-clock"}, UnboundedClock | UnboundedForwardClock},
 	}
 	for _, c := range cases {
 		got, err := ParseModes(c.in...)
