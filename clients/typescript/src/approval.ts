@@ -5,11 +5,11 @@
 // request (one card); an approved one runs the tool once, another effect is a conflict.
 
 import type { CallOptions } from "./client.js";
-import { ApiError, ApprovalPendingError, NotExecutedError } from "./errors.js";
+import { ApiError, ApprovalPendingError, messageOf } from "./errors.js";
 import { canonicalize } from "./jcs.js";
 import type { Attributes } from "./telemetry.js";
 import type { ApprovalAsk, Record as IdemkvRecord, ReserveResult } from "./types.js";
-import { sleep } from "./util.js";
+import { abortReason, sleep } from "./util.js";
 import { MAX_WAIT_MS } from "./client.js";
 
 /** The server's bounds of an approval's wait (Go's idemkv.MinApprovalTTL, MaxApprovalTTL). */
@@ -93,7 +93,9 @@ export interface ApprovalWaiter {
  * After a needs_approval answer: long-polls the record until the decision (or the request
  * lapses, or the wait ends); the caller then reserves again and gets execute (approved), the
  * denial's replay, or a new request (lapsed). Without a wait, or once it is spent, throws
- * ApprovalPendingError.
+ * ApprovalPendingError; so does a caller's signal that aborts during the wait, with the abort
+ * as cause (Go's awaitApproval): the request still waits, and a later call with the same key
+ * finds it, never a second one.
  */
 export async function awaitApproval(w: ApprovalWaiter, res: ReserveResult, seen: ApprovalWait): Promise<void> {
   const approval = res.approval ?? res.record?.approval;
@@ -109,29 +111,36 @@ export async function awaitApproval(w: ApprovalWaiter, res: ReserveResult, seen:
   let msg = `idemkv: ${JSON.stringify(w.key)} (tenant ${JSON.stringify(w.tenant)}) waits for approval ${id} ` +
     `(requested ${approval?.requested_at ?? "?"}, lapses ${approval?.expires_at ?? "?"}); nothing ran`;
   if (lapsed.length > 0) msg += `; earlier requests lapsed unanswered: ${lapsed.join(", ")}`;
-  const pending = new ApprovalPendingError(msg, w.tenant, w.key, approval, lapsed, { record: res.record });
+  const pending = (cause?: unknown) => new ApprovalPendingError(
+    cause === undefined ? msg : `${msg}; the caller stopped waiting: ${messageOf(cause)}`,
+    w.tenant, w.key, approval, lapsed, cause === undefined ? { record: res.record } : { record: res.record, cause });
   const waitFor = w.requirement?.wait ?? 0;
-  if (waitFor <= 0) throw pending;
+  if (waitFor <= 0) throw pending();
   seen.deadline ??= Date.now() + waitFor;
   const wait = Math.min(seen.deadline - Date.now(), MAX_WAIT_MS);
-  if (wait <= 0) throw pending;
+  if (wait <= 0) throw pending();
+  const signal = w.callOptions.signal;
   const start = Date.now();
   let rec: IdemkvRecord | undefined;
   try {
     rec = await w.get(wait);
   } catch (err) {
-    if (err instanceof ApiError && err.code === "not_found" && w.callOptions.signal?.aborted !== true) return;
+    // Whatever the long-poll got, a caller that gave up meanwhile is answered as Go answers
+    // it: nothing ran, and the request is still there to be decided.
+    if (signal?.aborted) throw pending(abortReason(signal));
+    if (err instanceof ApiError && err.code === "not_found") return;
     // The loop's kind: store_unavailable once storeWait is spent, not_executed for a
     // refusal (a token that may not read the key): nothing ran either way.
     throw w.failed(err);
   }
+  if (signal?.aborted) throw pending(abortReason(signal));
   if (rec === undefined) return;
   if (rec.status === "awaiting_approval" && rec.approval?.state === "waiting" && Date.now() - start < wait / 2) {
     // Still waiting, and the long-poll ended early: do not spin.
     try {
-      await sleep(w.backoffMaxMs, w.callOptions.signal);
+      await sleep(w.backoffMaxMs, signal);
     } catch (err) {
-      throw new NotExecutedError(`idemkv: ${JSON.stringify(w.key)} not executed: aborted`, { decision: "needs_approval", cause: err });
+      throw pending(err);
     }
   }
 }

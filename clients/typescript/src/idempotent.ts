@@ -56,9 +56,12 @@ export interface IdempotentOptions<A extends unknown[], R> {
    * certainly did not. Without one, a non-idempotent tool's crashed attempt is in doubt.
    */
   probe?: (...args: A) => Promise<R | null | undefined>;
-  /** Errors of fn meaning the effect certainly did not happen: the key is released (notExecuted). */
+  /**
+   * Errors of fn meaning the effect certainly did not happen: the key is released
+   * (notExecuted). A function that throws releases nothing: OutcomeUnknownError.
+   */
   notExecutedOn?: ErrorMatch;
-  /** Errors of fn that will not go away on retry: stored and replayed (permanent). */
+  /** Errors of fn that will not go away on retry: stored and replayed (permanent); a function that throws stores nothing. */
   permanentOn?: ErrorMatch;
   /** The result as the JSON stored with the receipt. Default: the result itself (JSON.stringify's rules). */
   serialize?: (result: R) => unknown;

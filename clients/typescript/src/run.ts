@@ -81,7 +81,11 @@ export interface Op {
    * out the phantom lease and then finds the key in doubt.
    */
   attemptId?: string;
-  /** Errors of the tool after which the effect certainly did not happen: the key is released (as notExecuted(err)). */
+  /**
+   * Errors of the tool after which the effect certainly did not happen: the key is released
+   * (as notExecuted(err)). One that throws leaves the record pending (OutcomeUnknownError,
+   * what it threw the cause), as does permanentOn.
+   */
   notExecutedOn?: (err: unknown) => boolean;
   /** Errors of the tool that will not go away on retry: stored and replayed (as permanent(err)). */
   permanentOn?: (err: unknown) => boolean;
@@ -123,6 +127,7 @@ export interface RunOptions {
   /**
    * Ends the call: before the tool runs, with NotExecutedError, or StoreUnavailableError
    * naming the attempt to retry as when a reserve was in flight (it may hold the key);
+   * during the wait for an approval, with ApprovalPendingError (the request still waits);
    * while the tool runs, the tool's signal aborts, but its lease is kept until it returns.
    */
   signal?: AbortSignal;
@@ -184,7 +189,7 @@ function classOf(s: SideEffect | undefined): "read_only" | "idempotent" | "non_i
  * Runs fn at most once for op.key, across retries, workers and crashes. Resolves with
  * the committed outcome (run, replayed, or found by the probe); throws one of
  * NotExecutedError, StoredFailureError, OutcomeUnknownError, ConflictError,
- * InDoubtError, StoreUnavailableError.
+ * InDoubtError, StoreUnavailableError, ApprovalPendingError.
  */
 export async function run(client: Store, op: Op, fn: ToolFn, options: RunOptions = {}): Promise<Outcome> {
   const tracer = client.tracer;
@@ -273,6 +278,26 @@ interface Grant {
   decision: Decision;
   fence: number;
   record: IdemkvRecord | undefined;
+}
+
+/**
+ * What a function run under the lease did: its value, or what it threw. threw tells a
+ * thrown undefined from a return.
+ */
+interface Ran<T> {
+  value?: T;
+  threw: boolean;
+  error?: unknown;
+  lost?: LeaseLost;
+}
+
+/**
+ * What a tool or probe threw, as the cause to report: a thrown undefined or null carries
+ * no message (and a cause of undefined is none), so it becomes a TypeError that says so.
+ */
+function thrownCause(who: "tool" | "probe", thrown: unknown): unknown {
+  if (thrown === undefined || thrown === null) return new TypeError(`the ${who} threw a non-Error value (${String(thrown)})`);
+  return thrown;
 }
 
 class LeaseLost extends Error {
@@ -392,7 +417,8 @@ class Attempt {
     try {
       res = await storage.run(ctx, () => fn(ctx));
     } catch (err) {
-      throw new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(err)}`, { cause: err });
+      const cause = thrownCause("tool", err);
+      throw new NotExecutedError(`idemkv: ${this.q} not executed: ${messageOf(cause)}`, { cause });
     }
     return {
       decision: "execute", replayed: false, probed: false, unrecorded: true, unguarded, resultOmitted: false, fingerprint: this.fp, fence: 0, attempts: 0,
@@ -553,14 +579,17 @@ class Attempt {
     if (this.cls === "idempotent") return this.execute(g, fn, true);
     const probe = this.op.probe;
     if (probe === undefined) return this.markInDoubt(g);
-    const { value, error, lost } = await this.underLease(g, probe);
+    const { value, threw, error, lost } = await this.underLease(g, probe);
     if (lost !== undefined) {
       throw this.unknown(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`,
         { decision: g.decision, record: g.record, cause: lost });
     }
-    if (error !== undefined) {
-      throw this.unknown(`idemkv: outcome of ${this.q} unknown, the record stays pending: the probe failed: ${messageOf(error)}`,
-        { decision: g.decision, record: g.record, cause: error });
+    if (threw) {
+      // A probe that threw undefined said nothing either: it is no "not found", which
+      // would run the tool again.
+      const cause = thrownCause("probe", error);
+      throw this.unknown(`idemkv: outcome of ${this.q} unknown, the record stays pending: the probe failed: ${messageOf(cause)}`,
+        { decision: g.decision, record: g.record, cause });
     }
     this.event("probe", { found: value !== null && value !== undefined });
     if (value === null || value === undefined) return this.execute(g, fn);
@@ -604,7 +633,8 @@ class Attempt {
       found = await storage.run(ctx, () => probe(ctx));
     } catch (err) {
       this.event("in_doubt");
-      throw new InDoubtError(`${inDoubtMessage(this.q)}; the probe failed: ${messageOf(err)}`, { decision: "recover", record: res.record, cause: err });
+      const cause = thrownCause("probe", err);
+      throw new InDoubtError(`${inDoubtMessage(this.q)}; the probe failed: ${messageOf(cause)}`, { decision: "recover", record: res.record, cause });
     }
     this.event("probe", { found: found !== null && found !== undefined });
     const base = { tenant: this.op.tenant, idempotency_key: this.op.key, effect_fingerprint: this.fp };
@@ -645,17 +675,39 @@ class Attempt {
    */
   private async execute(g: Grant, fn: ToolFn, earlier = false): Promise<Outcome> {
     const ran = await this.underLease(g, fn);
-    const { value, lost } = ran;
-    let error = ran.error;
-    if (error !== undefined && !(error instanceof NotExecutedMark) && !(error instanceof PermanentError)) {
-      // The classes the call declared, with Go's semantics.
-      if (this.op.notExecutedOn?.(error)) error = new NotExecutedMark(error);
-      else if (this.op.permanentOn?.(error)) error = new PermanentError(error);
-    }
+    const { value, threw, lost } = ran;
     const d = (cause: unknown): IdemkvErrorDetails => ({ decision: g.decision, record: g.record, cause });
+    if (threw && (ran.error === undefined || ran.error === null)) {
+      // Nothing to classify, as Go's tool that returns neither a result nor an error.
+      const cause = thrownCause("tool", ran.error);
+      if (lost !== undefined) {
+        throw this.unknown(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`, d(cause));
+      }
+      throw this.unknown(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${messageOf(cause)}`, d(cause));
+    }
+    let error = ran.error;
+    if (threw && !(error instanceof NotExecutedMark) && !(error instanceof PermanentError)) {
+      // The classes the call declared, with Go's semantics. A classifier that throws says
+      // nothing of the tool's error: the record stays pending, as when Go's classifying
+      // of the tool's error panics, and the key is never released for a tool that may
+      // have run.
+      let classifier = "notExecutedOn";
+      try {
+        if (this.op.notExecutedOn?.(error)) {
+          error = new NotExecutedMark(error);
+        } else {
+          classifier = "permanentOn";
+          if (this.op.permanentOn?.(error)) error = new PermanentError(error);
+        }
+      } catch (thrown) {
+        const why = lost !== undefined ? `a newer attempt owns the key: ${lost.message}; ` : "the record stays pending: ";
+        throw this.unknown(`idemkv: outcome of ${this.q} unknown, ${why}the tool threw (${messageOf(error)}) and its ` +
+          `${classifier} threw: ${messageOf(thrown)}`, d(thrown));
+      }
+    }
     if (lost !== undefined) {
       // A newer attempt owns the key; it decides the outcome (and probes for ours).
-      throw this.unknown(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`, d(error ?? lost));
+      throw this.unknown(`idemkv: outcome of ${this.q} unknown, a newer attempt owns the key: ${lost.message}`, d(threw ? error : lost));
     }
     if (error instanceof NotExecutedMark && earlier) {
       throw this.unknown(
@@ -664,7 +716,7 @@ class Attempt {
     }
     if (error instanceof NotExecutedMark) return this.release(g, error);
     if (error instanceof PermanentError) return this.fail(g, error);
-    if (error !== undefined) {
+    if (threw) {
       throw this.unknown(`idemkv: outcome of ${this.q} unknown, the record stays pending: ${messageOf(error)}`, d(error));
     }
     if (value === null || value === undefined || typeof value.remoteSystem !== "string" || typeof value.remoteId !== "string" ||
@@ -685,7 +737,7 @@ class Attempt {
    * lease a second worker would recover the key and run it again), so it stops on a
    * controller of its own; and not more when f throws, so it stops in finally.
    */
-  private async underLease<T>(g: Grant, f: (ctx: ToolContext) => Promise<T>): Promise<{ value?: T; error?: unknown; lost?: LeaseLost }> {
+  private async underLease<T>(g: Grant, f: (ctx: ToolContext) => Promise<T>): Promise<Ran<T>> {
     const tool = linkedController([this.signal]);
     const stop = new AbortController();
     let lost: LeaseLost | undefined;
@@ -717,10 +769,11 @@ class Attempt {
       }
     })();
     const ctx = this.context(g, tool.signal);
-    const out: { value?: T; error?: unknown; lost?: LeaseLost } = {};
+    const out: Ran<T> = { threw: false };
     try {
       out.value = await storage.run(ctx, () => f(ctx));
     } catch (err) {
+      out.threw = true;
       out.error = err;
     } finally {
       stop.abort();

@@ -191,6 +191,47 @@ describe("the approval wait", () => {
     assert.ok(shed.count("/v1/reserve") + shed.count("/v1/records") < 40, "no backoff");
   });
 
+  it("a caller that aborts during the wait gets approval_pending with the abort as cause; the request stays", async (t) => {
+    // The wait's three places to be aborted in: a long-poll, the backoff between long-polls a
+    // store sheds, and the pause after a long-poll that ended early (Go's awaitApproval).
+    const early = (input: RequestInfo | URL, init?: RequestInit) => {
+      const u = new URL(String(input));
+      u.searchParams.delete("wait_ms");
+      return fetch(u, init);
+    };
+    const cases: Array<[string, typeof fetch]> = [
+      ["long-poll", fetch],
+      ["shed long-polls", shedding().fetch],
+      ["early long-poll", early as typeof fetch],
+    ];
+    for (const [name, f] of cases) {
+      const c = new Client({ endpoints: [node.httpAddr], backoffMaxMs: 5000, fetch: f });
+      const key = newKey("abort-wait");
+      const op = { tenant: TENANT, key, tool: "refund", effect: { order: "17" }, approval: { required: true, wait: 20_000 } };
+      let ran = 0;
+      const tool = async () => {
+        ran++;
+        return { remoteSystem: "refunds", remoteId: "re_1" };
+      };
+      const gone = new Error("the caller went away");
+      const caller = new AbortController();
+      setTimeout(() => caller.abort(gone), 500);
+      const start = Date.now();
+      const err = await run(c, op, tool, { signal: caller.signal }).catch((e: unknown) => e);
+      const ms = Date.now() - start;
+      log(t, `${name}: aborted after ${ms} ms`, err);
+      assert.ok(err instanceof ApprovalPendingError, `${name}: want approval_pending, got ${String(err)} (kind ${(err as IdemkvError).kind})`);
+      assert.equal(err.cause, gone, `${name}: the abort is not the cause`);
+      assert.ok(err.approvalId !== "", `${name}: no approval id`);
+      assert.ok(ms < 3000, `${name}: the abort took ${ms} ms to end the call`);
+      // A later call with the same key finds the same request, never a second one.
+      const again = await run(client, { ...op, approval: { required: true } }, tool).catch((e: unknown) => e);
+      assert.ok(again instanceof ApprovalPendingError && again.approvalId === err.approvalId,
+        `${name}: a later call: ${String(again)}, want the request ${err.approvalId}`);
+      assert.equal(ran, 0);
+    }
+  });
+
   it("a refused long-poll is not_executed", async () => {
     const refuse = watched((path) => path === "/v1/records" ? Promise.resolve(errorAnswer(403, "permission_denied", "token may not read")) : undefined);
     const c = new Client({ endpoints: [node.httpAddr], fetch: refuse.fetch });

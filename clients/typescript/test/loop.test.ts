@@ -158,6 +158,66 @@ describe("single node", () => {
     log(t, "call", err);
   });
 
+  it("a classifier that throws leaves the record pending: outcome unknown, the thrown value its cause", async (t) => {
+    // The tool ran and threw; a classifier that cannot say how must not get the key
+    // released (Go leaves the record pending when classifying the tool's error panics).
+    const threw = new Error("classifier bug");
+    const cases: Array<[string, { notExecutedOn?: (e: unknown) => boolean; permanentOn?: (e: unknown) => boolean }]> = [
+      ["notExecutedOn", { notExecutedOn: () => { throw threw; } }],
+      ["permanentOn", { notExecutedOn: () => false, permanentOn: () => { throw threw; } }],
+    ];
+    for (const [name, classify] of cases) {
+      const key = newKey("classifier");
+      const err = await run(client, { tenant: TENANT, key, tool: "create_ticket", fingerprint: "sha256:" + "d".repeat(64), ...classify },
+        async () => { throw new Error("socket hang up"); }).catch((e: unknown) => e);
+      assert.ok(err instanceof OutcomeUnknownError, `${name}: ${String(err)}`);
+      assert.equal(err.cause, threw, `${name}: the thrown value is not the cause`);
+      assert.match(err.message, new RegExp(`${name} threw: classifier bug`));
+      assert.match(err.message, /socket hang up/);
+      assert.equal((await client.get(TENANT, key)).status, "pending", `${name}: the key was released`);
+      log(t, name, err);
+    }
+    // The matcher idempotent builds from a list: an arrow function is no class, and instanceof throws.
+    const notAClass = (() => undefined) as unknown as new () => Error;
+    const create = idempotent(async (_a: { key: string }): Promise<{ id: string }> => { throw new Error("socket hang up"); },
+      { client, tenant: TENANT, tool: "create_ticket", key: (a) => a.key, notExecutedOn: [notAClass] });
+    const key = newKey("classifier-list");
+    const err = await create({ key }).catch((e: unknown) => e);
+    assert.ok(err instanceof OutcomeUnknownError && err.cause instanceof TypeError, String(err));
+    assert.equal((await client.get(TENANT, key)).status, "pending", "the key was released");
+  });
+
+  it("a tool that throws undefined or null: outcome unknown, and the message says what it threw", async (t) => {
+    for (const value of [undefined, null]) {
+      const key = newKey("throws-nothing");
+      const err = await run(client, { tenant: TENANT, key, tool: "create_ticket", fingerprint: "sha256:" + "d".repeat(64) },
+        async () => { throw value; }).catch((e: unknown) => e);
+      assert.ok(err instanceof OutcomeUnknownError, String(err));
+      assert.match(err.message, new RegExp(`the tool threw a non-Error value \\(${value}\\)`));
+      assert.ok(!/no receipt/.test(err.message), err.message);
+      assert.equal((await client.get(TENANT, key)).status, "pending");
+      log(t, String(value), err);
+    }
+  });
+
+  it("a probe that throws undefined is no answer: the tool does not run again", async (t) => {
+    const key = newKey("probe-undefined");
+    const fp = "sha256:" + "f".repeat(64);
+    // An attempt that died: its lease (1 s) runs out and nobody knows what it did.
+    await client.reserve({ tenant: TENANT, idempotency_key: key, tool: "create_ticket", effect_fingerprint: fp, lease_ttl_ms: 1000 });
+    await new Promise((r) => setTimeout(r, 1200));
+    let runs = 0;
+    const err = await run(client, { tenant: TENANT, key, tool: "create_ticket", fingerprint: fp, probe: async () => { throw undefined; } }, async () => {
+      runs++;
+      return { remoteSystem: "tickets", remoteId: "TCK-2" };
+    }).catch((e: unknown) => e);
+    assert.equal(runs, 0, "the tool ran again after a probe that threw");
+    assert.ok(err instanceof OutcomeUnknownError && err.decision === "recover", String(err));
+    assert.match(err.message, /the probe threw a non-Error value \(undefined\)/);
+    assert.equal((await client.get(TENANT, key)).status, "pending");
+    log(t, "probe", err);
+  });
+
   it("the heartbeat keeps the lease while a slow tool runs; a second caller waits and replays", async (t) => {
     let calls = 0;
     const slow = async (_a: { key: string }) => {
