@@ -334,6 +334,9 @@ func run(ctx context.Context, cfg config) error {
 	for _, m := range mismatches {
 		sum.add(anomalyLogMismatch, "", m)
 	}
+	for _, e := range c.UnexpectedExits() {
+		sum.add(anomalyNodeExited, "", e)
+	}
 	switch {
 	case len(sum.Anomalies) > 0:
 		sum.Verdict = "invalid"
@@ -620,6 +623,12 @@ const verifyInterval = 200 * time.Millisecond
 // node/verify.go), otherwise the node's disk lost or changed entries (the
 // rot-raft-log sabotage).
 const anomalyLogMismatch = "raft-log-mismatch"
+
+// anomalyNodeExited: a node process ended although neither the harness (a kill, a
+// termination) nor a storage fault set on it asked for that: a panic on some goroutine
+// (the sweeper, a snapshot's persist), a fatal error, an exit of its own. Quorum
+// carried on and the final heal started it again, so the run was valid before.
+const anomalyNodeExited = "node-exited"
 
 // logMismatchLine is in every line of node/verify.go's report of a mismatch (the
 // message up to its first quote, which a text log escapes).

@@ -149,6 +149,9 @@ func TestSabotageIsCaught(t *testing.T) {
 		// stamp agrees with every other, and the lower bound keeps leases running out
 		// after the reset; only the harness's own clock shows it.
 		{testhooks.UnboundedForwardClock, []string{nemesis.FamilyClockJump}, []string{model.AnomalyClockAhead, workload.AnomalyLeaseCutShort}},
+		// A node that dies by itself while the others go on; the final heal starts it
+		// again, so only its exit shows.
+		{testhooks.CrashesAlone, nil, []string{anomalyNodeExited}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {

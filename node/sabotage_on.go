@@ -5,10 +5,12 @@ package node
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -59,13 +61,26 @@ func (n *Node) earlyAck(cmd *fsm.Command) (res *fsm.Result, handled bool, err er
 // IgnoreFences, DropLateCommits and SkipFailedRestore sabotages, which live here, at
 // the apply seam, so that fsm itself stays free of test hooks.
 func (n *Node) raftFSM() raft.FSM {
-	return applySaboteur{FSM: n.fsm, log: n.log}
+	return applySaboteur{FSM: n.fsm, log: n.log, id: n.cfg.ID, applied: new(atomic.Uint64)}
 }
 
 // applySaboteur is the FSM as Raft drives it in the test build.
 type applySaboteur struct {
 	*fsm.FSM
-	log *slog.Logger
+	log     *slog.Logger
+	id      string
+	applied *atomic.Uint64 // entries applied since the process started (CrashesAlone)
+}
+
+// crashAlone is CrashesAlone: node n2 panics on a goroutine of its own once it has
+// applied testhooks.CrashAfter entries since its process started.
+func (s applySaboteur) crashAlone(n int) {
+	if !testhooks.Sabotaged(testhooks.CrashesAlone) || s.id != "n2" {
+		return
+	}
+	if after := s.applied.Add(uint64(n)); after >= testhooks.CrashAfter && after-uint64(n) < testhooks.CrashAfter {
+		go panic(fmt.Sprintf("sabotage crashes-alone: %s dies on a goroutine of its own after %d entries", s.id, after))
+	}
 }
 
 // Apply and ApplyBatch apply as the FSM does. Under IgnoreFences a commit whose fence
@@ -81,6 +96,7 @@ type applySaboteur struct {
 func (s applySaboteur) Apply(l *raft.Log) any { return s.ApplyBatch([]*raft.Log{l})[0] }
 
 func (s applySaboteur) ApplyBatch(logs []*raft.Log) []any {
+	s.crashAlone(len(logs))
 	ignore, drop := testhooks.Sabotaged(testhooks.IgnoreFences), testhooks.Sabotaged(testhooks.DropLateCommits)
 	if !ignore && !drop {
 		return s.FSM.ApplyBatch(logs)

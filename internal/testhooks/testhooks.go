@@ -104,7 +104,16 @@ const (
 	// holder still runs. jepsen-lite's clock-jump nemesis must catch it by real time
 	// (clock-ahead, lease-cut-short), since every stamp agrees with every other.
 	UnboundedForwardClock
+	// CrashesAlone makes node n2 panic on a goroutine of its own once it has applied
+	// CrashAfter entries since its process started, as a background goroutine (the
+	// sweeper, a snapshot's persist) that dies would: quorum carries on and the run's
+	// final heal starts n2 again. jepsen-lite must catch it (node-exited).
+	CrashesAlone
 )
+
+// CrashAfter is how many entries node n2 applies, from its process's start, before
+// CrashesAlone makes it panic.
+const CrashAfter = 2000
 
 // RotEntry is the Raft log command that RotRaftLog changes on disk, counted from a
 // process's start.
@@ -132,6 +141,7 @@ var modeNames = []struct {
 	{DropLateCommits, "drop-late-commits"},
 	{ReplayDropsResult, "replay-drops-result"},
 	{UnboundedForwardClock, "unbounded-forward-clock"},
+	{CrashesAlone, "crashes-alone"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -220,7 +230,7 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult | UnboundedForwardClock
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult | UnboundedForwardClock | CrashesAlone
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,6 +71,10 @@ type Node struct {
 	starts int
 	// nextEnv is added to the environment of the next start only (StartNodeWithEnv).
 	nextEnv []string
+	// stopping: the harness signalled the process to end (stop); faulted: a storage
+	// fault is set on it (SetFaults), which may end it. An exit with neither is the
+	// node's own doing (UnexpectedExits).
+	stopping, faulted bool
 }
 
 // Cluster is a running set of nodes and their link proxies.
@@ -82,6 +87,8 @@ type Cluster struct {
 	links [][]*proxy.Link
 
 	mu sync.Mutex
+	// exits are the nodes' exits of their own (UnexpectedExits).
+	exits []string
 }
 
 // New prepares a cluster: addresses, directories and link proxies. Start runs it.
@@ -256,14 +263,33 @@ func (c *Cluster) StartNodeWithEnv(i int, env ...string) error {
 		return fmt.Errorf("cluster: start %s: %w", n.ID, err)
 	}
 	exited := make(chan struct{})
+	start := n.starts
 	go func() {
-		_ = cmd.Wait()
+		err := cmd.Wait()
 		logf.Close()
+		c.mu.Lock()
+		if !n.stopping && !n.faulted {
+			// A crash (a panic on any goroutine, a fatal error) or an exit of its own:
+			// quorum carries on and the final heal starts it again, so nothing else
+			// would say it happened.
+			c.exits = append(c.exits, fmt.Sprintf("%s (start #%d) exited by itself at %s: %v; see its log",
+				n.ID, start, time.Now().Format(time.RFC3339Nano), err))
+		}
+		c.mu.Unlock()
 		close(exited)
 	}()
-	n.cmd, n.exited, n.paused = cmd, exited, false
+	// A new process holds no fault: they are set in the process (SetFaults).
+	n.cmd, n.exited, n.paused, n.stopping, n.faulted = cmd, exited, false, false, false
 	c.log.Info("started node", "node", n.ID, "pid", cmd.Process.Pid, "join", n.join)
 	return nil
+}
+
+// UnexpectedExits describes every exit of a node process that neither the harness
+// caused (a kill, a termination) nor a storage fault set on it may have.
+func (c *Cluster) UnexpectedExits() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.exits)
 }
 
 // Running reports whether node i's process is alive (paused counts as alive).
@@ -296,6 +322,9 @@ func (c *Cluster) stop(i int, sig syscall.Signal, grace time.Duration) error {
 	n := c.nodes[i]
 	cmd, exited := n.cmd, n.exited
 	paused := n.paused
+	if cmd != nil {
+		n.stopping = true
+	}
 	c.mu.Unlock()
 	if cmd == nil {
 		return nil

@@ -19,9 +19,17 @@ func (c *Cluster) SetFaults(ctx context.Context, i int, faults []string) (*testh
 	if faults == nil {
 		faults = []string{}
 	}
+	// A fault may end the process (a full disk under Pebble's background work): it is
+	// expected from the moment the fault may be set until it is known to be off.
+	if len(faults) > 0 {
+		c.setFaulted(i, true)
+	}
 	var s testhooks.FaultState
 	if err := c.call(ctx, i, http.MethodPost, testhooks.PathFaults, testhooks.FaultUpdate{Faults: faults}, &s); err != nil {
 		return nil, err
+	}
+	if len(faults) == 0 {
+		c.setFaulted(i, false)
 	}
 	return &s, nil
 }
@@ -45,4 +53,10 @@ func (c *Cluster) Status(ctx context.Context, i int, path string) (int, error) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+func (c *Cluster) setFaulted(i int, on bool) {
+	c.mu.Lock()
+	c.nodes[i].faulted = on
+	c.mu.Unlock()
 }
