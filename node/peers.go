@@ -24,7 +24,7 @@ func (n *Node) watchPeers() {
 	ch := make(chan raft.Observation, 64)
 	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
 		switch o.Data.(type) {
-		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation:
+		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation, raft.PeerObservation:
 			return true
 		}
 		return false
@@ -55,6 +55,12 @@ func (p *peerHealth) observe(data any) {
 	case raft.LeaderObservation:
 		// What a former leader saw of its followers says nothing now.
 		p.failing = nil
+	case raft.PeerObservation:
+		// A peer removed, or added again, starts afresh: Raft says a peer's heartbeats
+		// resumed only to the replication that saw them fail, so a voter removed while
+		// down and joined again stayed failing, and removals that left a quorum were
+		// refused.
+		delete(p.failing, d.Peer.ID)
 	}
 }
 
