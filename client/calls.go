@@ -219,7 +219,9 @@ func (c *Client) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
 	var out idemkv.ClusterInfo
 	_, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: req}, &out)
-	for old, ok := olderJoin(req, err); ok; old, ok = olderJoin(old, err) {
+	// An operator's stage is kept: an older release refuses it rather than add a
+	// voter where a learner was asked for.
+	for old, ok := olderJoin(req, err, false); ok; old, ok = olderJoin(old, err, false) {
 		_, err = c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: old}, &out)
 	}
 	if err != nil {
@@ -229,22 +231,24 @@ func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clu
 }
 
 // olderJoin is req as a release before its fields would take it, when err is such a
-// release's refusal of a field it does not know: without stage or holds_state (a
-// release before either), or without format (a release before data formats, which
-// knows none of them).
-func olderJoin(req *idemkv.JoinRequest, err error) (*idemkv.JoinRequest, bool) {
+// release's refusal of a field it does not know: without holds_state (a release
+// before it), without format (a release before data formats, which knows none of
+// them), and, with dropLearner, without a learner's stage (that release adds every
+// node as a voter, as a node joining by itself did before stages). A promotion is
+// never dropped: that release would answer a member's join as a no-op, and the node
+// would stay a learner believing itself promoted.
+func olderJoin(req *idemkv.JoinRequest, err error, dropLearner bool) (*idemkv.JoinRequest, bool) {
 	var e *idemkv.Error
 	if !errors.As(err, &e) || e.Code != idemkv.CodeInvalidArgument || !strings.Contains(e.Message, "unknown field") {
 		return nil, false
 	}
 	old := *req
 	switch {
-	case e.Field == "stage" && req.Stage != "":
-		// A voter at once, as that release adds every node.
+	case e.Field == "stage" && req.Stage == idemkv.JoinLearner && dropLearner:
 		old.Stage = ""
 	case e.Field == "holds_state" && req.HoldsState != nil:
 		old.HoldsState = nil
-	case e.Field == "format" && req.Format != 0:
+	case e.Field == "format" && req.Format != 0 && (req.Stage == "" || req.Stage == idemkv.JoinLearner && dropLearner):
 		old.Format, old.HoldsState, old.Stage = 0, nil, ""
 	default:
 		return nil, false

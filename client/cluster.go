@@ -49,7 +49,7 @@ func (c *Client) JoinCluster(ctx context.Context, req *idemkv.JoinRequest) (*ide
 			var out idemkv.ClusterInfo
 			actx, cancel := context.WithTimeout(ctx, joinAttemptTimeout)
 			err := c.attempt(actx, seed, cl, body, &out)
-			for old, ok := olderJoin(req, err); ok; old, ok = olderJoin(old, err) {
+			for old, ok := olderJoin(req, err, true); ok; old, ok = olderJoin(old, err, true) {
 				// A seed (or leader) of an older release: see Join.
 				oldBody, _ := json.Marshal(old)
 				err = c.attempt(actx, seed, call{method: cl.method, route: cl.route, path: cl.path, body: old}, oldBody, &out)

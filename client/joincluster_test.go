@@ -167,3 +167,43 @@ func TestJoinWithoutHoldsStateForAnOlderRelease(t *testing.T) {
 		}
 	}
 }
+
+// A release before stages refuses the stage: a learner's join (a node joining by
+// itself) goes again as that release's plain join, a voter at once, as it adds every
+// node; a promotion, and a stage an operator asked for, are never dropped: that
+// release would answer a member's join as a no-op, and the node would stay a learner
+// believing itself promoted.
+func TestJoinStagesForAnOlderRelease(t *testing.T) {
+	n := startNode(t, newMemStore())
+	var bodies []map[string]any
+	n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+		if r.URL.Path != "/v1/cluster/join" {
+			return false
+		}
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		bodies = append(bodies, body)
+		w.Header().Set("Content-Type", "application/json")
+		if _, ok := body["stage"]; ok {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = w.Write([]byte(`{"error":{"code":"invalid_argument","message":"unknown field \"stage\"","field":"stage"}}`))
+			return true
+		}
+		_ = json.NewEncoder(w).Encode(idemkv.ClusterInfo{Term: 4, Nodes: []idemkv.NodeInfo{{ID: "n1"}}})
+		return true
+	})
+	c := newClient(t, Config{Endpoints: []string{n.srv.URL}})
+	learner := &idemkv.JoinRequest{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinLearner}
+	if _, err := c.JoinCluster(ctxT(t), learner); err != nil || len(bodies) != 2 || bodies[1]["stage"] != nil {
+		t.Errorf("a learner joining by itself: %v; bodies %v", err, bodies)
+	}
+	for _, req := range []*idemkv.JoinRequest{
+		{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinPromote},
+		{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinLearner},
+	} {
+		bodies = nil
+		if _, err := c.Join(ctxT(t), req); err == nil || len(bodies) != 1 {
+			t.Errorf("stage %s through Join: %v, %d requests; want the refusal, never the stage dropped", req.Stage, err, len(bodies))
+		}
+	}
+}

@@ -384,9 +384,12 @@ func tuneGC(logger *slog.Logger) {
 // promoteWhenCaughtUp makes a node that joined as a learner a voter once it holds what
 // the cluster had committed when it joined (at commit): a voter counts toward every
 // quorum, so one that held nothing yet (or could not be reached at the raft_addr it
-// gave) left the others short of one while a member was down. A node that is a voter
-// already (a restart, or a join through a release before stages, which adds voters at
-// once) has nothing to do.
+// gave) left the others short of one while a member was down. It asks until its own
+// configuration makes it a voter (an answer is not enough: a leader of a release
+// before stages refuses the stage, and is asked again until a newer one leads), and
+// gives up on a refusal that asking again cannot change (an operator removed it
+// meanwhile). A node that is a voter already (a restart, or a join through a release
+// before stages, which adds voters at once) has nothing to do.
 func promoteWhenCaughtUp(ctx context.Context, n *node.Node, jc *client.Client, join *idemkv.JoinRequest, commit uint64, logger *slog.Logger) {
 	t := time.NewTicker(promoteCheckEvery)
 	defer t.Stop()
@@ -402,18 +405,33 @@ func promoteWhenCaughtUp(ctx context.Context, n *node.Node, jc *client.Client, j
 		case <-t.C:
 		}
 	}
-	if n.Voter() {
-		return
-	}
 	promote := *join
 	promote.Stage = idemkv.JoinPromote
-	if _, err := jc.JoinCluster(ctx, &promote); err == nil {
-		logger.Info("caught up and promoted to voter", "commit_index", commit)
+	wait := promoteCheckEvery
+	for !n.Voter() {
+		_, err := jc.Join(ctx, &promote)
+		if err == nil {
+			logger.Info("caught up: asked to be a voter", "commit_index", commit)
+		} else if idemkv.CodeOf(err) == idemkv.CodeInvalidArgument && !strings.Contains(err.Error(), "unknown field") {
+			logger.Error("caught up, but the cluster refused to make this node a voter; it stays a learner", "err", err)
+			return
+		} else {
+			logger.Warn("asking to be a voter failed; asking again", "err", err, "retry_in", wait)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, promoteRetryMax)
 	}
+	logger.Info("caught up and promoted to voter", "commit_index", commit)
 }
 
-// How often a learner checks whether it caught up, and how often it says it waits.
+// How often a learner checks whether it caught up, how often it says it waits, and
+// the longest pause between two requests to be made a voter.
 const (
 	promoteCheckEvery = 100 * time.Millisecond
 	promoteLogEvery   = 10 * time.Second
+	promoteRetryMax   = 10 * time.Second
 )
