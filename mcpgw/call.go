@@ -47,7 +47,7 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 			}
 			span.End()
 		}()
-		defer g.inFlight(ctx, req)()
+		ctx = withCaller(ctx, req)
 		if r.class == client.ReadOnly {
 			res, err = g.passThrough(ctx, r, req)
 		} else {
@@ -211,8 +211,9 @@ func (w *waiter) stop() {
 	w.wg.Wait()
 }
 
-// relayLog sends an upstream log message to the agent whose calls are the only ones in
-// flight when it arrives, if that agent's logging level admits it. The upstream has one
+// relayLog sends an upstream log message to the agent whose calls to the upstream are
+// the only ones in flight (or ended less than logGrace ago) when it arrives, if that
+// agent's logging level admits it. The upstream has one
 // session for all agents, so a message says nothing of whose call it is about: sent to
 // every agent, one agent's order ids or customer data in an upstream's log reached
 // every other agent of the gateway, of other tenants too. A message that arrives while
@@ -249,24 +250,46 @@ func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 	}
 }
 
-// inFlightCall is a tools/call in flight: the agent's session and the call's context
-// (a 2026-07-28 request's carries its log level).
+// inFlightCall is a call to the upstream in flight for an agent: the agent's session
+// and the call's context (a 2026-07-28 request's carries its log level).
 type inFlightCall struct {
 	ss     *mcp.ServerSession
 	ctx    context.Context
 	modern bool
 }
 
-// inFlight notes a call for relayLog until done.
-func (g *Gateway) inFlight(ctx context.Context, req *mcp.CallToolRequest) (done func()) {
+// logGrace is how long a call to the upstream still owns the upstream's log messages
+// after its answer came: the upstream's client hands notifications over on a
+// goroutine of their own, so a message sent just before the answer may come after it,
+// and must not go to the agent whose call is the only one in flight by then.
+const logGrace = time.Second
+
+type callerKey struct{}
+
+// withCaller notes in ctx the agent whose tools/call ctx serves, for the calls to the
+// upstream made on its behalf (the tool, its probe).
+func withCaller(ctx context.Context, req *mcp.CallToolRequest) context.Context {
+	return context.WithValue(ctx, callerKey{}, req)
+}
+
+// inFlight notes a call to the upstream made on behalf of ctx's agent for relayLog,
+// until logGrace after done: only then, not while the agent waits for idemkv or for an
+// approval, is the upstream doing something of that agent's.
+func (g *Gateway) inFlight(ctx context.Context) (done func()) {
+	req, ok := ctx.Value(callerKey{}).(*mcp.CallToolRequest)
+	if !ok {
+		return func() {}
+	}
 	c := &inFlightCall{ss: req.Session, ctx: ctx, modern: modernRequest(req)}
 	g.mu.Lock()
 	g.calls[c] = struct{}{}
 	g.mu.Unlock()
 	return func() {
-		g.mu.Lock()
-		delete(g.calls, c)
-		g.mu.Unlock()
+		time.AfterFunc(logGrace, func() {
+			g.mu.Lock()
+			delete(g.calls, c)
+			g.mu.Unlock()
+		})
 	}
 }
 
@@ -279,6 +302,7 @@ var errToolTimeout = errors.New("mcpgw: the tool's timeout passed")
 func (g *Gateway) upCall(ctx context.Context, r *rule, p *mcp.CallToolParams, progress func(*mcp.ProgressNotificationParams)) (*mcp.CallToolResult, json.RawMessage, error) {
 	tctx, cancel := context.WithTimeoutCause(ctx, r.timeout, errToolTimeout)
 	defer cancel()
+	defer g.inFlight(ctx)()
 	res, raw, err := g.up.call(tctx, p, progress)
 	var ce *callError
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(tctx), errToolTimeout) && errors.As(err, &ce) {
