@@ -199,13 +199,20 @@ func TestContainerCluster(t *testing.T) {
 	c.hc = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca}}}
 	admin := &clusterClient{t: t, hc: c.hc, ports: c.ports, token: readSecret("admin-token")}
 
-	eventually(t, 2*time.Minute, "three members, all ready", func() error {
+	eventually(t, 2*time.Minute, "three voters, all ready", func() error {
 		var info idemkv.ClusterInfo
 		if err := admin.json("n1", http.MethodGet, "/v1/cluster", nil, &info); err != nil {
 			return err
 		}
 		if len(info.Nodes) != 3 || info.Leader.ID == "" {
 			return fmt.Errorf("cluster %+v", info)
+		}
+		// A node that joins is a learner until it caught up: stopping the leader
+		// before both are voters would leave one voter of two.
+		for _, ni := range info.Nodes {
+			if ni.Suffrage != "voter" {
+				return fmt.Errorf("%s is a %s", ni.ID, ni.Suffrage)
+			}
 		}
 		for _, s := range []string{"n1", "n2", "n3"} {
 			if code, raw, err := c.do(s, http.MethodGet, "/readyz", nil); err != nil || code != http.StatusOK {

@@ -111,7 +111,7 @@ func startHostileCluster(t *testing.T, extra ...string) *hostileCluster {
 		h.procs = append(h.procs, p)
 	}
 	h.procs = append([]*opsProc{n1}, h.procs...)
-	waitFor(t, 40*time.Second, "three members with API addresses", func() error {
+	waitFor(t, 40*time.Second, "three voters with API addresses", func() error {
 		info := e.cluster(t, n1.httpAddr)
 		if len(info.Nodes) != 3 {
 			return fmt.Errorf("%d nodes", len(info.Nodes))
@@ -119,6 +119,10 @@ func startHostileCluster(t *testing.T, extra ...string) *hostileCluster {
 		for _, ni := range info.Nodes {
 			if ni.APIAddr == "" {
 				return fmt.Errorf("%s has no API address", ni.ID)
+			}
+			// A node that joins is a learner until it caught up.
+			if ni.Suffrage != "voter" {
+				return fmt.Errorf("%s is a %s", ni.ID, ni.Suffrage)
 			}
 		}
 		return nil

@@ -275,7 +275,7 @@ func TestSecuredCluster(t *testing.T) {
 	n2.start()
 	n3.start()
 	procs := []*opsProc{n1, n2, n3}
-	waitFor(t, 40*time.Second, "three members with API addresses", func() error {
+	waitFor(t, 40*time.Second, "three voters with API addresses", func() error {
 		info := e.cluster(t, n1.httpAddr)
 		if len(info.Nodes) != 3 {
 			return fmt.Errorf("%d nodes", len(info.Nodes))
@@ -283,6 +283,10 @@ func TestSecuredCluster(t *testing.T) {
 		for _, ni := range info.Nodes {
 			if ni.APIAddr == "" {
 				return fmt.Errorf("%s has no API address", ni.ID)
+			}
+			// A node that joins is a learner until it caught up.
+			if ni.Suffrage != "voter" {
+				return fmt.Errorf("%s is a %s", ni.ID, ni.Suffrage)
 			}
 		}
 		return nil
@@ -607,10 +611,15 @@ func TestLeaderHandsOverOnSIGTERM(t *testing.T) {
 		}
 	}
 	var info idemkv.ClusterInfo
-	waitFor(t, 40*time.Second, "three members", func() error {
+	waitFor(t, 40*time.Second, "three voters", func() error {
 		code, raw := call(t, http.MethodGet, procs[0].httpAddr, "/v1/cluster", nil)
 		if code != http.StatusOK || json.Unmarshal(raw, &info) != nil || len(info.Nodes) != 3 {
 			return fmt.Errorf("%d %s", code, raw)
+		}
+		for _, ni := range info.Nodes {
+			if ni.Suffrage != "voter" {
+				return fmt.Errorf("%s is a %s", ni.ID, ni.Suffrage)
+			}
 		}
 		for _, p := range procs {
 			if err := readyPlain(p.httpAddr); err != nil {
