@@ -25,90 +25,71 @@ func (c keyedCaller) LimitKey() string                { return string(c) }
 // is 429 resource_exhausted; a read without wait_ms is never refused; a slot comes back
 // when its poll is answered.
 func TestLongPollsAreCapped(t *testing.T) {
-	var parked atomic.Int64
-	release := make(chan struct{})
-	fake := &FakeStore{GetFunc: func(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {
-		if req.Wait > 0 {
-			parked.Add(1)
-			defer parked.Add(-1)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-		}
-		return pendingRecord(req.Key), nil
-	}}
-	n := startNode(t, fake, func(c *api.Config) {
+	p := newParkingStore(t, func(c *api.Config) {
 		c.MaxLongPolls, c.MaxLongPollsPerCaller, c.MaxLongPollsPerTenant = 5, 2, 5
-		inner := c.Middleware
-		c.Middleware = func(next http.Handler) http.Handler {
-			h := inner(next)
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				h.ServeHTTP(w, r.WithContext(api.WithCaller(r.Context(), keyedCaller(r.Header.Get("X-Caller")))))
-			})
-		}
 	})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	releaseAll := sync.OnceFunc(func() { close(release) })
-	defer releaseAll()
-	park := func(caller string, want int64) {
-		t.Helper()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			do(t, "GET", n.url+"/v1/records/acme/k?wait_ms=60000", nil, map[string]string{"X-Caller": caller})
-		}()
-		if err := testcluster.Eventually(10*time.Second, func() error {
-			if got := parked.Load(); got != want {
-				return fmt.Errorf("%d polls parked, want %d", got, want)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	refused := func(caller, why string) {
 		t.Helper()
 		t.Log(why)
-		do(t, "GET", n.url+"/v1/records/acme/k?wait_ms=60000", nil, map[string]string{"X-Caller": caller}).
-			wantError(t, http.StatusTooManyRequests, idemkv.CodeResourceExhausted, "")
+		p.poll("acme", caller).wantError(t, http.StatusTooManyRequests, idemkv.CodeResourceExhausted, "")
 	}
-	park("a", 1)
-	park("a", 2)
+	p.park("acme", "a", 1)
+	p.park("acme", "a", 2)
 	refused("a", "a's third poll: the per-token cap")
-	park("b", 3)
-	park("b", 4)
-	park("c", 5)
+	p.park("acme", "b", 3)
+	p.park("acme", "b", 4)
+	p.park("acme", "c", 5)
 	refused("c", "c's second poll: the node's cap")
-	do(t, "GET", n.url+"/v1/records/acme/k", nil, map[string]string{"X-Caller": "a"}).object(t, http.StatusOK)
+	do(t, "GET", p.n.url+"/v1/records/acme/k", nil, map[string]string{"X-Caller": "a"}).object(t, http.StatusOK)
 
 	// Answered polls give their slots back.
-	releaseAll()
-	wg.Wait()
+	p.releaseAll()
+	p.wg.Wait()
 	for range 5 {
-		do(t, "GET", n.url+"/v1/records/acme/k?wait_ms=60000", nil, map[string]string{"X-Caller": "c"}).object(t, http.StatusOK)
+		p.poll("acme", "c").object(t, http.StatusOK)
 	}
 }
 
 // One tenant's tokens together hold at most the tenant's share of a node's long-polls:
 // a tenant with four tokens held the whole node's, and every other tenant got 429s.
 func TestLongPollsAreCappedPerTenant(t *testing.T) {
-	release := make(chan struct{})
-	var parked atomic.Int64
+	p := newParkingStore(t, func(c *api.Config) {
+		c.MaxLongPolls, c.MaxLongPollsPerCaller = 6, 2 // a tenant's share: 3
+	})
+	p.park("noisy", "t1", 1)
+	p.park("noisy", "t1", 2)
+	p.park("noisy", "t2", 3)
+	p.poll("noisy", "t3").wantError(t, http.StatusTooManyRequests, idemkv.CodeResourceExhausted, "")
+	p.park("quiet", "q1", 4)
+	p.park("quiet", "q1", 5)
+}
+
+// parkingStore is a store whose long-polls park until released, and a node on it
+// whose callers are named by the X-Caller header (keyedCaller) and capped as cfg says.
+type parkingStore struct {
+	t       *testing.T
+	n       *testNode
+	parked  atomic.Int64
+	release chan struct{}
+	once    sync.Once
+	wg      sync.WaitGroup
+}
+
+func newParkingStore(t *testing.T, cfg func(*api.Config)) *parkingStore {
+	p := &parkingStore{t: t, release: make(chan struct{})}
 	fake := &FakeStore{GetFunc: func(ctx context.Context, req *idemkv.GetRequest) (*idemkv.Record, error) {
 		if req.Wait > 0 {
-			parked.Add(1)
-			defer parked.Add(-1)
+			p.parked.Add(1)
+			defer p.parked.Add(-1)
 			select {
-			case <-release:
+			case <-p.release:
 			case <-ctx.Done():
 			}
 		}
 		return pendingRecord(req.Key), nil
 	}}
-	n := startNode(t, fake, func(c *api.Config) {
-		c.MaxLongPolls, c.MaxLongPollsPerCaller = 6, 2 // a tenant's share: 3
+	p.n = startNode(t, fake, func(c *api.Config) {
+		cfg(c)
 		inner := c.Middleware
 		c.Middleware = func(next http.Handler) http.Handler {
 			h := inner(next)
@@ -117,29 +98,29 @@ func TestLongPollsAreCappedPerTenant(t *testing.T) {
 			})
 		}
 	})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer close(release)
-	poll := func(tenant, caller string) response {
-		return do(t, "GET", n.url+"/v1/records/"+tenant+"/k?wait_ms=60000", nil, map[string]string{"X-Caller": caller})
-	}
-	park := func(tenant, caller string, want int64) {
-		t.Helper()
-		wg.Add(1)
-		go func() { defer wg.Done(); poll(tenant, caller) }()
-		if err := testcluster.Eventually(10*time.Second, func() error {
-			if got := parked.Load(); got != want {
-				return fmt.Errorf("%d polls parked, want %d", got, want)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	park("noisy", "t1", 1)
-	park("noisy", "t1", 2)
-	park("noisy", "t2", 3)
-	poll("noisy", "t3").wantError(t, http.StatusTooManyRequests, idemkv.CodeResourceExhausted, "")
-	park("quiet", "q1", 4)
-	park("quiet", "q1", 5)
+	t.Cleanup(func() { p.releaseAll(); p.wg.Wait() })
+	return p
 }
+
+// poll long-polls a record of tenant as caller.
+func (p *parkingStore) poll(tenant, caller string) response {
+	return do(p.t, "GET", p.n.url+"/v1/records/"+tenant+"/k?wait_ms=60000", nil, map[string]string{"X-Caller": caller})
+}
+
+// park starts a long-poll of tenant's record as caller and waits until want are parked.
+func (p *parkingStore) park(tenant, caller string, want int64) {
+	p.t.Helper()
+	p.wg.Add(1)
+	go func() { defer p.wg.Done(); p.poll(tenant, caller) }()
+	if err := testcluster.Eventually(10*time.Second, func() error {
+		if got := p.parked.Load(); got != want {
+			return fmt.Errorf("%d polls parked, want %d", got, want)
+		}
+		return nil
+	}); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// releaseAll answers every parked poll, and every later one at once.
+func (p *parkingStore) releaseAll() { p.once.Do(func() { close(p.release) }) }

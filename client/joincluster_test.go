@@ -76,32 +76,16 @@ func TestStatusAsksEveryMember(t *testing.T) {
 // binary, which it could not join.
 func TestJoinWithoutFormatForAnOlderRelease(t *testing.T) {
 	n := startNode(t, newMemStore())
-	var bodies []map[string]any
-	n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
-		if r.URL.Path != "/v1/cluster/join" {
-			return false
-		}
-		var body map[string]any
-		_ = json.NewDecoder(r.Body).Decode(&body)
-		bodies = append(bodies, body)
-		w.Header().Set("Content-Type", "application/json")
-		if _, ok := body["format"]; ok {
-			w.WriteHeader(http.StatusBadRequest)
-			_, _ = w.Write([]byte(`{"error":{"code":"invalid_argument","message":"unknown field \"format\"","field":"format"}}`))
-			return true
-		}
-		_ = json.NewEncoder(w).Encode(idemkv.ClusterInfo{Term: 4, Nodes: []idemkv.NodeInfo{{ID: "n1"}}})
-		return true
-	})
+	sent := olderRelease(n, "format")
 	c := newClient(t, Config{Endpoints: []string{n.srv.URL}})
 	req := &idemkv.JoinRequest{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3}
 	for name, join := range map[string]func() (*idemkv.ClusterInfo, error){
 		"Join":        func() (*idemkv.ClusterInfo, error) { return c.Join(ctxT(t), req) },
 		"JoinCluster": func() (*idemkv.ClusterInfo, error) { return c.JoinCluster(ctxT(t), req) },
 	} {
-		bodies = nil
+		*sent = nil
 		info, err := join()
-		if err != nil || info.Term != 4 || len(bodies) != 2 || bodies[0]["format"] != float64(3) || bodies[1]["format"] != nil || bodies[1]["id"] != "n9" {
+		if bodies := *sent; err != nil || info.Term != 4 || len(bodies) != 2 || bodies[0]["format"] != float64(3) || bodies[1]["format"] != nil || bodies[1]["id"] != "n9" {
 			t.Errorf("%s: %+v, %v; bodies %v", name, info, err, bodies)
 		}
 	}
@@ -123,25 +107,7 @@ func TestJoinWithoutHoldsStateForAnOlderRelease(t *testing.T) {
 		{"before formats", []string{"format", "holds_state"}, map[string]any{"format": nil, "holds_state": nil}},
 	} {
 		n := startNode(t, newMemStore())
-		var bodies []map[string]any
-		n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
-			if r.URL.Path != "/v1/cluster/join" {
-				return false
-			}
-			var body map[string]any
-			_ = json.NewDecoder(r.Body).Decode(&body)
-			bodies = append(bodies, body)
-			w.Header().Set("Content-Type", "application/json")
-			for _, f := range release.unknown {
-				if _, ok := body[f]; ok {
-					w.WriteHeader(http.StatusBadRequest)
-					_, _ = fmt.Fprintf(w, `{"error":{"code":"invalid_argument","message":"unknown field \"%s\"","field":"%s"}}`, f, f)
-					return true
-				}
-			}
-			_ = json.NewEncoder(w).Encode(idemkv.ClusterInfo{Term: 4, Nodes: []idemkv.NodeInfo{{ID: "n1"}}})
-			return true
-		})
+		sent := olderRelease(n, release.unknown...)
 		c := newClient(t, Config{Endpoints: []string{n.srv.URL}})
 		held := true
 		req := &idemkv.JoinRequest{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, HoldsState: &held}
@@ -149,8 +115,9 @@ func TestJoinWithoutHoldsStateForAnOlderRelease(t *testing.T) {
 			"Join":        func() (*idemkv.ClusterInfo, error) { return c.Join(ctxT(t), req) },
 			"JoinCluster": func() (*idemkv.ClusterInfo, error) { return c.JoinCluster(ctxT(t), req) },
 		} {
-			bodies = nil
+			*sent = nil
 			info, err := join()
+			bodies := *sent
 			if err != nil || info.Term != 4 || len(bodies) < 2 || bodies[0]["holds_state"] != true {
 				t.Errorf("%s, %s: %+v, %v; bodies %v", release.name, name, info, err, bodies)
 				continue
@@ -175,6 +142,28 @@ func TestJoinWithoutHoldsStateForAnOlderRelease(t *testing.T) {
 // believing itself promoted.
 func TestJoinStagesForAnOlderRelease(t *testing.T) {
 	n := startNode(t, newMemStore())
+	sent := olderRelease(n, "stage")
+	c := newClient(t, Config{Endpoints: []string{n.srv.URL}})
+	learner := &idemkv.JoinRequest{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinLearner}
+	if _, err := c.JoinCluster(ctxT(t), learner); err != nil || len(*sent) != 2 || (*sent)[1]["stage"] != nil {
+		t.Errorf("a learner joining by itself: %v; bodies %v", err, *sent)
+	}
+	for _, req := range []*idemkv.JoinRequest{
+		{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinPromote},
+		{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinLearner},
+	} {
+		*sent = nil
+		if _, err := c.Join(ctxT(t), req); err == nil || len(*sent) != 1 {
+			t.Errorf("stage %s through Join: %v, %d requests; want the refusal, never the stage dropped", req.Stage, err, len(*sent))
+		}
+	}
+}
+
+// olderRelease makes n answer joins as a release that does not know the fields
+// unknown, in the order it meets them: the first one a join holds is refused as an
+// unknown field; a join without any of them is answered. It returns the join bodies
+// n was sent.
+func olderRelease(n *testNode, unknown ...string) *[]map[string]any {
 	var bodies []map[string]any
 	n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
 		if r.URL.Path != "/v1/cluster/join" {
@@ -184,26 +173,15 @@ func TestJoinStagesForAnOlderRelease(t *testing.T) {
 		_ = json.NewDecoder(r.Body).Decode(&body)
 		bodies = append(bodies, body)
 		w.Header().Set("Content-Type", "application/json")
-		if _, ok := body["stage"]; ok {
-			w.WriteHeader(http.StatusBadRequest)
-			_, _ = w.Write([]byte(`{"error":{"code":"invalid_argument","message":"unknown field \"stage\"","field":"stage"}}`))
-			return true
+		for _, f := range unknown {
+			if _, ok := body[f]; ok {
+				w.WriteHeader(http.StatusBadRequest)
+				_, _ = fmt.Fprintf(w, `{"error":{"code":"invalid_argument","message":"unknown field \"%s\"","field":"%s"}}`, f, f)
+				return true
+			}
 		}
 		_ = json.NewEncoder(w).Encode(idemkv.ClusterInfo{Term: 4, Nodes: []idemkv.NodeInfo{{ID: "n1"}}})
 		return true
 	})
-	c := newClient(t, Config{Endpoints: []string{n.srv.URL}})
-	learner := &idemkv.JoinRequest{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinLearner}
-	if _, err := c.JoinCluster(ctxT(t), learner); err != nil || len(bodies) != 2 || bodies[1]["stage"] != nil {
-		t.Errorf("a learner joining by itself: %v; bodies %v", err, bodies)
-	}
-	for _, req := range []*idemkv.JoinRequest{
-		{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinPromote},
-		{ID: "n9", RaftAddr: "127.0.0.1:1", APIAddr: "127.0.0.1:2", Format: 3, Stage: idemkv.JoinLearner},
-	} {
-		bodies = nil
-		if _, err := c.Join(ctxT(t), req); err == nil || len(bodies) != 1 {
-			t.Errorf("stage %s through Join: %v, %d requests; want the refusal, never the stage dropped", req.Stage, err, len(bodies))
-		}
-	}
+	return &bodies
 }
