@@ -34,6 +34,9 @@ DEFAULT_ENDPOINT = "127.0.0.1:7420"
 # The server's bound on a request body (idemkv.MaxRequestBytes): 1 MiB.
 MAX_BODY_BYTES = 1 << 20
 
+# The default of Config.commit_grace, also what a zero there means (the Go client's).
+DEFAULT_COMMIT_GRACE = 30.0
+
 
 @dataclass
 class Config:
@@ -71,10 +74,12 @@ class Config:
     backoff_max: float = 1.0
     # The tool-call loop: the lease of a call that names none (heartbeat every third
     # of it), the bound of one long-poll while another attempt holds the key, and how
-    # long an outcome is still stored after the caller's deadline passed.
+    # long storing what the tool did goes on once the caller has given up (cancelled,
+    # or past its deadline=): store_wait bounds it while the caller waits, and the
+    # lesser of the two after (the Go client's CommitGrace).
     lease_ttl: float = 30.0
     poll_wait: float = 30.0
-    commit_grace: float = 30.0
+    commit_grace: float = DEFAULT_COMMIT_GRACE
     # Defaults of every call that names none.
     tenant: Optional[str] = None
     actor: Optional[str] = None

@@ -38,6 +38,12 @@ _TRANSPORT_ERRORS = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError,
                      asyncio.LimitOverrunError)
 
 
+def _cancelling(task: "Optional[asyncio.Task[Any]]") -> int:
+    """How many requests to cancel task are pending (Task.cancelling, 3.11+; 0 before)."""
+    f = getattr(task, "cancelling", None)
+    return int(f()) if f is not None else 0
+
+
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -218,6 +224,12 @@ class AsyncClient:
         # connect_wait, when given, bounds the time while no endpoint even accepts a
         # connection: nobody listens, and waiting out store_wait would not help.
         only_refused = True
+        # The caller's cancellation may come in the turn of the event loop in which the
+        # attempt ends, and asyncio.wait_for (3.11) then hands back its answer or its
+        # failure: the request to cancel the task is still counted, and ends the call
+        # (a reserve's answer too: it may hold the key, and the loop names the attempt).
+        task = asyncio.current_task()
+        cancels = _cancelling(task)
         n = 0
         while True:
             n += 1
@@ -225,7 +237,10 @@ class AsyncClient:
             timeout = max(min(cfg.timeout, wait_for - used), 0.05) + call.wait
             start = time.monotonic()
             try:
-                return await asyncio.wait_for(self._attempt(base, call, body), timeout), retried
+                answer = await asyncio.wait_for(self._attempt(base, call, body), timeout)
+                if _cancelling(task) > cancels:
+                    raise asyncio.CancelledError()
+                return answer, retried
             except APIError as e:
                 if e.code not in _core.RETRY_CODES:
                     e.retried = retried  # type: ignore[attr-defined]
@@ -236,6 +251,8 @@ class AsyncClient:
                 last = APIError("unavailable", f"{call.method} {base}: {e!r}")
                 last.__cause__ = e
                 only_refused = only_refused and _core.refused(e)
+            if _cancelling(task) > cancels:
+                raise asyncio.CancelledError() from last
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)

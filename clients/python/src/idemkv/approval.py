@@ -123,6 +123,8 @@ def await_approval(loop: "_Loop", res: dict[str, Any], seen: ApprovalWait,
     if seen.deadline is None:
         seen.deadline = now + req.wait
     wait = min(seen.deadline - now, _core.MAX_WAIT)
+    # cut: the call's deadline ends this long-poll, and with it the wait.
+    cut = call_deadline is not None and call_deadline - now <= wait
     if call_deadline is not None:
         wait = min(wait, call_deadline - now)
     if wait <= 0:
@@ -135,6 +137,10 @@ def await_approval(loop: "_Loop", res: dict[str, Any], seen: ApprovalWait,
         # wait again, past the approval wait).
         rec = yield from loop.budgeted(poll, once=True)
     except APIError as e:
+        if loop.past_deadline() or (cut and time.monotonic() - start >= wait / 2):
+            # The call's deadline, not the store, ended the wait (the Go client's
+            # context): the approval is still pending, and nothing ran.
+            raise pending from e
         if e.code == "not_found":
             return  # swept or released: the next reserve asks anew
         if e.code not in _core.RETRY_CODES:
@@ -144,13 +150,21 @@ def await_approval(loop: "_Loop", res: dict[str, Any], seen: ApprovalWait,
         # A store that does not answer (or sheds long-polls: resource_exhausted) is
         # waited for as the reserve waits for it: backing off, within store_wait, not
         # reserving and polling again at once.
-        pause = min(op.backoff_max, max(op.store_wait - loop.used, 0.0))
+        pause = loop.until_deadline(min(op.backoff_max, max(op.store_wait - loop.used, 0.0)))
         yield _Sleep(pause)
         loop.used += pause
+        if loop.past_deadline():
+            raise pending from e
         if loop.used >= op.store_wait:
             raise loop.store_wait_spent(poll, e) from e
         return
     a = rec.get("approval") or {}
-    if rec.get("status") == "awaiting_approval" and a.get("state") == "waiting" and time.monotonic() - start < wait / 2:
+    waiting = rec.get("status") == "awaiting_approval" and a.get("state") == "waiting"
+    early = time.monotonic() - start < wait / 2
+    if loop.past_deadline() or (cut and waiting and not early):
+        raise pending
+    if waiting and early:
         # Still waiting, and the long-poll ended early: do not spin.
-        yield _Sleep(op.backoff_max)
+        yield _Sleep(loop.until_deadline(op.backoff_max))
+        if loop.past_deadline():
+            raise pending

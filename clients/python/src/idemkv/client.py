@@ -29,6 +29,15 @@ _TRANSPORT_ERRORS = (OSError, http.client.HTTPException, ssl.SSLError)
 RETRY_CODES = _core.RETRY_CODES
 
 
+def _callers(e: BaseException, start: float, timeout: float) -> bool:
+    """Whether e, raised in an attempt begun at start whose socket timeout is timeout,
+    is the caller's own timeout (a TimeoutError its signal handler raised) rather than a
+    transport error to retry. A socket times out only once its timeout has passed, with
+    no errno; a TimeoutError any sooner was raised by someone else, and ends the call as
+    an interrupt does."""
+    return isinstance(e, TimeoutError) and e.errno is None and time.monotonic() - start < timeout
+
+
 def _exchange(
     conn: http.client.HTTPConnection, call: Call, body: Optional[bytes], hdrs: dict[str, str]
 ) -> tuple[http.client.HTTPResponse, bytes]:
@@ -126,12 +135,13 @@ class Client:
 
     def _attempt(self, base: str, call: Call, body: Optional[bytes], timeout: float) -> Any:
         hdrs = _core.headers(self.config, body, _otel.inject())
+        start = time.monotonic()
         conn, reused = self._pool.get(base, timeout)
         try:
             resp, data = _exchange(conn, call, body, hdrs)
-        except _TRANSPORT_ERRORS:
+        except _TRANSPORT_ERRORS as e:
             conn.close()
-            if not reused:
+            if not reused or _callers(e, start, timeout):
                 raise
             # An idle connection the server had closed: try once on a new one before
             # counting this as a failed attempt.
@@ -183,6 +193,8 @@ class Client:
                 last: Exception = e
                 only_refused = False
             except _TRANSPORT_ERRORS as e:
+                if _callers(e, start, timeout):
+                    raise
                 last = APIError("unavailable", f"{call.method} {base}: {e!r}")
                 last.__cause__ = e
                 only_refused = only_refused and _core.refused(e)

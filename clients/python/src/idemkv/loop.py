@@ -24,6 +24,7 @@ from typing import Any, Callable, Generator, Optional, Sequence
 from . import _core, _otel
 from ._core import Call, Config, new_attempt_id
 from .approval import ApprovalRequirement, ApprovalWait, await_approval, reserve_effect
+from .holder import await_holder
 from .errors import (
     APPROVAL_DENIED,
     APIError,
@@ -132,7 +133,9 @@ class Op:
     # Reads the tool's return value as a receipt; default: see default_result.
     to_result: Optional[Callable[[Any], Result]] = None
     remote_system: Optional[str] = None
-    # Bounds the whole call, waits for another attempt included (seconds).
+    # Bounds the call before the tool runs (seconds): reserves, the wait behind another
+    # attempt, the approval wait. It does not stop the tool; past it, storing what the
+    # tool did is bounded by commit_grace too.
     deadline: Optional[float] = None
     poll_wait: float = 30.0
     backoff_min: float = 0.02
@@ -141,6 +144,9 @@ class Op:
     # The budget for waiting on an unresponsive store before the tool runs, across
     # every reserve and long-poll of this call (the Go RunConfig.StoreWait).
     store_wait: float = 30.0
+    # Once the caller has given up (cancelled, or past deadline=): how long storing
+    # what the tool did goes on, within store_wait (the Go RunConfig.CommitGrace).
+    commit_grace: float = _core.DEFAULT_COMMIT_GRACE
     # Before the tool runs: the bound while every endpoint refuses connections (the Go
     # and TypeScript ConnectWait); an answer of any node, such as an election's 503,
     # lifts it to store_wait.
@@ -172,6 +178,7 @@ class Op:
         kw.setdefault("backoff_max", config.backoff_max)
         kw.setdefault("unguarded", config.on_store_unavailable == "unguarded")
         kw.setdefault("store_wait", config.store_wait)
+        kw.setdefault("commit_grace", config.commit_grace or _core.DEFAULT_COMMIT_GRACE)
         kw.setdefault("connect_wait", config.connect_wait)
         if "side_effect" in kw:
             se = kw["side_effect"]
@@ -298,6 +305,10 @@ class _Send:
     # One attempt: a failure that is safe to retry is raised (an APIError) for the loop
     # to back off from itself, as a long-poll's must be, which is not sent again at once.
     once: bool = False
+    # A call that stores what the tool did: a caller that gives up while it is in flight
+    # does not cut it short for this many seconds from its start (async; the Go
+    # client's CommitGrace).
+    grace: Optional[float] = None
 
 
 @dataclass
@@ -336,6 +347,11 @@ class _Loop:
     attempt_id: str = ""
     # Store time spent before the tool ran (a long-poll's own wait excluded).
     used: float = 0.0
+    # The op's deadline= on the monotonic clock, from the start of the call.
+    deadline: Optional[float] = None
+    # Set by the async driver when the caller was cancelled and the loop goes on to
+    # store what the tool did.
+    gave_up: bool = False
 
     def __post_init__(self) -> None:
         if not self.attempt_id:
@@ -346,27 +362,44 @@ class _Loop:
         return Outcome(decision=g.decision, receipt=receipt, value=value, fingerprint=self.fp, fence=g.fence,
                        attempts=attempts, **kw)
 
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
     def budgeted(self, call: Call, once: bool = False) -> Generator[Any, Any, Any]:
-        """Sends a call made before the tool runs within what is left of store_wait,
-        so that a call whose store does not answer ends within store_wait in all."""
+        """Sends a call made before the tool runs within what is left of store_wait and
+        of the deadline, so that a call whose store does not answer ends within
+        store_wait in all, and a call with a deadline gives up there."""
         left = self.op.store_wait - self.used
         if left <= 0:
             raise self.store_wait_spent(call)
+        if self.deadline is not None:
+            until = self.deadline - time.monotonic()
+            if until <= 0 and not call.wait:
+                raise self.deadline_passed(call)
+            # A long-poll's wait was cut to the deadline by its caller; the store may
+            # take only what is left past it.
+            left = min(left, max(until - call.wait, 0.05))
         start = time.monotonic()
         try:
             return (yield _Send(call, bound=left, connect_wait=self.op.connect_wait, once=once))
         except StoreUnavailableError as e:
+            if self.past_deadline():
+                raise self.deadline_passed(call, e) from e
             # The caller may retry as this same attempt (docs/protocol.md section 4).
             e.attempt_id = self.attempt_id
             raise
         except BaseException as e:
-            if isinstance(e, (Exception, GeneratorExit)) or call.route != "/v1/reserve":
+            # A TimeoutError here is the caller's own (a signal handler's): the clients
+            # take the others for transport errors and retry.
+            gave_up = not isinstance(e, (Exception, GeneratorExit)) or isinstance(e, TimeoutError)
+            if not gave_up or call.route != "/v1/reserve":
                 raise
-            # The caller gave up (a cancelled task, an interrupt) with this reserve in
-            # flight, and it may have landed: this attempt may hold the key for its
-            # lease. The cancellation goes on, as asyncio needs it to, caused by the
-            # error that names the attempt to retry as (a retry as a new attempt would
-            # wait out that lease, then find the key in doubt though nothing ran).
+            # The caller gave up (a cancelled task, an interrupt, its own timeout) with
+            # this reserve in flight, and it may have landed: this attempt may hold the
+            # key for its lease. The cancellation goes on, as asyncio needs it to,
+            # caused by the error that names the attempt to retry as (a retry as a new
+            # attempt would wait out that lease, then find the key in doubt though
+            # nothing ran).
             raise e from StoreUnavailableError(
                 f"idemkv: the caller gave up with the reserve of {self.op.key!r} in flight; it may hold the key: "
                 f"retry with attempt_id={self.attempt_id!r}", attempt_id=self.attempt_id)
@@ -378,9 +411,29 @@ class _Loop:
             f"idemkv: {call.method} {call.route}: store_wait ({self.op.store_wait:g}s) spent before the tool ran"
             + (f" (last: {last})" if last is not None else ""), attempt_id=self.attempt_id, cause=last)
 
+    def deadline_passed(self, call: Call, last: Optional[BaseException] = None) -> StoreUnavailableError:
+        """The error of a deadline that passed in a reserve or its retries, the Go
+        client's for a context that ended there: a reserve in flight may have landed
+        and hold the key, so it names the attempt to retry as."""
+        return StoreUnavailableError(
+            f"idemkv: {call.method} {call.route}: the deadline ({self.op.deadline:g}s) passed before the tool ran; "
+            f"retry with attempt_id={self.attempt_id!r}" + (f" (last: {last})" if last is not None else ""),
+            attempt_id=self.attempt_id, cause=last)
+
+    def stored(self, call: Call) -> _Send:
+        """A call that stores what the loop learned (a receipt, a failure, a release, a
+        doubt), the Go client's graceContext: bounded by store_wait while the caller
+        waits, and by commit_grace too once it has given up (cancelled, or past its
+        deadline), since an effect that happened must be recorded if at all possible."""
+        op = self.op
+        bound = op.store_wait
+        if self.gave_up or self.past_deadline():
+            bound = min(bound, op.commit_grace)
+        return _Send(call, bound=bound, grace=op.commit_grace)
+
     def main(self) -> Gen:
         op = self.op
-        deadline = None if op.deadline is None else time.monotonic() + op.deadline
+        self.deadline = None if op.deadline is None else time.monotonic() + op.deadline
         effect, ask = None, None
         if op.approval is not None:
             # A record that waits for approval keeps the effect for the approver.
@@ -395,7 +448,8 @@ class _Loop:
             try:
                 res = yield from self.budgeted(reserve)
             except StoreUnavailableError as e:
-                if op.unguarded and op.side_effect == IDEMPOTENT:
+                # Past the deadline the caller has given up: nothing runs for it.
+                if op.unguarded and op.side_effect == IDEMPOTENT and not self.past_deadline():
                     return (yield from self.unguarded(e))
                 raise
             except APIError as e:
@@ -416,14 +470,14 @@ class _Loop:
             if decision == "in_progress":
                 waits += 1
                 try:
-                    yield from self.wait(res, waits, deadline)
+                    yield from await_holder(self, res, waits)
                 except StoreUnavailableError as e:
-                    if op.unguarded and op.side_effect == IDEMPOTENT:
+                    if op.unguarded and op.side_effect == IDEMPOTENT and not self.past_deadline():
                         return (yield from self.unguarded(e))
                     raise
                 continue
             if decision == "needs_approval":
-                yield from await_approval(self, res, approval, deadline)
+                yield from await_approval(self, res, approval, self.deadline)
                 continue
             g = _Grant(decision, int(res.get("fence") or 0), record)
             if decision == "execute":
@@ -469,36 +523,11 @@ class _Loop:
         return self.outcome(g, receipt, receipt.get("result"), replayed=True,
                             result_omitted=result_omitted(receipt.get("result")))
 
-    def wait(self, res: dict[str, Any], waits: int, deadline: Optional[float]) -> Generator[Any, Any, None]:
-        """Long-polls the record another attempt holds until it is settled or that
-        attempt's lease runs out; the caller then reserves again and learns which."""
-        op = self.op
-        wait = op.poll_wait
-        until = _seconds_until(res.get("lease_expires_at"))
-        if until is not None:
-            # The server ends the wait at lease expiry itself; the margin covers a
-            # server that only wakes on a change.
-            wait = min(wait, until + 0.25)
-        wait = max(wait, 0.1)
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                # This call ran nothing; the attempt that holds the key decides.
-                raise NotExecutedError(
-                    f"idemkv: gave up waiting for the attempt that holds {op.key!r} (deadline {op.deadline:g}s)",
-                    decision="in_progress", record=res.get("record"))
-            wait = min(wait, left)
-        start = time.monotonic()
-        try:
-            rec = yield from self.budgeted(_core.get_call(op.tenant, op.key, wait))
-        except APIError as e:
-            if e.code == "not_found":
-                return
-            raise NotExecutedError(f"idemkv: waiting on {op.key!r}: {e}", decision="in_progress", cause=e) from e
-        if rec.get("status") == "pending" and time.monotonic() - start < wait / 2:
-            # Still held, and the wait ended early: do not spin on a server whose
-            # clock and ours disagree about the lease.
-            yield _Sleep(_core.backoff(waits, op.backoff_min, op.backoff_max))
+    def until_deadline(self, pause: float) -> float:
+        """pause, cut short at the deadline."""
+        if self.deadline is None:
+            return pause
+        return max(min(pause, self.deadline - time.monotonic()), 0.0)
 
     def recover(self, g: _Grant) -> Gen:
         op = self.op
@@ -510,7 +539,7 @@ class _Loop:
             self.span.add_event("in_doubt")
             record = g.record
             try:
-                record = yield _Send(_core.doubt_call(op.tenant, op.key, self.fp, g.fence))
+                record = yield self.stored(_core.doubt_call(op.tenant, op.key, self.fp, g.fence))
             except (APIError, StoreUnavailableError) as e:
                 raise _in_doubt(op.key, g.record, e) from e
             raise _in_doubt(op.key, record, None)
@@ -555,7 +584,7 @@ class _Loop:
                 g = _Grant(g.decision, int((g.record or {}).get("fence") or 0), g.record)
                 return self.outcome(g, receipt, value, probed=True, result_omitted=result_omitted(receipt.get("result")))
             self.span.add_event("probe", {"found": False})
-            yield _Send(_core.resolve_call(op.tenant, op.key, self.fp, "not_executed"))
+            yield self.stored(_core.resolve_call(op.tenant, op.key, self.fp, "not_executed"))
         except APIError as e:
             if e.code not in ("not_pending", "not_found"):
                 raise _in_doubt(op.key, g.record, e) from e
@@ -632,20 +661,20 @@ class _Loop:
         (payload_too_large) is sent again as the note of OMITTED_RESULT_KEY."""
         if result is not None and _encoded_size(result) > _core.MAX_BODY_BYTES:
             # Over the body limit every server has: no need to ask.
-            return (yield _Send(call(_omitted_note(_encoded_size(result)))))
+            return (yield self.stored(call(_omitted_note(_encoded_size(result)))))
         try:
-            return (yield _Send(call(result)))
+            return (yield self.stored(call(result)))
         except APIError as e:
             if e.code != "payload_too_large" or result is None:
                 raise
         self.span.add_event("result_omitted", {"bytes": _encoded_size(result)})
-        return (yield _Send(call(_omitted_note(_encoded_size(result)))))
+        return (yield self.stored(call(_omitted_note(_encoded_size(result)))))
 
     def fail(self, g: _Grant, perm: Permanent) -> Gen:
         op = self.op
         try:
-            rec = yield _Send(_core.fail_call(op.tenant, op.key, self.fp, g.fence, _printable(perm.code, 128),
-                                              _printable(str(perm), 4096), _jsonable(perm.details)))
+            rec = yield self.stored(_core.fail_call(op.tenant, op.key, self.fp, g.fence, _printable(perm.code, 128),
+                                                    _printable(str(perm), 4096), _jsonable(perm.details)))
         except (APIError, StoreUnavailableError) as e:
             raise OutcomeUnknownError(f"idemkv: storing the failure of {op.key!r}: {e}", decision=g.decision,
                                       record=g.record, cause=perm) from perm
@@ -659,7 +688,7 @@ class _Loop:
     def release(self, g: _Grant, cause: BaseException) -> Generator[Any, Any, None]:
         op = self.op
         try:
-            yield _Send(_core.release_call(op.tenant, op.key, self.fp, g.fence))
+            yield self.stored(_core.release_call(op.tenant, op.key, self.fp, g.fence))
         except APIError as e:
             if e.code not in ("not_found", "fenced"):
                 # The tool did not run; the key stays held until its lease runs out.

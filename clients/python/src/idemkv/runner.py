@@ -12,7 +12,7 @@ import time
 from typing import Any, Awaitable, Callable, Optional
 
 from . import _core, _otel
-from .errors import APIError, NotExecutedError
+from .errors import APIError, NotExecutedError, StoreUnavailableError
 from .loop import (
     _LOST,
     READ_ONLY,
@@ -234,6 +234,40 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
     return ran, cancelled
 
 
+async def _store(client: Any, eff: _Send) -> tuple[Any, Optional[BaseException], Optional[asyncio.CancelledError]]:
+    """Sends a call that stores what the tool did (eff.grace is set). A caller that gives
+    up meanwhile does not cut it short, as a Go context does not cut a commit: it goes
+    on for up to eff.grace from its start, and the cancellation is handed back, to go
+    on once the loop has settled what it could. A second cancellation is not waited out.
+    Returns the answer, or the error to throw into the loop, and that cancellation."""
+    assert eff.grace is not None
+    start = time.monotonic()
+    send = asyncio.ensure_future(client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait,
+                                              once=eff.once))
+    send.add_done_callback(_retrieved)
+    cancelled: Optional[asyncio.CancelledError] = None
+    try:
+        await asyncio.wait((send,))
+    except asyncio.CancelledError as e:
+        cancelled = e
+        try:
+            left = eff.grace - (time.monotonic() - start)
+            if left > 0:
+                await asyncio.wait((send,), timeout=left)
+        finally:
+            if not send.done():
+                send.cancel()
+        if not send.done():
+            await asyncio.wait((send,))
+    if send.cancelled():
+        return None, StoreUnavailableError(
+            f"idemkv: {eff.call.method} {eff.call.route}: not done within commit_grace ({eff.grace:g}s) after the "
+            "caller gave up"), cancelled
+    if send.exception() is not None:
+        return None, send.exception(), cancelled
+    return send.result()[0], None, cancelled
+
+
 def _retrieved(t: "asyncio.Future[Any]") -> None:
     """Marks a task's error as seen (a caller cancelled twice no longer awaits the tool)."""
     if not t.cancelled():
@@ -260,11 +294,13 @@ async def run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]]) -> Ou
             return out
         fp = _fingerprint_of(op)
         span.set_attributes({_otel.FINGERPRINT: fp})
-        gen = _Loop(op, fp, span).main()
+        loop = _Loop(op, fp, span)
+        gen = loop.main()
         send: Any = None
         throw: Optional[BaseException] = None
-        # The caller's cancellation while the tool ran on: it goes on once the loop has
-        # stored what the tool did, with the loop's error, if any, as its cause.
+        # The caller's cancellation while the tool ran on, or while what it did was
+        # being stored: it goes on once the loop has stored what the tool did (within
+        # commit_grace), with the loop's error, if any, as its cause.
         cancelled: Optional[asyncio.CancelledError] = None
         while True:
             try:
@@ -278,14 +314,19 @@ async def run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]]) -> Ou
                 raise cancelled from e
             send, throw = None, None
             try:
-                if isinstance(eff, _Send):
+                gave_up: Optional[asyncio.CancelledError] = None
+                if isinstance(eff, _Send) and eff.grace is not None and cancelled is None:
+                    send, throw, gave_up = await _store(client, eff)
+                elif isinstance(eff, _Send):
                     send = (await client._send(eff.call, bound=eff.bound, connect_wait=eff.connect_wait,
                                                once=eff.once))[0]
                 elif isinstance(eff, _Sleep):
                     await asyncio.sleep(eff.seconds)
                 else:
                     send, gave_up = await _run_async(client, op, fn, eff)
-                    cancelled = cancelled or gave_up
+                if gave_up is not None and cancelled is None:
+                    # What is still to store is bounded by commit_grace from here on.
+                    cancelled, loop.gave_up = gave_up, True
             except BaseException as e:
                 # A cancellation too: the loop says what it cut short, and lets it go on.
                 throw = e
