@@ -241,7 +241,7 @@ func TestBrowserApproverAndMonitor(t *testing.T) {
 	submit(t, ctx, first+"button.approve")
 	mustContain(t, "flash after approve", text(t, ctx, "#flash"), "Approved “refund-17” of tenant acme as alice-approver")
 	rec, err := f.get(t, "refund-17")
-	if err != nil || rec.Approval == nil || rec.Approval.State != idemkv.ApprovalApproved || rec.Approval.Approver != "alice-approver" || rec.Approval.Reason != "checked with finance" {
+	if err != nil || rec.Approval == nil || rec.Approval.State != idemkv.ApprovalApproved || rec.Approval.Approver != "alice-approver (approver)" || rec.Approval.Reason != "checked with finance" {
 		t.Fatalf("refund-17 after approve: %v %+v", err, rec)
 	}
 	if n := eval[int](t, ctx, `document.querySelectorAll("article.approval").length`); n != 1 {
@@ -347,7 +347,7 @@ func TestBrowserThreeNodes(t *testing.T) {
 	do(t, ctx, chromedp.Navigate(f.url(follower, "/ui/approvals?tenant=acme")), chromedp.WaitVisible(chromedp.CSS("article.approval")))
 	submit(t, ctx, "button.approve")
 	mustContain(t, "approve on a follower", text(t, ctx, "#flash"), "Approved “refund-1”")
-	if rec, err := f.get(t, "refund-1"); err != nil || rec.Approval.State != idemkv.ApprovalApproved || rec.Approval.Approver != "ops-admin" {
+	if rec, err := f.get(t, "refund-1"); err != nil || rec.Approval.State != idemkv.ApprovalApproved || rec.Approval.Approver != "ops-admin (admin)" {
 		t.Fatalf("refund-1: %v %+v", err, rec)
 	}
 	shot(t, ctx, "cluster-approved")
