@@ -213,9 +213,11 @@ func (c *Client) Cluster(ctx context.Context) (*idemkv.ClusterInfo, error) {
 
 // Join adds a node to the cluster.
 //
-// A leader of a release before data formats refuses the field format as unknown; the
-// join is then sent again without it, as that release's own nodes send it (it records
-// no formats anyway).
+// A leader of an older release refuses the fields it does not know (format,
+// holds_state, stage); the join is then sent again without them, as that release's
+// own nodes send it (olderJoin), unless it names a stage: a promotion, or a learner an
+// operator asked for, is refused as that release refuses it, never turned into
+// another join.
 func (c *Client) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.ClusterInfo, error) {
 	var out idemkv.ClusterInfo
 	_, err := c.do(ctx, call{method: http.MethodPost, route: "/v1/cluster/join", path: "/v1/cluster/join", body: req}, &out)

@@ -213,28 +213,23 @@ func (w *waiter) stop() {
 
 // relayLog sends an upstream log message to the agent whose calls to the upstream are
 // the only ones in flight (or ended less than logGrace ago) when it arrives, if that
-// agent's logging level admits it. The upstream has one
-// session for all agents, so a message says nothing of whose call it is about: sent to
-// every agent, one agent's order ids or customer data in an upstream's log reached
-// every other agent of the gateway, of other tenants too. A message that arrives while
-// no call is in flight, or while calls of two agents are, goes to the gateway's own log
-// at debug level only.
+// agent's logging level admits it, through its call still in flight if it has one.
+// The upstream has one session for all agents, so a message says nothing of whose
+// call it is about: sent to every agent, one agent's order ids or customer data in an
+// upstream's log reached every other agent of the gateway, of other tenants too. A
+// message that arrives while no call is in flight, or while calls of two agents are,
+// goes to the gateway's own log at debug level only.
 //
 // A 2026-07-28 agent has no session: it names a level in each request's _meta, and
-// gets log messages on that request's stream, which its context carries.
+// gets log messages on that request's stream, which its context carries; once a
+// request is answered its stream is gone, so a message the grace keeps for such a
+// request alone is not delivered.
 func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 	clean := *p
 	clean.Meta = withoutOwnMeta(p.Meta) // hostile.go
 	p = &clean
 	g.mu.Lock()
-	var to *inFlightCall
-	for c := range g.calls {
-		if to != nil && to.ss != c.ss {
-			to = nil
-			break
-		}
-		to = c
-	}
+	to := owner(g.calls)
 	g.mu.Unlock()
 	if to == nil || to.ss == nil {
 		g.log.LogAttrs(ctx, slog.LevelDebug, "an upstream log message no single agent's call can own was not relayed",
@@ -250,12 +245,28 @@ func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 	}
 }
 
+// owner is the call through which relayLog sends a message while calls are in flight:
+// nil unless they are all one agent's, and then one still in flight if there is one.
+func owner(calls map[*inFlightCall]struct{}) *inFlightCall {
+	var to *inFlightCall
+	for c := range calls {
+		if to != nil && to.ss != c.ss {
+			return nil
+		}
+		if to == nil || to.ended {
+			to = c
+		}
+	}
+	return to
+}
+
 // inFlightCall is a call to the upstream in flight for an agent: the agent's session
 // and the call's context (a 2026-07-28 request's carries its log level).
 type inFlightCall struct {
 	ss     *mcp.ServerSession
 	ctx    context.Context
 	modern bool
+	ended  bool // answered less than logGrace ago (guarded by Gateway.mu)
 }
 
 // logGrace is how long a call to the upstream still owns the upstream's log messages
@@ -285,6 +296,9 @@ func (g *Gateway) inFlight(ctx context.Context) (done func()) {
 	g.calls[c] = struct{}{}
 	g.mu.Unlock()
 	return func() {
+		g.mu.Lock()
+		c.ended = true
+		g.mu.Unlock()
 		time.AfterFunc(logGrace, func() {
 			g.mu.Lock()
 			delete(g.calls, c)

@@ -25,4 +25,14 @@ func TestPeerHealthForgetsARemovedPeer(t *testing.T) {
 	if _, failing := p.unreachable("n3"); failing {
 		t.Fatal("a peer added again is still failing")
 	}
+	// The removed membership's replication may still report a failure, with a contact
+	// from before the peer went down: stale. The new replication's own failures count.
+	p.observe(raft.FailedHeartbeatObservation{PeerID: "n3", LastContact: time.Now().Add(-time.Minute)})
+	if _, failing := p.unreachable("n3"); failing {
+		t.Fatal("a failure of the replication before the peer was added again counts")
+	}
+	p.observe(raft.FailedHeartbeatObservation{PeerID: "n3", LastContact: time.Now()})
+	if _, failing := p.unreachable("n3"); !failing {
+		t.Fatal("a failure of the new replication does not count")
+	}
 }

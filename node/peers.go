@@ -13,7 +13,16 @@ import (
 type peerHealth struct {
 	mu      sync.Mutex
 	failing map[raft.ServerID]time.Time // a follower whose heartbeats fail → its last contact
+	// added is when each peer was last added: a failure reported afterwards by the
+	// replication of its earlier membership is stale (staleFailure).
+	added map[raft.ServerID]time.Time
 }
+
+// staleFailure bounds how far before a peer's addition the last contact of a failure
+// may lie and still be the new replication's: Raft starts a replication with its last
+// contact at that moment, while the heartbeat of a replication stopped by the removal
+// may fail later, with a contact from before the peer went down.
+const staleFailure = time.Second
 
 // watchPeers follows the leader's heartbeat observations until the node closes. The
 // observer never blocks Raft: observations that find the channel full are dropped, and
@@ -46,6 +55,9 @@ func (p *peerHealth) observe(data any) {
 	defer p.mu.Unlock()
 	switch d := data.(type) {
 	case raft.FailedHeartbeatObservation:
+		if at, ok := p.added[d.PeerID]; ok && d.LastContact.Before(at.Add(-staleFailure)) {
+			return // the replication before the peer was removed and added again
+		}
 		if p.failing == nil {
 			p.failing = map[raft.ServerID]time.Time{}
 		}
@@ -61,6 +73,14 @@ func (p *peerHealth) observe(data any) {
 		// down and joined again stayed failing, and removals that left a quorum were
 		// refused.
 		delete(p.failing, d.Peer.ID)
+		if d.Removed {
+			delete(p.added, d.Peer.ID)
+			break
+		}
+		if p.added == nil {
+			p.added = map[raft.ServerID]time.Time{}
+		}
+		p.added[d.Peer.ID] = time.Now()
 	}
 }
 

@@ -333,6 +333,9 @@ func (c *Cluster) stop(i int, sig syscall.Signal, grace time.Duration) error {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 	}
 	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		c.mu.Lock()
+		n.stopping = false // not stopped: an exit of its own later is still its own
+		c.mu.Unlock()
 		return fmt.Errorf("cluster: signal %s: %w", n.ID, err)
 	}
 	if grace > 0 {
