@@ -2,7 +2,8 @@ package workload
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/fsm"
@@ -116,12 +117,7 @@ func CheckAcknowledged(ops []history.Op) []AgentAnomaly {
 			byKey[op.Key] = append(byKey[op.Key], op)
 		}
 	}
-	keys := make([]string, 0, len(byKey))
-	for k := range byKey {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, key := range keys {
+	for _, key := range slices.Sorted(maps.Keys(byKey)) {
 		list := byKey[key]
 		var acks []*acked
 		for _, op := range list {
