@@ -118,13 +118,14 @@ func (n *Node) describePeer(ni *idemkv.NodeInfo, id, leaderID raft.ServerID) {
 		ni.State = stateName(n.raft.State())
 		ni.Reachable = &yes
 	case n.raft.State() == raft.Leader:
-		if last, failing := n.peers.unreachable(id); failing {
+		last, ok := n.reaches(id, time.Now())
+		if ok {
+			ni.State, ni.Reachable = "follower", &yes
+		} else {
 			ni.State, ni.Reachable = "unreachable", &no
 			if !last.IsZero() {
 				ni.LastContact = idemkv.TimestampOf(last).String()
 			}
-		} else {
-			ni.State, ni.Reachable = "follower", &yes
 		}
 	case id == leaderID:
 		ni.State = "leader"
@@ -222,6 +223,11 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 		}
 		n.log.Info("added nonvoter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr)
 	case !member, member && !voter && req.Stage == idemkv.JoinPromote:
+		if member {
+			if err := n.checkPromotion(ctx, f.Configuration(), id); err != nil {
+				return nil, err
+			}
+		}
 		if err := n.raft.AddVoter(id, addr, 0, n.timeout(ctx)).Error(); err != nil {
 			return nil, n.raftError(err)
 		}
@@ -235,6 +241,26 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 		return nil, err
 	}
 	return n.Cluster(ctx)
+}
+
+// checkPromotion refuses to make learner id a voter when the voters it would make
+// are short of a quorum this leader reaches: a learner that went away since it caught
+// up, promoted while another voter is down, leaves the cluster unable to commit, its
+// own removal included. It is unavailable, not invalid: the learner asks again, and
+// once the others are back the promotion goes through. (A join of a node that is not
+// a member as a voter at once, from a release before learners, cannot be judged: the
+// leader has never heard from it.)
+func (n *Node) checkPromotion(ctx context.Context, cfg raft.Configuration, id raft.ServerID) error {
+	voters := []raft.ServerID{id}
+	for _, s := range cfg.Servers {
+		if s.Suffrage == raft.Voter {
+			voters = append(voters, s.ID)
+		}
+	}
+	if reach, quorum := n.reachQuorum(ctx, voters); reach < quorum {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "promoting %s would make %d voters, of which this leader reaches %d, short of their quorum of %d: the cluster could commit nothing. Bring the others back first; a learner that joined with serve --join asks again", id, len(voters), reach, quorum)
+	}
+	return nil
 }
 
 // HeldState reports whether this node started with state of its own: a Raft log,
@@ -265,7 +291,7 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 	if !found {
 		return nil, idemkv.Errorf(idemkv.ErrNotFound, "no member with id %q (a removal retried after an outcome_unknown answer may already have happened)", req.ID)
 	}
-	if reach, quorum := n.reachable(left), len(left)/2+1; reach < quorum && !req.Force {
+	if reach, quorum := n.reachQuorum(ctx, left); reach < quorum && !req.Force {
 		// Raft commits the removal, and everything after it, with a quorum of the
 		// voters left: removing a live follower while another was down left the
 		// leader a candidate for good.
@@ -284,16 +310,34 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 	return n.Cluster(ctx)
 }
 
-// reachable counts the servers of ids this leader reaches: itself, and the followers
-// whose heartbeats do not fail.
+// reachable counts the servers of ids this leader reaches (reaches).
 func (n *Node) reachable(ids []raft.ServerID) int {
-	count := 0
+	count, now := 0, time.Now()
 	for _, id := range ids {
-		if _, failing := n.peers.unreachable(id); string(id) == n.cfg.ID || !failing {
+		if _, ok := n.reaches(id, now); ok {
 			count++
 		}
 	}
 	return count
+}
+
+// reachQuorum reports how many of voters this leader reaches and their quorum. Short
+// of it, it listens for up to a reach window before it says so: a leader elected a
+// moment ago, or a follower whose answer is a little late on a loaded machine, is not
+// yet a lost quorum.
+func (n *Node) reachQuorum(ctx context.Context, voters []raft.ServerID) (reach, quorum int) {
+	quorum = len(voters)/2 + 1
+	deadline := time.Now().Add(n.reachWindow())
+	for {
+		if reach = n.reachable(voters); reach >= quorum || !time.Now().Before(deadline) {
+			return reach, quorum
+		}
+		select {
+		case <-ctx.Done():
+			return reach, quorum
+		case <-time.After(n.cfg.HeartbeatTimeout / 10):
+		}
+	}
 }
 
 // CaughtUpTo reports whether this node's state machine reflects every entry up to

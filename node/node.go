@@ -312,7 +312,7 @@ type Node struct {
 	leaderWG     sync.WaitGroup
 
 	sweeper *expiry.Sweeper
-	peers   peerHealth
+	peers   peerContacts
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -339,10 +339,9 @@ func Open(cfg Config) (*Node, error) {
 		n.closeResources()
 		return nil, err
 	}
-	n.wg.Add(5)
+	n.wg.Add(4)
 	go n.watchLogChecksums()
 	go n.watchLeadership()
-	go n.watchPeers()
 	go n.watchHalt()
 	go n.watchClock()
 	return n, nil
@@ -436,7 +435,7 @@ func (n *Node) open() error {
 		peers = &peerAddresses{overrides: n.cfg.PeerAddresses, self: raft.ServerID(n.cfg.ID), advertise: raft.ServerAddress(stream.Addr().String())}
 		tcfg.ServerAddressProvider = peers
 	}
-	n.transport = &heartbeatTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(tcfg)}
+	n.transport = &heartbeatTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(tcfg), contacts: &n.peers}
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(n.cfg.ID)

@@ -1,94 +1,74 @@
 package node
 
 import (
+	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 )
 
-// peerHealth is what this node, while it leads, knows of each follower: whose
-// heartbeats fail, and when each last answered. hashicorp/raft reports both through
-// observations from the leader's replication loops; a follower knows only its leader.
-type peerHealth struct {
-	mu      sync.Mutex
-	failing map[raft.ServerID]time.Time // a follower whose heartbeats fail → its last contact
-	// added is when each peer was last added: a failure reported afterwards by the
-	// replication of its earlier membership is stale (staleFailure).
-	added map[raft.ServerID]time.Time
+// peerContacts is when each peer last answered one of this node's Raft RPCs: what a
+// leader knows of whom it reaches. It is positive evidence only. Raft's own
+// FailedHeartbeatObservation, which this used to follow, comes once a heartbeat fails:
+// a refused dial fails at once, but a paused or partitioned peer holds the RPC until the
+// transport's 10 s timeout, and a new leader knows nothing of its followers until then.
+// Meanwhile the removal guard counted such a peer as reachable and allowed a removal
+// that left the cluster without a quorum.
+type peerContacts struct {
+	last sync.Map // raft.ServerID → *atomic.Int64, the Unix nanoseconds of the last answer
 }
 
-// staleFailure bounds how far before a peer's addition the last contact of a failure
-// may lie and still be the new replication's: Raft starts a replication with its last
-// contact at that moment, while the heartbeat of a replication stopped by the removal
-// may fail later, with a contact from before the peer went down.
-const staleFailure = time.Second
-
-// watchPeers follows the leader's heartbeat observations until the node closes. The
-// observer never blocks Raft: observations that find the channel full are dropped, and
-// the next failure or recovery (heartbeats run every few hundred milliseconds) corrects
-// the view.
-func (n *Node) watchPeers() {
-	defer n.wg.Done()
-	ch := make(chan raft.Observation, 64)
-	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		switch o.Data.(type) {
-		case raft.FailedHeartbeatObservation, raft.ResumedHeartbeatObservation, raft.LeaderObservation, raft.PeerObservation:
-			return true
-		}
-		return false
-	})
-	n.raft.RegisterObserver(obs)
-	defer n.raft.DeregisterObserver(obs)
-	for {
-		select {
-		case <-n.ctx.Done():
-			return
-		case o := <-ch:
-			n.peers.observe(o.Data)
-		}
+// answered records that id answered an RPC at t.
+func (p *peerContacts) answered(id raft.ServerID, t time.Time) {
+	v, ok := p.last.Load(id)
+	if !ok {
+		v, _ = p.last.LoadOrStore(id, new(atomic.Int64))
 	}
+	v.(*atomic.Int64).Store(t.UnixNano())
 }
 
-func (p *peerHealth) observe(data any) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	switch d := data.(type) {
-	case raft.FailedHeartbeatObservation:
-		if at, ok := p.added[d.PeerID]; ok && d.LastContact.Before(at.Add(-staleFailure)) {
-			return // the replication before the peer was removed and added again
-		}
-		if p.failing == nil {
-			p.failing = map[raft.ServerID]time.Time{}
-		}
-		p.failing[d.PeerID] = d.LastContact
-	case raft.ResumedHeartbeatObservation:
-		delete(p.failing, d.PeerID)
-	case raft.LeaderObservation:
-		// What a former leader saw of its followers says nothing now.
-		p.failing = nil
-	case raft.PeerObservation:
-		// A peer removed, or added again, starts afresh: Raft says a peer's heartbeats
-		// resumed only to the replication that saw them fail, so a voter removed while
-		// down and joined again stayed failing, and removals that left a quorum were
-		// refused.
-		delete(p.failing, d.Peer.ID)
-		if d.Removed {
-			delete(p.added, d.Peer.ID)
-			break
-		}
-		if p.added == nil {
-			p.added = map[raft.ServerID]time.Time{}
-		}
-		p.added[d.Peer.ID] = time.Now()
+// lastAnswer is when id last answered, zero if never.
+func (p *peerContacts) lastAnswer(id raft.ServerID) time.Time {
+	v, ok := p.last.Load(id)
+	if !ok {
+		return time.Time{}
 	}
+	return time.Unix(0, v.(*atomic.Int64).Load())
 }
 
-// unreachable reports whether the leader's heartbeats to id fail, and when id last
-// answered (zero if never).
-func (p *peerHealth) unreachable(id raft.ServerID) (lastContact time.Time, failing bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	lastContact, failing = p.failing[id]
-	return lastContact, failing
+// reachWindow is how recently a peer must have answered to count as reached: twice
+// the heartbeat timeout. A leader heartbeats every follower ten times per timeout, on
+// a goroutine of its own that a busy replication does not hold up, and a follower not
+// heard for a whole timeout starts an election of its own.
+func (n *Node) reachWindow() time.Duration { return 2 * n.cfg.HeartbeatTimeout }
+
+// reaches reports whether this node reaches id: itself, or a peer that answered within
+// reachWindow, and when id last answered.
+func (n *Node) reaches(id raft.ServerID, now time.Time) (last time.Time, ok bool) {
+	if string(id) == n.cfg.ID {
+		return now, true
+	}
+	last = n.peers.lastAnswer(id)
+	return last, !last.IsZero() && now.Sub(last) <= n.reachWindow()
+}
+
+// AppendEntries sends an append (or a heartbeat: Raft sends both through here) and
+// records an answer, whatever it says: a refusal still shows the peer is there.
+func (t *heartbeatTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
+	if err == nil && t.contacts != nil {
+		t.contacts.answered(id, time.Now())
+	}
+	return err
+}
+
+// InstallSnapshot sends a snapshot and records an answer, as AppendEntries does.
+func (t *heartbeatTransport) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
+	err := t.NetworkTransport.InstallSnapshot(id, target, args, resp, data)
+	if err == nil && t.contacts != nil {
+		t.contacts.answered(id, time.Now())
+	}
+	return err
 }

@@ -161,7 +161,8 @@ type heartbeatTransport struct {
 	mu      sync.RWMutex
 	stopped bool
 
-	fence       *voteFence // nil: votes as Raft decides
+	fence       *voteFence    // nil: votes as Raft decides
+	contacts    *peerContacts // nil: answers go unrecorded
 	consumeOnce sync.Once
 	consumed    chan raft.RPC
 	done        chan struct{}
