@@ -8,7 +8,9 @@ import { currentOperation, isPassthrough } from "./context.js";
 import { NotExecutedError } from "./errors.js";
 import { keyText } from "./jcs.js";
 import type { Receipt } from "./types.js";
-import { resultOmitted, run, type Op, type Outcome, type SideEffect, type Store, type ToolContext, type ToolResult } from "./run.js";
+import { resultOmitted } from "./outcome.js";
+import { run } from "./run.js";
+import type { Op, Outcome, SideEffect, Store, ToolContext, ToolResult } from "./tool.js";
 
 /** What names the downstream effect in the stored receipt. */
 export interface ReceiptFields {

@@ -17,8 +17,10 @@ export { currentOperation, operation, passthrough, setPassthrough } from "./cont
 export { MemoryStore } from "./memory.js";
 export type { MemoryStoreOptions } from "./memory.js";
 export type { Operation } from "./context.js";
-export { OMITTED_RESULT_KEY, resultOmitted, run, toolContext } from "./run.js";
-export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, Store, ToolContext, ToolFn, ToolResult } from "./run.js";
+export { run } from "./run.js";
+export { OMITTED_RESULT_KEY, resultOmitted } from "./outcome.js";
+export { toolContext } from "./tool.js";
+export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, Store, ToolContext, ToolFn, ToolResult } from "./tool.js";
 export type { ApprovalRequirement } from "./approval.js";
 export {
   APPROVAL_DENIED, ApiError, ApprovalDeniedError, ApprovalMismatchError, ApprovalNotPendingError, ApprovalPendingError, ConflictError, DEFAULT_FAILURE_CODE, IdemkvError, InDoubtError, isRetryable, notExecuted, NotExecutedError,
