@@ -157,6 +157,177 @@ class Deadline(Base):
             self.assertLess(took, 1.5)
 
 
+# A key whose holder died: the reserve answers recover with the dead attempt's record
+# re-leased to this one (RECOVER), or, once it is marked in doubt, with no fence at all.
+RECOVER = {"decision": "recover", "fence": 8, "record": {"status": "pending", "fence": 8, "attempts": 2}}
+IN_DOUBT = {"decision": "recover", "record": {"status": "pending", "fence": 7, "attempts": 1, "in_doubt": True,
+                                              "in_doubt_since": "2026-01-01T00:00:00.000Z"}}
+
+
+def kind_of_settle(body: dict[str, Any]) -> str:
+    """kind_of, with resolve (outcome) and release (a fence, nothing else) told apart."""
+    if "outcome" in body:
+        return "resolve"
+    if "fence" in body and "remote_id" not in body and "error" not in body and "lease_ttl_ms" not in body:
+        return "release"
+    return kind_of(body)
+
+
+class InDoubtDeadline(Base):
+    """deadline= bounds the probe and the resolve of a key whose holder died, as a Go
+    context bounds the probe (given the context) and the resolve (commit_grace past
+    it): the errors are Go's for a context that ended there, the tool never runs past
+    it, and the record is left as it was, or settled by what the probe found."""
+
+    def settles(self, s: Scripted) -> list[str]:
+        return [kind_of_settle(b) for b in s.bodies]
+
+    def test_an_async_probe_of_an_in_doubt_key_is_cut_at_the_deadline(self) -> None:
+        # It ran for as long as it liked (here 3 s, then not found: the key was
+        # released and the caller got a StoreUnavailableError for a reserve never sent).
+        s = self.serve(lambda kind, body: (200, {}, IN_DOUBT) if kind == "reserve" else (200, {}, {"released": True}))
+        ran: list[int] = []
+
+        async def main() -> BaseException:
+            async with idemkv.AsyncClient(s.addr, tenant=TENANT) as a:
+                async def tool() -> Any:
+                    ran.append(1)
+                    return {"id": "LIN-1"}
+
+                async def probe() -> Any:
+                    await asyncio.sleep(3)
+                    return None
+
+                try:
+                    await a.do(tool, key="k", tool="t", effect={"a": 1}, probe=probe, deadline=0.4)
+                except Exception as e:  # noqa: BLE001 - the kind is the point
+                    return e
+                raise AssertionError("the call returned")
+
+        start = time.monotonic()
+        e = asyncio.run(main())
+        took = time.monotonic() - start
+        self.assertIsInstance(e, idemkv.InDoubtError)
+        self.assertIsInstance(idemkv.find_cause(e, TimeoutError), TimeoutError, "the deadline is the cause")
+        self.assertLess(took, 1.5)
+        self.assertEqual((ran, self.settles(s)), ([], ["reserve"]), "the record was left in doubt, untouched")
+
+    def test_an_async_probe_of_a_recovered_key_is_cut_at_the_deadline(self) -> None:
+        # Under the recovered lease: cut, outcome unknown, the record left pending. It
+        # ran for 3 s, found nothing, and the tool ran past the deadline.
+        s = self.serve(lambda kind, body: (200, {}, RECOVER) if kind == "reserve" else (200, {}, RECEIPT))
+        ran: list[int] = []
+
+        async def main() -> BaseException:
+            async with idemkv.AsyncClient(s.addr, tenant=TENANT) as a:
+                async def tool() -> Any:
+                    ran.append(1)
+                    return {"id": "LIN-1"}
+
+                async def probe() -> Any:
+                    await asyncio.sleep(3)
+                    return None
+
+                try:
+                    await a.do(tool, key="k", tool="t", effect={"a": 1}, probe=probe, deadline=0.4)
+                except Exception as e:  # noqa: BLE001
+                    return e
+                raise AssertionError("the call returned")
+
+        start = time.monotonic()
+        e = asyncio.run(main())
+        took = time.monotonic() - start
+        self.assertIsInstance(e, idemkv.OutcomeUnknownError)
+        self.assertIsInstance(idemkv.find_cause(e, TimeoutError), TimeoutError)
+        self.assertLess(took, 1.5)
+        self.assertEqual((ran, self.settles(s)), ([], ["reserve"]))
+
+    def test_a_probe_that_finds_nothing_past_the_deadline_runs_no_tool(self) -> None:
+        # A sync probe cannot be cut; it returns after the deadline, finding nothing:
+        # the key is released (the effect did not happen) and the tool does not run.
+        # It ran the tool, and the call succeeded, 0.3 s past its deadline.
+        s = self.serve(lambda kind, body: (200, {}, RECOVER) if kind == "reserve" else (200, {}, RECEIPT))
+        ran: list[int] = []
+
+        def probe() -> Any:
+            time.sleep(0.6)
+            return None
+
+        for err, took in self.both(s, lambda: ran.append(1) or {"id": "LIN-1"}, key="k", tool="t", effect={"a": 1},
+                                   probe=probe, deadline=0.3):
+            assert isinstance(err, idemkv.NotExecutedError), err
+            self.assertIsInstance(idemkv.find_cause(err, TimeoutError), TimeoutError)
+            self.assertLess(took, 1.5)
+        self.assertEqual(ran, [])
+        self.assertEqual(self.settles(s), ["reserve", "release"] * 2)
+        self.assertEqual([b["fence"] for b in s.bodies if kind_of_settle(b) == "release"], [8, 8])
+
+    def test_a_sync_probe_past_the_deadline_settles_what_it_found(self) -> None:
+        # Found: the receipt is stored (commit_grace past the deadline), as Go's resolve.
+        # Not found: the key is released, and the reserve after it is not sent (Go's
+        # StoreUnavailableError for a context that has ended): nothing runs.
+        for found in (True, False):
+            s = self.serve(lambda kind, body: (200, {}, IN_DOUBT) if kind == "reserve" else (
+                (200, {}, RECEIPT) if body.get("outcome") == "committed" else (200, {}, {"released": True})))
+            c = idemkv.Client(s.addr, tenant=TENANT)
+            self.addCleanup(c.close)
+            ran: list[int] = []
+
+            def probe() -> Any:
+                time.sleep(0.5)
+                return {"id": "LIN-1"} if found else None
+
+            try:
+                out = c.do(lambda: ran.append(1) or {"id": "LIN-2"}, key="k", tool="t", effect={"a": 1},
+                           probe=probe, deadline=0.2)
+                self.assertTrue(found)
+                self.assertEqual((out.decision, out.probed, out.receipt["remote_id"]), ("recover", True, "LIN-1"))
+            except idemkv.StoreUnavailableError as e:
+                self.assertFalse(found)
+                self.assertEqual(e.attempt_id, s.bodies[0]["attempt_id"])
+            self.assertEqual(ran, [])
+            self.assertEqual(self.settles(s), ["reserve", "resolve"])
+            self.assertEqual(s.bodies[1]["outcome"], "committed" if found else "not_executed")
+
+    def test_the_resolve_is_bounded_by_commit_grace_past_the_deadline(self) -> None:
+        # The probe answers at once, and the resolve meets a store that cannot serve: it
+        # gives up commit_grace past the deadline, in doubt. It took store_wait (10 s).
+        def script(kind: str, body: dict[str, Any]) -> Answer:
+            return (200, {}, IN_DOUBT) if kind == "reserve" else error("unavailable", 503)
+
+        s = self.serve(script)
+        ran: list[int] = []
+        for err, took in self.both(s, lambda: ran.append(1) or {"id": "LIN-1"}, key="k", tool="t", effect={"a": 1},
+                                   probe=lambda: {"id": "LIN-1"}, deadline=0.4, store_wait=10, commit_grace=0.3,
+                                   backoff_max=0.05):
+            self.assertIsInstance(err, idemkv.InDoubtError)
+            self.assertLess(took, 2)
+        self.assertEqual(ran, [])
+
+    def test_no_tool_runs_on_a_reserve_answered_past_the_deadline(self) -> None:
+        # A reserve may be answered a moment past the deadline (its bound is at least
+        # 50 ms): the tool does not run, the key is let go, and the error is that of a
+        # reserve the deadline cut. The loop is driven by hand, so that the answer
+        # comes past the deadline for sure.
+        from idemkv import _otel
+        from idemkv.loop import Op, _Loop, _Run, _Send
+
+        op = Op(tenant=TENANT, key="k", tool="t", effect={"a": 1}, deadline=5)
+        loop = _Loop(op, op.compute_fingerprint(), _otel._NoSpan())
+        gen = loop.main()
+        eff = next(gen)
+        assert isinstance(eff, _Send)
+        self.assertEqual(eff.call.route, "/v1/reserve")
+        loop.deadline = time.monotonic() - 0.01  # the answer comes past it
+        eff = gen.send(dict(EXECUTE))
+        self.assertNotIsInstance(eff, _Run, "the tool ran past the deadline")
+        assert isinstance(eff, _Send)
+        self.assertEqual((eff.call.route, eff.call.body["fence"]), ("/v1/release", 7))  # type: ignore[index]
+        with self.assertRaises(idemkv.StoreUnavailableError) as cm:
+            gen.send({"released": True})
+        self.assertEqual(cm.exception.attempt_id, loop.attempt_id)
+
+
 class CommitGrace(Base):
     """Storing what the tool did: store_wait while the caller waits, commit_grace too
     once it has given up (past deadline=, or cancelled)."""
@@ -304,10 +475,63 @@ class CallersTimeout(Base):
         self.addCleanup(c.close)
         self.alarm(0.3)
         start = time.monotonic()
-        with self.assertRaises(TimeoutError):
+        with self.assertRaises(TimeoutError) as cm:
             c.do(lambda: {"id": "LIN-1"}, key="k", tool="t", effect={"a": 1})
         self.assertLess(time.monotonic() - start, 1.2)
         self.assertEqual(self.count(s, "commit"), 1)
+        self.assertIsNotNone(idemkv.find_cause(cm.exception, idemkv.OutcomeUnknownError))
+
+    def interrupt(self, after: float) -> threading.Thread:
+        """A SIGINT (KeyboardInterrupt) for the main thread after so many seconds."""
+        main = threading.get_ident()
+        self.assertEqual(main, threading.main_thread().ident, "signals reach the main thread only")
+        # Python's own SIGINT handler, whatever the runner installed (unittest --catch).
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+
+        def later() -> None:
+            time.sleep(after)
+            signal.pthread_kill(main, signal.SIGINT)
+
+        t = threading.Thread(target=later, daemon=True)
+        t.start()
+        self.addCleanup(t.join)
+        return t
+
+    def test_sync_interrupted_in_the_commit(self) -> None:
+        # The tool ran and its commit is in flight when the person at the terminal gives
+        # up: the interrupt goes on, caused by the error that says the outcome is not
+        # stored. It came with no such cause, as if nothing had run.
+        def script(kind: str, body: dict[str, Any]) -> Answer:
+            if kind == "commit":
+                time.sleep(1.5)
+                return 200, {}, RECEIPT
+            return 200, {}, EXECUTE
+
+        s = self.serve(script)
+        c = idemkv.Client(s.addr, tenant=TENANT)
+        self.addCleanup(c.close)
+        ran: list[int] = []
+        self.interrupt(0.3)
+        start = time.monotonic()
+        with self.assertRaises(KeyboardInterrupt) as cm:
+            c.do(lambda: ran.append(1) or {"id": "LIN-1"}, key="k", tool="t", effect={"a": 1})
+        self.assertLess(time.monotonic() - start, 1.2)
+        self.assertEqual((ran, self.count(s, "commit")), ([1], 1))
+        ou = idemkv.find_cause(cm.exception, idemkv.OutcomeUnknownError)
+        assert ou is not None, "the interrupt does not say that the tool ran and its outcome was not stored"
+        self.assertIn("LIN-1", str(ou))
+        self.assertIsNone(idemkv.find_cause(cm.exception, idemkv.StoreUnavailableError))
+
+    def test_sync_interrupted_in_the_tool(self) -> None:
+        # As an async tool cancelled: the effect may have happened, and is not stored.
+        s = self.serve(lambda kind, body: (200, {}, EXECUTE) if kind == "reserve" else (200, {}, RECEIPT))
+        c = idemkv.Client(s.addr, tenant=TENANT)
+        self.addCleanup(c.close)
+        self.interrupt(0.2)
+        with self.assertRaises(KeyboardInterrupt) as cm:
+            c.do(lambda: time.sleep(2) or {"id": "LIN-1"}, key="k", tool="t", effect={"a": 1})
+        self.assertEqual(self.count(s, "commit"), 0)
+        self.assertIsNotNone(idemkv.find_cause(cm.exception, idemkv.OutcomeUnknownError))
 
     def test_async_timeout_in_the_reserve(self) -> None:
         def script(kind: str, body: dict[str, Any]) -> Answer:

@@ -134,8 +134,10 @@ class Op:
     to_result: Optional[Callable[[Any], Result]] = None
     remote_system: Optional[str] = None
     # Bounds the call before the tool runs (seconds): reserves, the wait behind another
-    # attempt, the approval wait. It does not stop the tool; past it, storing what the
-    # tool did is bounded by commit_grace too.
+    # attempt, the approval wait, the probe of a key whose holder died (not started past
+    # it; an async one cancelled there). No tool runs past it. It does not stop a tool
+    # that runs; past it, storing what the tool (or a probe) found is bounded by
+    # commit_grace too.
     deadline: Optional[float] = None
     poll_wait: float = 30.0
     backoff_min: float = 0.02
@@ -320,6 +322,10 @@ class _Sleep:
 class _Run:
     which: str  # "tool" or "probe"
     fence: Optional[int]  # run under a heartbeat for this fence; None: no lease
+    # A probe's share of the deadline (seconds): the async driver cancels the probe
+    # then and hands back a _DeadlinePassed error; a sync function cannot be stopped
+    # from outside, so the sync driver lets it finish and the loop looks at the clock.
+    until: Optional[float] = None
 
 
 @dataclass
@@ -365,6 +371,13 @@ class _Loop:
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
+    def left(self) -> Optional[float]:
+        """Seconds until the deadline (0 once it passed), or None without one."""
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def deadline_cause(self, what: str) -> "_DeadlinePassed":
+        return _DeadlinePassed(f"idemkv: the deadline ({self.op.deadline:g}s) of {self.op.key!r} passed {what}")
+
     def budgeted(self, call: Call, once: bool = False) -> Generator[Any, Any, Any]:
         """Sends a call made before the tool runs within what is left of store_wait and
         of the deadline, so that a call whose store does not answer ends within
@@ -391,8 +404,7 @@ class _Loop:
         except BaseException as e:
             # A TimeoutError here is the caller's own (a signal handler's): the clients
             # take the others for transport errors and retry.
-            gave_up = not isinstance(e, (Exception, GeneratorExit)) or isinstance(e, TimeoutError)
-            if not gave_up or call.route != "/v1/reserve":
+            if not _gave_up(e) or call.route != "/v1/reserve":
                 raise
             # The caller gave up (a cancelled task, an interrupt, its own timeout) with
             # this reserve in flight, and it may have landed: this attempt may hold the
@@ -427,8 +439,14 @@ class _Loop:
         deadline), since an effect that happened must be recorded if at all possible."""
         op = self.op
         bound = op.store_wait
-        if self.gave_up or self.past_deadline():
+        if self.gave_up:
             bound = min(bound, op.commit_grace)
+        left = self.left()
+        if left is not None:
+            # Past the deadline, commit_grace more at most: a call begun just before it
+            # (a resolve after a quick probe, a commit) does not hold the caller for
+            # store_wait past it.
+            bound = min(bound, left + op.commit_grace)
         return _Send(call, bound=bound, grace=op.commit_grace)
 
     def main(self) -> Gen:
@@ -481,6 +499,14 @@ class _Loop:
                 continue
             g = _Grant(decision, int(res.get("fence") or 0), record)
             if decision == "execute":
+                if self.past_deadline():
+                    # Answered after the deadline (a reserve may take a moment past it):
+                    # the tool does not run for a caller that has given up. The key
+                    # this attempt holds is let go, and the error is that of a reserve
+                    # the deadline cut, which names the attempt.
+                    late = self.deadline_passed(reserve)
+                    yield from self.let_go(g, late)
+                    raise late
                 return (yield from self.execute(g))
             if decision == "recover" and g.fence:
                 return (yield from self.recover(g))
@@ -532,6 +558,10 @@ class _Loop:
     def recover(self, g: _Grant) -> Gen:
         op = self.op
         if op.side_effect == IDEMPOTENT:
+            if self.past_deadline():
+                # Nothing runs past the deadline; the record stays pending as the
+                # dead attempt left it, and the next attempt after this lease recovers.
+                raise self.left_pending(g, "before the tool could run again")
             return (yield from self.execute(g, earlier=True))
         if op.probe is None:
             # Nobody can know whether the dead attempt's effect happened: mark the
@@ -542,8 +572,22 @@ class _Loop:
                 record = yield self.stored(_core.doubt_call(op.tenant, op.key, self.fp, g.fence))
             except (APIError, StoreUnavailableError) as e:
                 raise _in_doubt(op.key, g.record, e) from e
+            except BaseException as e:
+                if not _gave_up(e):
+                    raise
+                raise _given_up(e, _in_doubt(op.key, g.record, None))
             raise _in_doubt(op.key, record, None)
-        ran = yield _Run("probe", g.fence)
+        if self.past_deadline():
+            # The Go client's probe given a context that has ended: still unknown.
+            raise self.left_pending(g, "before the probe could run")
+        try:
+            ran = yield _Run("probe", g.fence, until=self.left())
+        except BaseException as e:
+            if not _gave_up(e):
+                raise
+            raise _given_up(e, OutcomeUnknownError(
+                f"idemkv: interrupted while the probe for {op.key!r} ran; the record stays pending and the "
+                "next attempt after its lease recovers it", decision=g.decision, record=g.record))
         if ran.lost is not None:
             raise _lost(op.key, ran)
         if ran.error is not None:
@@ -552,6 +596,14 @@ class _Loop:
                                       record=g.record, cause=ran.error) from ran.error
         if ran.value is None:
             self.span.add_event("probe", {"found": False})
+            if self.past_deadline():
+                # The effect did not happen, and the tool does not run past the
+                # deadline: the key is released (as a NotExecuted tool's), so that the
+                # next attempt runs it at once.
+                cause = self.deadline_cause("while the probe ran; it found no effect, and the tool was not run")
+                yield from self.release(g, cause)
+                raise NotExecutedError(f"idemkv: {op.key!r} not executed: {cause}", decision=g.decision,
+                                       record=g.record, cause=cause) from cause
             return (yield from self.execute(g))
         self.span.add_event("probe", {"found": True})
         found = self.as_result(ran.value)
@@ -566,9 +618,20 @@ class _Loop:
         if op.probe is None:
             self.span.add_event("in_doubt")
             raise _in_doubt(op.key, g.record, None)
+        if self.past_deadline():
+            # The Go client's probe given a context that has ended: the record stays
+            # in doubt, untouched.
+            self.span.add_event("in_doubt")
+            cause = self.deadline_cause("before the probe could run")
+            raise _in_doubt(op.key, g.record, cause) from cause
         found: Optional[Result] = None
         value: Any = None
-        ran = yield _Run("probe", None)
+        try:
+            ran = yield _Run("probe", None, until=self.left())
+        except BaseException as e:
+            if not _gave_up(e):
+                raise
+            raise _given_up(e, _in_doubt(op.key, g.record, None))
         if ran.error is not None:
             raise _in_doubt(op.key, g.record, ran.error) from ran.error
         if ran.value is not None:
@@ -591,6 +654,13 @@ class _Loop:
             # Someone settled it first: reserve again and read what they decided.
         except StoreUnavailableError as e:
             raise _in_doubt(op.key, g.record, e) from e
+        except BaseException as e:
+            if not _gave_up(e):
+                raise
+            # The resolve may or may not have landed: the record may still be in doubt.
+            raise _given_up(e, InDoubtError(
+                f"idemkv: interrupted while {op.key!r} was being resolved after its probe "
+                f"(found: {found is not None}); it may still be in doubt", decision="recover", record=g.record))
         return None
 
     def execute(self, g: _Grant, earlier: bool = False) -> Gen:
@@ -599,7 +669,18 @@ class _Loop:
         nothing about that attempt: the key stays pending rather than being released,
         since a release frees the key for other arguments."""
         op = self.op
-        ran = yield _Run("tool", g.fence)
+        try:
+            ran = yield _Run("tool", g.fence)
+        except BaseException as e:
+            # An interrupt (a KeyboardInterrupt in a sync tool, a second cancellation
+            # of an async one): it goes on, and says that the tool may have had its
+            # effect, which is not stored.
+            if not _gave_up(e):
+                raise
+            raise _given_up(e, OutcomeUnknownError(
+                f"idemkv: interrupted while the tool for {op.key!r} ran: it may have had its effect, which "
+                "is not stored; the record stays pending and the next attempt after its lease recovers it",
+                decision=g.decision, record=g.record))
         if ran.lost is not None:
             # A newer attempt owns the key; it decides the outcome (and probes for ours).
             raise _lost(op.key, ran)
@@ -649,6 +730,18 @@ class _Loop:
             raise OutcomeUnknownError(
                 f"idemkv: the tool ran but its receipt for {op.key!r} was not stored (remote id {res.remote_id!r}): {e}",
                 decision=g.decision, record=g.record, cause=e) from e
+        except BaseException as e:
+            # The caller gave up with the commit in flight (a KeyboardInterrupt, a
+            # signal handler's TimeoutError; asyncio's cancellation is waited out up to
+            # commit_grace first, by the driver): the interrupt goes on, caused by the
+            # error that says the effect happened and its receipt may not be stored.
+            if not _gave_up(e):
+                raise
+            raise _given_up(e, OutcomeUnknownError(
+                f"idemkv: interrupted while the receipt for {op.key!r} was being stored (remote id "
+                f"{res.remote_id!r}): {'the probe found the effect' if probed else 'the tool ran'}, and its receipt "
+                "may not be stored; the record stays pending unless the commit landed, and the next attempt after "
+                "its lease recovers it", decision=g.decision, record=g.record))
         if receipt.get("status") == "failed":
             # The first stored outcome wins, and it was a failure.
             raise _stored_failure(op.key, receipt, True, g.decision, g.record)
@@ -678,6 +771,13 @@ class _Loop:
         except (APIError, StoreUnavailableError) as e:
             raise OutcomeUnknownError(f"idemkv: storing the failure of {op.key!r}: {e}", decision=g.decision,
                                       record=g.record, cause=perm) from perm
+        except BaseException as e:
+            if not _gave_up(e):
+                raise
+            raise _given_up(e, OutcomeUnknownError(
+                f"idemkv: interrupted while the failure of {op.key!r} was being stored: it may not be stored; "
+                f"the record stays pending unless it landed: {perm}", decision=g.decision, record=g.record,
+                cause=perm))
         receipt = _receipt_of(rec)
         if receipt.get("status") == "committed":
             return self.outcome(g, receipt, receipt.get("result"))
@@ -698,7 +798,38 @@ class _Loop:
         except StoreUnavailableError as e:
             raise NotExecutedError(f"idemkv: {op.key!r} not executed; releasing the key: {e}", decision=g.decision,
                                    cause=cause) from e
+        except BaseException as e:
+            if not _gave_up(e):
+                raise
+            raise _given_up(e, NotExecutedError(
+                f"idemkv: {op.key!r} not executed; interrupted while the key was being released, which may "
+                f"stay held until its lease runs out: {cause}", decision=g.decision, cause=cause))
         self.span.add_event("released")
+
+    def let_go(self, g: _Grant, err: StoreUnavailableError) -> Generator[Any, Any, None]:
+        """Releases the key of an execute grant the loop will not use (nothing ran), as
+        well as it can: a failure leaves it held until its lease runs out, by the
+        attempt err names."""
+        try:
+            yield self.stored(_core.release_call(self.op.tenant, self.op.key, self.fp, g.fence))
+            self.span.add_event("released")
+        except (APIError, StoreUnavailableError):
+            pass
+        except BaseException as e:
+            if not _gave_up(e):
+                raise
+            raise _given_up(e, err)
+
+    def left_pending(self, g: _Grant, when: str) -> OutcomeUnknownError:
+        """The error of a recovered record the deadline leaves as it found it: pending,
+        the dead attempt's outcome unknown (the Go client's probe or re-run given a
+        context that has ended)."""
+        self.span.add_event("left_pending")
+        cause = self.deadline_cause(when)
+        err = OutcomeUnknownError(
+            f"idemkv: {cause}: an earlier attempt may have had its effect; the record stays pending and the next "
+            "attempt after this lease recovers it", decision=g.decision, record=g.record, cause=cause)
+        return err
 
     def unguarded(self, e: StoreUnavailableError) -> Gen:
         self.span.add_event("unguarded")
@@ -711,6 +842,30 @@ class _Loop:
         receipt = {"idempotency_key": self.op.key, "effect_fingerprint": self.fp, "status": "committed",
                    "remote_system": res.remote_system, "remote_id": res.remote_id}
         return Outcome(decision="execute", receipt=receipt, value=ran.value, fingerprint=self.fp, unguarded=True)
+
+
+class _DeadlinePassed(TimeoutError):
+    """The cause of an error the op's deadline= brought about after the reserve: a
+    probe it cut or did not start, a re-run it did not start (the Go client's
+    context.DeadlineExceeded)."""
+
+
+def _gave_up(e: BaseException) -> bool:
+    """Whether e, thrown into the loop by its driver, is the caller giving up: an
+    interrupt or a cancellation (no Exception), or a TimeoutError, which the clients
+    raise only when the caller's own (a signal handler's) cut a store call short; the
+    others they take for transport errors."""
+    return not isinstance(e, (Exception, GeneratorExit)) or isinstance(e, TimeoutError)
+
+
+def _given_up(e: BaseException, answer: BaseException) -> BaseException:
+    """e, the caller's interrupt or cancellation, to go on as it is (as Python and
+    asyncio need), with what the loop has to say as its cause, which find_cause finds:
+    e.g. an OutcomeUnknownError when the tool ran and its receipt may not be stored."""
+    if e.__cause__ is None:
+        e.__cause__ = answer
+        e.__suppress_context__ = True
+    return e
 
 
 def _receipt_of(rec: Optional[dict[str, Any]]) -> dict[str, Any]:

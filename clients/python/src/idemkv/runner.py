@@ -23,6 +23,7 @@ from .loop import (
     _Loop,
     _Ran,
     _Run,
+    _DeadlinePassed,
     _Send,
     _Sleep,
 )
@@ -186,11 +187,27 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
             v = await v
         return v
 
-    if eff.fence is None:
+    if eff.fence is None and eff.until is None:
         try:
             return _Ran(value=await call()), None
         except Exception as e:
             return _Ran(error=e), None
+    if eff.fence is None:
+        # A probe within what is left of the deadline: cancelled there, and awaited.
+        probe = asyncio.ensure_future(call())
+        probe.add_done_callback(_retrieved)
+        try:
+            await asyncio.wait((probe,), timeout=eff.until)
+        finally:
+            # The caller's cancellation goes on once the probe has ended (as it would
+            # have, awaited in place); a second one is not waited out.
+            if not probe.done():
+                probe.cancel()
+                await asyncio.wait((probe,))
+        ran = _ended(probe, None, eff, op)
+        if ran.error is not None and not isinstance(ran.error, Exception):
+            raise ran.error  # as the probe awaited in place raised it: not its answer
+        return ran, None
     lease = Lease(eff.fence)
     ctx = contextvars.copy_context()
     ctx.run(_lease.set, lease)
@@ -210,7 +227,11 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
     cancelled: Optional[asyncio.CancelledError] = None
     try:
         try:
-            await asyncio.wait((tool,))
+            # A probe is cut at the deadline (until), as a Go probe's context is.
+            await asyncio.wait((tool,), timeout=eff.until)
+            if not tool.done():
+                tool.cancel()
+                await asyncio.wait((tool,))
         except asyncio.CancelledError as e:
             # The caller gave up: the tool is asked to stop too, and awaited under its
             # lease; what it did is stored before the cancellation goes on (the Go Do
@@ -222,16 +243,29 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
         if tool.done():
             hb.cancel()
             await asyncio.wait((hb,))
-    if tool.cancelled():
-        # Stopped by the heartbeat (the lease went to a newer attempt), or by the
-        # caller's cancellation: whether its effect happened is unknown.
-        ran = _Ran(error=None if lease.error is not None else asyncio.CancelledError())
-    elif tool.exception() is not None:
-        ran = _Ran(error=tool.exception())
-    else:
-        ran = _Ran(value=tool.result())
+    ran = _ended(tool, lease, eff, op, cancelled)
     ran.lost = lease.error
     return ran, cancelled
+
+
+def _ended(task: "asyncio.Task[Any]", lease: Optional[Lease], eff: _Run, op: Op,
+           cancelled: Optional[asyncio.CancelledError] = None) -> _Ran:
+    """What a run's ended task did."""
+    if task.cancelled():
+        if lease is not None and lease.error is not None:
+            # Stopped by the heartbeat: the lease went to a newer attempt.
+            return _Ran()
+        if eff.until is not None and cancelled is None:
+            # Stopped at the deadline (a probe's): it could not tell.
+            return _Ran(error=_DeadlinePassed(
+                f"idemkv: the deadline ({op.deadline:g}s) of {op.key!r} passed while the {eff.which} ran; "
+                f"it was cancelled"))
+        # Stopped by the caller's cancellation: whether its effect happened is unknown.
+        return _Ran(error=asyncio.CancelledError())
+    err = task.exception()
+    if err is not None:
+        return _Ran(error=err)
+    return _Ran(value=task.result())
 
 
 async def _store(client: Any, eff: _Send) -> tuple[Any, Optional[BaseException], Optional[asyncio.CancelledError]]:
