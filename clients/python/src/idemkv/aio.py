@@ -44,6 +44,36 @@ def _cancelling(task: "Optional[asyncio.Task[Any]]") -> int:
     return int(f()) if f is not None else 0
 
 
+async def _within(aw: Awaitable[T], timeout: float) -> T:
+    """asyncio.wait_for(aw, timeout) without its race before 3.12: a cancellation of the
+    caller that comes in the turn of the event loop in which aw ends is raised, where
+    wait_for hands back aw's answer or failure instead (3.11 still counts the request
+    in Task.cancelling(); 3.10 has no such count, and the cancellation was lost: a
+    caller that gave up had the tool run). Past timeout, aw is cancelled and awaited,
+    and asyncio.TimeoutError raised, as wait_for does."""
+    task = asyncio.ensure_future(aw)
+    task.add_done_callback(_seen)
+    try:
+        done, _ = await asyncio.wait((task,), timeout=timeout)
+    except BaseException:
+        # The caller gave up: aw ends before the cancellation goes on, as in wait_for.
+        task.cancel()
+        await asyncio.wait((task,))
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.wait((task,))
+        if task.cancelled():
+            raise asyncio.TimeoutError()
+    return task.result()
+
+
+def _seen(t: "asyncio.Future[Any]") -> None:
+    """Marks a task's error as retrieved (its caller may have stopped awaiting it)."""
+    if not t.cancelled():
+        t.exception()
+
+
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -225,9 +255,10 @@ class AsyncClient:
         # connection: nobody listens, and waiting out store_wait would not help.
         only_refused = True
         # The caller's cancellation may come in the turn of the event loop in which the
-        # attempt ends, and asyncio.wait_for (3.11) then hands back its answer or its
-        # failure: the request to cancel the task is still counted, and ends the call
-        # (a reserve's answer too: it may hold the key, and the loop names the attempt).
+        # attempt ends; asyncio.wait_for (3.10, 3.11) then hands back its answer or its
+        # failure, which _within does not. Should anything else swallow it, the request
+        # to cancel the task is still counted (3.11+), and ends the call (a reserve's
+        # answer too: it may hold the key, and the loop names the attempt).
         task = asyncio.current_task()
         cancels = _cancelling(task)
         n = 0
@@ -237,7 +268,7 @@ class AsyncClient:
             timeout = max(min(cfg.timeout, wait_for - used), 0.05) + call.wait
             start = time.monotonic()
             try:
-                answer = await asyncio.wait_for(self._attempt(base, call, body), timeout)
+                answer = await _within(self._attempt(base, call, body), timeout)
                 if _cancelling(task) > cancels:
                     raise asyncio.CancelledError()
                 return answer, retried
