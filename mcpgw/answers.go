@@ -67,6 +67,11 @@ const (
 	// CodeTenantNotAllowed: the call names a tenant the policy does not let calls
 	// pick (Policy.Tenants); nothing ran.
 	CodeTenantNotAllowed = "tenant_not_allowed"
+	// CodeApprovalDerivedKey: idemkv asks approval of a call whose key the gateway
+	// derives (key: derive, an admin's approval rule of the tenant and tool); a retry
+	// in a later derive window would ask, and could be granted, a second approval of
+	// the same effect, so none is asked and nothing ran (approval.go).
+	CodeApprovalDerivedKey = "approval_with_derived_key"
 	// CodeInternal: anything else.
 	CodeInternal = "internal"
 )

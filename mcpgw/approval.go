@@ -24,7 +24,8 @@ import (
 // Approvals bound to the effect (docs/protocol.md "Approvals"), as the gateway asks
 // for them. A tool whose policy says approval: required reserves with the ask; a tool
 // an admin's rule holds on the server is answered needs_approval all the same, so
-// every mutating reserve carries the effect and a summary.
+// every mutating reserve carries the effect and a summary, but for a key the gateway
+// derives (key: derive): no approval is ever asked under one (heldDerived).
 //
 // A waiting approval is decided out of band (idemkv approvals approve, the API), or,
 // when the policy lets it (approval_in_band) and the gateway holds a Decider, in
@@ -114,6 +115,59 @@ func compileApproval(c *compiled) error {
 	}
 	c.summary = t
 	return nil
+}
+
+// heldDerived answers a call under a derived key that idemkv would hold for a
+// person's approval, or nil when err is not that.
+//
+// A derived key changes with its window, so an approval asked under it would be
+// asked again by the same call retried in a later window, and a person could grant
+// both: the effect would run twice (compileApproval refuses approval: required with
+// key: derive for this reason). An admin's rule on the server asks it all the same,
+// and idemkv has no way to withdraw a request once asked: a waiting approval stays
+// listed until it is decided or lapses, and once approved, the next reserve of its
+// key runs the tool. So the gateway never lets one be asked. A derived key's
+// reserve carries the effect's fingerprint alone, which a rule that requires
+// approval refuses, on the node and again in the state machine, with 400 naming
+// the effect (docs/protocol.md section 7) before it stores anything: no record, no
+// request, nothing to withdraw. Nothing else names the effect in a refusal of that
+// reserve (the effect was canonicalized when the key was derived, and none was
+// sent). needs_approval itself can only come from a Runner that sent the effect
+// anyway; the request it opened is named, to be denied.
+func (g *Gateway) heldDerived(ctx context.Context, r *rule, c *call, err error) *mcp.CallToolResult {
+	var (
+		pending *client.ApprovalPendingError
+		refused *idemkv.Error
+	)
+	isPending := errors.As(err, &pending)
+	if !isPending && !(errors.As(err, &refused) && refused.Code == idemkv.CodeInvalidArgument && refused.Field == "effect") {
+		return nil
+	}
+	d := map[string]any{"reason": "approval_rule", "tool": r.tool.Name, "tenant": c.tenant, "idempotency_key": c.key,
+		"key": KeyDerive, "derive_window": r.policy.derive.String()}
+	msg := fmt.Sprintf("idemkv gateway: %[1]s was not called: idemkv requires a person's approval of it (an admin's approval rule of tenant %[2]q), "+
+		"and the gateway derives its idempotency keys (key: %[3]s), which change with each derive_window: a retry in a later window would "+
+		"ask for, and could be granted, a second approval of the same effect, and %[1]s would run twice. So no approval is asked under a "+
+		"derived key, and every retry of this call gets this answer. Give %[1]s a key template naming the operation in the gateway's policy "+
+		"(tools.%[1]s.key, over the arguments that identify it), or call it with an idempotency key of your own in _meta[%[4]q].",
+		r.tool.Name, c.tenant, KeyDerive, MetaIdempotencyKey)
+	meta := []string{MetaIdempotencyKey, c.key, MetaTenant, c.tenant}
+	attrs := []slog.Attr{slog.String(logKeyTool, r.tool.Name), slog.String("tenant", c.tenant), slog.String(logKeyKey, c.key)}
+	if isPending {
+		d["approval_id"] = pending.ApprovalID
+		attrs = append(attrs, slog.String("approval_id", pending.ApprovalID))
+		fp := ""
+		if pending.Record != nil {
+			fp = pending.Record.Fingerprint
+		}
+		msg += fmt.Sprintf(" idemkv opened approval %s for this call all the same: deny it, do not approve it "+
+			"(idemkv approvals deny --tenant %s --key %s --id %s --fingerprint %s --approver NAME).",
+			pending.ApprovalID, shellQuote(c.tenant), shellQuote(c.key), shellQuote(pending.ApprovalID), shellQuote(fp))
+		meta = append(meta, MetaDecision, string(idemkv.DecisionNeedsApproval))
+	}
+	g.log.LogAttrs(ctx, slog.LevelWarn, "idemkv requires approval of a tool whose keys the gateway derives: the call was refused "+
+		"(give the tool a key template in the policy)", attrs...)
+	return annotate(errorResult(CodeApprovalDerivedKey, msg, d), meta...)
 }
 
 // approvalAsk is what the call's reserve asks of approvals: always the effect and a

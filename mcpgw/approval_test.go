@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/client"
 	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/mcpgw"
 )
@@ -529,5 +530,157 @@ func TestApprovalPolicy(t *testing.T) {
 	}
 	if _, err := mcpgw.ParsePolicy([]byte("approval_in_band: true\ntools: {t: {approval: required, approval_ttl: 2h, approval_summary: \"Refund {amount}\\nto {order}\"}}")); err != nil {
 		t.Errorf("a valid approval policy: %v", err)
+	}
+}
+
+// An admin's rule on the server holds a tool whose policy derives its keys (key:
+// derive) and asks no approval. A derived key changes with its window, so an
+// approval asked under one would be asked again, and could be granted again, by the
+// same call retried in a later window: the tool would run twice. The gateway asks
+// none: every call, retried in the window and in the next, answers the
+// approval_with_derived_key tool error naming the tool and the fix, in band or not,
+// and leaves nothing on the server (no record, no waiting approval). A key the agent
+// sends is not derived: its call waits for approval as usual. Agents of both SDKs in
+// both eras.
+func TestApprovalRuleOnDerivedKeys(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newGoUpstream(false)
+	const tenant = "ap-derive"
+	clk := &clock{now: time.Now()}
+	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t, false)), gwOptions{
+		policy: "tenant: " + tenant + "\napproval_in_band: true\ntools:\n  place_order: {key: derive, derive_window: 10m}\n",
+		gwCfg:  func(c *mcpgw.Config) { c.Now = clk.Now },
+	})
+	if _, err := g.idem.SetApprovalRule(context.Background(), &idemkv.SetApprovalRuleRequest{
+		ApprovalRule: idemkv.ApprovalRule{Tenant: tenant, Tool: "place_order"}}); err != nil {
+		t.Fatal(err)
+	}
+	type ruled struct {
+		agent
+		e *elicitations // nil: the agent's client cannot be asked in band
+	}
+	var agents []ruled
+	for _, era := range eras {
+		agents = append(agents, ruled{goAgent("go-sdk "+era, g.connectGoEra("go-"+era, nil, era)), nil})
+		e := &elicitations{}
+		agents = append(agents, ruled{goAgent("go-sdk in band "+era, g.connectGoEra("go-ib-"+era, &mcp.ClientOptions{ElicitationHandler: e.goHandler()}, era)), e})
+		e = &elicitations{}
+		tr, err := m3transport.NewStreamableHTTP(g.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := m3client.NewClient(tr, m3client.WithProtocolVersion(era), m3client.WithElicitationHandler(m3Elicit{e}))
+		agents = append(agents, ruled{m3Started(t, "mcp-go in band "+era, c, era), e})
+	}
+	nothingWaits := func(who string) {
+		t.Helper()
+		page, err := g.idem.Approvals(context.Background(), &idemkv.ApprovalsRequest{Tenant: tenant})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range page.Approvals {
+			if strings.HasPrefix(rec.Key, "derived:") {
+				t.Fatalf("%s: an approval of a derived key waits on the server: %s (%s)", who, rec.Key, rec.Approval.ID)
+			}
+		}
+	}
+	for i, a := range agents {
+		o := fmt.Sprintf("o-yes-%d", i) // approved by every in-band user asked
+		var keys []string
+		for k, when := range []string{"the call", "its retry in the window", "its retry in the next window"} {
+			if k == 2 {
+				clk.advance(10 * time.Minute)
+			}
+			res := a.call(t, "place_order", order(o, 40, "EUR"), nil)
+			if !res.IsError || meta(res, mcpgw.MetaError) != mcpgw.CodeApprovalDerivedKey {
+				t.Fatalf("%s, %s: want an %s tool error, got %s", a.name, when, mcpgw.CodeApprovalDerivedKey, show(res))
+			}
+			msg := text(res)
+			for _, want := range []string{"place_order was not called", "key template", "tools.place_order.key", "second approval"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("%s, %s: the answer does not say %q: %s", a.name, when, want, msg)
+				}
+			}
+			d := details(t, res)
+			k := meta(res, mcpgw.MetaIdempotencyKey)
+			if d["tool"] != "place_order" || d["tenant"] != tenant || d["idempotency_key"] != k || !strings.HasPrefix(k, "derived:") {
+				t.Errorf("%s, %s: details %v, key %q", a.name, when, d, k)
+			}
+			keys = append(keys, k)
+			if n := up.runs(o); n != 0 {
+				t.Fatalf("%s, %s: place_order ran %d times", a.name, when, n)
+			}
+			if _, err := g.idem.Get(context.Background(), &idemkv.GetRequest{Tenant: tenant, Key: k}); !errors.Is(err, idemkv.ErrNotFound) {
+				t.Fatalf("%s, %s: the derived key's record: %v, want none", a.name, when, err)
+			}
+			nothingWaits(a.name + ", " + when)
+		}
+		if keys[0] != keys[1] || keys[1] == keys[2] {
+			t.Errorf("%s: derived keys %v: want one per window", a.name, keys)
+		}
+		if a.e != nil {
+			if n := a.e.count("o-yes"); n != 0 {
+				t.Errorf("%s: its user was asked %d times to approve a call under a derived key", a.name, n)
+			}
+		}
+	}
+
+	// A key the agent sends wins over the derived one, and is asked for as usual.
+	s := g.connectGoEra("keyed", nil, legacyEra)
+	d := pendingOf(t, "a sent key", goCall(t, s, "place_order", order("k-1", 40, "EUR"), key(tenant+":k-1")))
+	if d["by_rule"] != true || d["idempotency_key"] != tenant+":k-1" {
+		t.Errorf("the pending approval of a sent key: %v", d)
+	}
+	g.decide(d, idemkv.VerdictApprove)
+	if res := goCall(t, s, "place_order", order("k-1", 40, "EUR"), key(tenant+":k-1")); res.IsError || up.runs("k-1") != 1 {
+		t.Fatalf("a sent key after its approval: %s, %d runs", show(res), up.runs("k-1"))
+	}
+}
+
+// effectSender is a Runner that sends every call's effect, as the gateway does for
+// keys that are not derived: a rule then answers needs_approval even under a derived
+// key.
+type effectSender struct{ *client.Client }
+
+func (r effectSender) Do(ctx context.Context, op client.Op, fn client.Func) (*client.Outcome, error) {
+	if op.Approval == nil {
+		op.Approval = &client.ApprovalRequirement{}
+	}
+	return r.Client.Do(ctx, op, fn)
+}
+
+// Should a Runner answer needs_approval under a derived key all the same, the
+// gateway neither asks the agent's user nor answers approval_pending: it answers
+// approval_with_derived_key naming the request idemkv opened, to be denied.
+func TestApprovalRuleOnDerivedKeysAsked(t *testing.T) {
+	cluster := testcluster.Start(t, 1)
+	up := newGoUpstream(false)
+	const tenant = "ap-derive-asked"
+	g := newGW(t, cluster, httpUpstream(up.serveHTTP(t, false)), gwOptions{
+		policy: "tenant: " + tenant + "\napproval_in_band: true\ntools:\n  place_order: {key: derive}\n",
+		gwCfg: func(c *mcpgw.Config) {
+			idem := c.Runner.(*client.Client)
+			c.Runner, c.Approver = effectSender{idem}, idem
+		},
+	})
+	if _, err := g.idem.SetApprovalRule(context.Background(), &idemkv.SetApprovalRuleRequest{
+		ApprovalRule: idemkv.ApprovalRule{Tenant: tenant, Tool: "place_order"}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, era := range eras {
+		e := &elicitations{}
+		s := g.connectGoEra("asked-"+era, &mcp.ClientOptions{ElicitationHandler: e.goHandler()}, era)
+		o := fmt.Sprintf("o-yes-a%d", i)
+		res := goCall(t, s, "place_order", order(o, 40, "EUR"), nil)
+		if !res.IsError || meta(res, mcpgw.MetaError) != mcpgw.CodeApprovalDerivedKey {
+			t.Fatalf("%s: want an %s tool error, got %s", era, mcpgw.CodeApprovalDerivedKey, show(res))
+		}
+		id, _ := details(t, res)["approval_id"].(string)
+		if !strings.HasPrefix(id, "apr_") || !strings.Contains(text(res), "deny it") {
+			t.Errorf("%s: the answer does not name the request to deny: %s", era, show(res))
+		}
+		if n, asks := up.runs(o), e.count("o-yes"); n != 0 || asks != 0 {
+			t.Fatalf("%s: place_order ran %d times after %d questions, want 0 and 0", era, n, asks)
+		}
 	}
 }

@@ -366,6 +366,9 @@ type call struct {
 	actor  string
 	raw    json.RawMessage // the arguments as sent
 	args   any             // the arguments, decoded with json.Number
+	// derived: the key was derived (key: derive), not sent or templated; no
+	// approval may be asked under it (heldDerived).
+	derived bool
 }
 
 func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -385,7 +388,12 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil), nil
 	}
 	op.Effect, op.Drop = effect, r.policy.Volatile
-	op.Approval = g.approvalAsk(r, c)
+	if !c.derived {
+		op.Approval = g.approvalAsk(r, c)
+	}
+	// A derived key's reserve carries the fingerprint alone: an admin's rule that
+	// asks approval of the tool then refuses it before anything is stored
+	// (heldDerived).
 	progress := g.progressFor(ctx, req)
 	var w *waiter // of the Do in progress
 	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
@@ -438,8 +446,16 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	}
 	// A re-issued 2026-07-28 call may carry its user's answer to the gateway's
 	// question (approval.go): it is recorded before the reserve that acts on it.
-	ans := g.answerOf(ctx, r, c, req)
+	var ans *inBandAnswer
+	if !c.derived {
+		ans = g.answerOf(ctx, r, c, req)
+	}
 	out, err := do()
+	if c.derived && upstream == nil {
+		if res := g.heldDerived(ctx, r, c, err); res != nil {
+			return res, nil
+		}
+	}
 	var pending *client.ApprovalPendingError
 	if errors.As(err, &pending) && askAgain(ans, pending) && g.mayAskInBand(r, c, req) {
 		if modernRequest(req) {
@@ -547,6 +563,7 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 		effect, err := effectOf(r, c)
 		if err == nil {
 			c.key, err = deriveKey(c.tenant, c.actor, r.tool.Name, effect, r.policy.Volatile, r.policy.derive, g.cfg.Now())
+			c.derived = err == nil
 		}
 		if err != nil {
 			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: deriving the idempotency key: "+err.Error(), nil)
