@@ -24,9 +24,10 @@ export class Attempt {
   /** The key, quoted, as the loop's messages name it. */
   readonly q: string;
   readonly attemptId: string;
-  /** What this call may spend waiting for the store before the tool runs (Go's StoreWait), and after. */
+  /** What this call may spend waiting for the store before the tool runs (Go's StoreWait). */
   readonly beforeBudget: StoreBudget;
-  readonly afterBudget: StoreBudget;
+  /** The same for storing an outcome; storeAfresh renews it for each. */
+  afterBudget: StoreBudget;
 
   constructor(
     readonly client: Store,
@@ -58,6 +59,16 @@ export class Attempt {
    */
   after(): CallOptions {
     return { budget: this.afterBudget };
+  }
+
+  /**
+   * Gives storing what a tool or probe did a store-wait budget of its own (Go's underLease
+   * and settleInDoubt): a call may store more than once (a settling resolve, then the
+   * tool's receipt), and an effect that happened must not go unrecorded because an
+   * earlier store call had to wait.
+   */
+  storeAfresh(): void {
+    this.afterBudget = { limitMs: this.client.settings.storeWait, spentMs: 0 };
   }
 
   event(name: string, attributes?: Attributes): void {

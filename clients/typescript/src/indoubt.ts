@@ -74,6 +74,7 @@ export async function settleInDoubt(a: Attempt, res: ReserveResult): Promise<Out
     throw new InDoubtError(`${inDoubtMessage(a.q)}; the probe failed: ${messageOf(cause)}`, { decision: "recover", record: res.record, cause });
   }
   a.event("probe", { found: found !== null && found !== undefined });
+  a.storeAfresh();
   const base = { tenant: a.op.tenant, idempotency_key: a.op.key, effect_fingerprint: a.fp };
   try {
     if (found === null || found === undefined) {

@@ -32,7 +32,8 @@ export class LeaseLost extends Error {
  * The heartbeat lasts exactly as long as f (Go's underLease): not less when the
  * caller's signal aborts (a tool that does not watch its signal goes on, and without a
  * lease a second worker would recover the key and run it again), so it stops on a
- * controller of its own; and not more when f throws, so it stops in finally.
+ * controller of its own; and not more when f throws, so it stops in finally. What f
+ * did is then stored within a store-wait budget of its own (Attempt.storeAfresh).
  */
 export async function underLease<T>(a: Attempt, g: Grant, f: (ctx: ToolContext) => Promise<T>): Promise<Ran<T>> {
   const tool = linkedController([a.signal]);
@@ -77,6 +78,7 @@ export async function underLease<T>(a: Attempt, g: Grant, f: (ctx: ToolContext) 
     await beat;
     tool.dispose();
   }
+  a.storeAfresh();
   if (lost !== undefined) out.lost = lost;
   return out;
 }

@@ -1,10 +1,11 @@
 // In-doubt records against a real idemkv node: a crashed attempt of a non-idempotent
 // tool without a probe is marked in doubt, retries get InDoubtError at once without
-// re-leasing the key, and a resolve (or a later caller with a probe) settles it.
+// re-leasing the key, and a resolve (or a later caller with a probe) settles it; what
+// a settling caller then stores gets a storeWait of its own.
 
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { Client, InDoubtError, type Outcome } from "../src/index.js";
+import { Client, InDoubtError, run, type Outcome } from "../src/index.js";
 import { killAll, startNode, type IdemkvNode } from "./harness.js";
 import { crashWorker, logOutcome, Tickets, wrapTickets } from "./tickets.js";
 
@@ -83,5 +84,80 @@ describe("in doubt", () => {
     assert.equal(outs[0].decision, "execute");
     logOutcome(t, "with a probe", outs[0]);
   });
-});
 
+  // A record left in doubt by a holder that could not learn its outcome, made at once:
+  // the server marks the pending record held by the given fence.
+  const leaveInDoubt = async (key: string, fingerprint: string, attempt: string) => {
+    const held = await client.reserve({ tenant: TENANT, idempotency_key: key, tool: "create_ticket", effect_fingerprint: fingerprint, attempt_id: attempt, lease_ttl_ms: 30_000 });
+    assert.equal(held.decision, "execute");
+    const rec = await client.doubt({ tenant: TENANT, idempotency_key: key, effect_fingerprint: fingerprint, fence: held.fence ?? 0 });
+    assert.equal(rec.in_doubt, true);
+  };
+  // A fetch that answers the first calls to a path with 503 unavailable, as a node
+  // without a leader does; shed says how many, and counts down.
+  const shedding = (shed: { [path: string]: number }, before?: (path: string) => Promise<void>) => (async (input: RequestInfo | URL, init?: RequestInit) => {
+    const path = new URL(String(input)).pathname;
+    if ((shed[path] ?? 0) > 0) {
+      shed[path]--;
+      return new Response(JSON.stringify({ error: { code: "unavailable", message: "no leader yet" } }), { status: 503, headers: { "Content-Type": "application/json" } });
+    }
+    await before?.(path);
+    return fetch(input, init);
+  }) as typeof fetch;
+
+  it("a resolve that had to wait does not spend the storeWait of the receipt stored after the tool runs", async (t) => {
+    // Go's underLease: storing what the tool did gets a StoreWait of its own. Here the
+    // probe's resolve (not_executed) waits out 6 backoffs of 100 ms of a 1000 ms storeWait,
+    // and the commit after the tool meets 5 more: within a storeWait of its own, not
+    // within the 400 ms the resolve left.
+    const key = newKey("indoubt-budget");
+    const op = { tenant: TENANT, key, tool: "create_ticket", fingerprint: "sha256:" + "b".repeat(64) };
+    await leaveInDoubt(key, op.fingerprint, "att_dead");
+    let runs = 0;
+    const shed = { "/v1/resolve": 6, "/v1/commit": 5 };
+    const c = new Client({ endpoints: [node.httpAddr], fetch: shedding(shed), storeWait: 1000, backoffMinMs: 100, backoffMaxMs: 100 });
+    const out = await run(c, { ...op, probe: async () => null }, async () => ({ remoteSystem: "tickets", remoteId: `TCK-${++runs}` }))
+      .catch((e: unknown) => e);
+    logOutcome(t, "after a slow resolve and a flaky commit", out);
+    assert.deepEqual(shed, { "/v1/resolve": 0, "/v1/commit": 0 }, "the store did not shed the calls the test meant it to");
+    assert.equal(runs, 1);
+    assert.ok(!(out instanceof Error), `the tool ran but its receipt was not stored: ${String(out)}`);
+    const rec = await client.get(TENANT, key);
+    assert.equal(rec.status, "committed");
+    assert.equal(rec.receipt?.remote_id, "TCK-1");
+  });
+
+  it("a second round of settling stores the probe's receipt within a storeWait of its own", async (t) => {
+    // The first round's resolve (not_executed) waits out 6 backoffs of a 1000 ms storeWait;
+    // before the call reserves again another attempt takes the key and leaves it in doubt
+    // again. The second round's probe finds the effect, and its resolve (committed) meets
+    // 5 more backoffs: within a storeWait of its own (Go's settleInDoubt).
+    const key = newKey("indoubt-budget-again");
+    const op = { tenant: TENANT, key, tool: "create_ticket", fingerprint: "sha256:" + "c".repeat(64) };
+    await leaveInDoubt(key, op.fingerprint, "att_dead_1");
+    const shed = { "/v1/resolve": 6 };
+    let rounds = 0;
+    const c = new Client({
+      endpoints: [node.httpAddr], storeWait: 1000, backoffMinMs: 100, backoffMaxMs: 100,
+      fetch: shedding(shed, async (path) => {
+        if (path === "/v1/reserve" && rounds === 1) {
+          rounds++;
+          await leaveInDoubt(key, op.fingerprint, "att_dead_2");
+          shed["/v1/resolve"] = 5;
+        }
+      }),
+    });
+    const probe = async () => ++rounds === 1 ? null : { remoteSystem: "tickets", remoteId: "TCK-7" };
+    let runs = 0;
+    const out = await run(c, { ...op, probe }, async () => ({ remoteSystem: "tickets", remoteId: `ran-${++runs}` })).catch((e: unknown) => e);
+    logOutcome(t, "after two rounds of settling", out);
+    assert.equal(rounds, 3, "the call did not settle twice");
+    assert.equal(shed["/v1/resolve"], 0, "the store did not shed the calls the test meant it to");
+    assert.equal(runs, 0);
+    assert.ok(!(out instanceof Error), `the probe found the effect but it was not stored: ${String(out)}`);
+    assert.equal((out as Outcome).probed, true);
+    const rec = await client.get(TENANT, key);
+    assert.equal(rec.status, "committed");
+    assert.equal(rec.receipt?.remote_id, "TCK-7");
+  });
+});
