@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Approvals bound to the effect (docs/protocol.md "Approvals"). An approval belongs to
@@ -318,3 +319,50 @@ func DeniedError(approver, reason string) *ErrorInfo {
 // ValidSummary checks s as an approval's summary: at most MaxSummaryLen bytes of
 // printable text, line breaks and tabs allowed.
 func ValidSummary(s string) error { return validSummary("approval.summary", s, MaxSummaryLen) }
+
+// RecordedApprover is the approver a decision records: the person the body names, who
+// may be anyone the token's holder says (one approver token may serve a chat bot that
+// decides for many people), and the token that decided, which no body can set:
+// "alice via approvals-bot (approver)". A token's identity names the token first (auth:
+// "name (role)"), so a body naming the token's own holder is recorded as the identity
+// alone. Without authentication (token "") there is no token to name.
+func RecordedApprover(named, token string) string {
+	switch {
+	case token == "":
+		return named
+	case named == token || strings.HasPrefix(token, named+" ("):
+		return token
+	}
+	room := MaxApproverLen - len(approverVia) - len(token)
+	if room <= 0 {
+		return ClipText(token, MaxApproverLen)
+	}
+	return ClipText(named, room) + approverVia + token
+}
+
+const approverVia = " via "
+
+// ApproverNamed reports whether recorded, an approver a decision recorded, is what
+// RecordedApprover makes of a body naming named, under some token: how a client that
+// sent a decision, lost the answer and met not_pending on its retry knows the decision
+// on record is its own. The client does not know its token's name, so any token
+// matches; the approval id, verdict and reason it compares besides are what make the
+// decision its own.
+func ApproverNamed(recorded, named string) bool {
+	if recorded == named || strings.HasPrefix(recorded, named+" (") {
+		return true
+	}
+	for i := 0; ; {
+		j := strings.Index(recorded[i:], approverVia)
+		if j < 0 {
+			return false
+		}
+		// The name before " via " may have been clipped to make room for the token, and
+		// then the whole is within a rune of the limit.
+		left := recorded[:i+j]
+		if left == named || (left != "" && len(recorded) > MaxApproverLen-utf8.UTFMax && strings.HasPrefix(named, left)) {
+			return true
+		}
+		i += j + len(approverVia)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/idemkv/idemkv"
 )
@@ -40,7 +39,7 @@ func (s *Server) approvalRoutes() {
 
 // decideApproval is a leader write whose tenant and key come from the path, as a
 // record's do (already unescaped once by the mux). The approver it records names the
-// token that decided as well as the person the body names (approverOf).
+// token that decided as well as the person the body names (idemkv.RecordedApprover).
 func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 	tenant, key := r.PathValue("tenant"), r.PathValue("key")
 	token := callerIdentity(r.Context())
@@ -49,30 +48,9 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request) {
 		if err := q.Validate(); err != nil {
 			return err
 		}
-		q.Approver = approverOf(q.Approver, token)
+		q.Approver = idemkv.RecordedApprover(q.Approver, token)
 		return nil
 	}, s.store.DecideApproval, s.logApproval).ServeHTTP(w, r)
-}
-
-// approverOf is the approver a decision records: the person the body names, who may
-// be anyone the token's holder says (one approver token may serve a chat bot that
-// decides for many people), and the token that decided, which no body can set:
-// "alice via approvals-bot (approver)". A token's identity names the token first (auth:
-// "name (role)"), so a body naming the token's own holder is recorded as the identity
-// alone. Without authentication there is no token to name.
-func approverOf(named, token string) string {
-	switch {
-	case token == "":
-		return named
-	case named == token || strings.HasPrefix(token, named+" ("):
-		return token
-	}
-	const via = " via "
-	room := idemkv.MaxApproverLen - len(via) - len(token)
-	if room <= 0 {
-		return idemkv.ClipText(token, idemkv.MaxApproverLen)
-	}
-	return idemkv.ClipText(named, room) + via + token
 }
 
 // logApproval logs a decision the store took: who approved what stays in the record,

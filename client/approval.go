@@ -221,7 +221,7 @@ func (c *Client) DecideApproval(ctx context.Context, req *idemkv.DecideApprovalR
 	retried, err := c.do(ctx, cl, &out)
 	if err != nil && retried && errors.Is(err, idemkv.ErrNotPending) {
 		rec, gerr := c.Get(ctx, &idemkv.GetRequest{Tenant: req.Tenant, Key: req.Key})
-		if gerr == nil && rec.Approval != nil && rec.Approval.ID == req.ApprovalID && rec.Approval.Approver == req.Approver &&
+		if gerr == nil && rec.Approval != nil && rec.Approval.ID == req.ApprovalID && idemkv.ApproverNamed(rec.Approval.Approver, req.Approver) &&
 			rec.Approval.Reason == req.Reason && rec.Approval.State == verdictState(req.Decision) {
 			return rec, nil
 		}

@@ -16,7 +16,9 @@ import (
 
 // The low-level calls have exactly the signatures of the node's methods, so that Do
 // runs against either through Store. Their errors wrap the sentinels of the root
-// package; failures to reach any node wrap idemkv.ErrUnavailable.
+// package. A failure to reach any node wraps idemkv.ErrUnavailable (certainly not
+// applied); a write that was sent and whose answer never came back wraps
+// idemkv.ErrOutcomeUnknown (it may have been applied; repeating it is safe).
 
 func keyAttrs(tenant, key string) []attribute.KeyValue {
 	return []attribute.KeyValue{semconv.Tenant.String(tenant), semconv.IdempotencyKey.String(key)}

@@ -64,6 +64,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
@@ -362,7 +363,7 @@ func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err er
 			return false, fmt.Errorf("client: encoding %s: %w", cl.route, err)
 		}
 	}
-	var last error
+	var last, unknown error // unknown: an attempt that may have been applied
 	for attempt := 0; attempt < c.cfg.MaxAttempts; attempt++ {
 		if attempt > 0 {
 			if err := sleep(ctx, backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
@@ -384,10 +385,17 @@ func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err er
 		}
 		retried = true
 		last = err
+		if errors.Is(err, idemkv.ErrOutcomeUnknown) {
+			unknown = err
+		}
 		c.demote(base)
 		c.log.LogAttrs(ctx, slog.LevelDebug, "idemkv call failed, retrying",
 			slog.String("route", cl.route), slog.String("endpoint", base),
 			slog.Int("attempt", attempt+1), slog.Any("err", err))
+	}
+	if unknown != nil && !errors.Is(last, idemkv.ErrOutcomeUnknown) {
+		// The last attempt reached nobody, but an earlier one may have been applied.
+		return retried, fmt.Errorf("%w (the last attempt: %v)", unknown, last)
 	}
 	return retried, last
 }
@@ -440,6 +448,12 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
 	}
 	c.prop.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	var sent atomic.Bool
+	if cl.method != http.MethodGet {
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			WroteRequest: func(w httptrace.WroteRequestInfo) { sent.Store(w.Err == nil) },
+		}))
+	}
 
 	resp, err := c.http.Do(req)
 	if answered != nil && !answered() {
@@ -449,8 +463,13 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		err = context.Cause(actx)
 	}
 	if err != nil {
-		// Nothing came back: the request may or may not have been applied. Every
-		// idemkv request is safe to repeat, so this is "try again".
+		// Nothing came back. Every idemkv request is safe to repeat, so either way this
+		// is "try again"; but a write the server received may have been applied, and
+		// unavailable says it certainly was not (docs/protocol.md, section 2): a
+		// decision on an approval that took effect was reported as not taken.
+		if sent.Load() {
+			return fmt.Errorf("%w: %s %s: sent, and no answer came back: it may have been applied: %w", idemkv.ErrOutcomeUnknown, cl.method, base, err)
+		}
 		return fmt.Errorf("%w: %s %s: %w", idemkv.ErrUnavailable, cl.method, base, err)
 	}
 	defer resp.Body.Close()
@@ -463,7 +482,11 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 			return cl.stream.read(base, resp)
 		}
 		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-			// A body cut short is a transport failure like any other.
+			// A body cut short is a transport failure like any other, after the server
+			// answered: a write it answered 2xx took effect.
+			if cl.method != http.MethodGet {
+				return fmt.Errorf("%w: %s %s: reading the answer: %w", idemkv.ErrOutcomeUnknown, cl.method, base, err)
+			}
 			return fmt.Errorf("%w: %s %s: reading the answer: %w", idemkv.ErrUnavailable, cl.method, base, err)
 		}
 		return nil

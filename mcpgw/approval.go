@@ -513,6 +513,11 @@ func (g *Gateway) decideInBand(ctx context.Context, r *rule, c *call, st *approv
 		// reserve that follows answers what the record now says.
 		ans.note = "the approval was no longer the one shown: " + err.Error()
 		g.log.LogAttrs(ctx, slog.LevelInfo, "an in-band answer came for an approval decided or replaced meanwhile", append(attrs, slog.Any(logKeyErr, err))...)
+	case errors.Is(err, idemkv.ErrOutcomeUnknown):
+		// Sent, and no answer came back: it may have been recorded. The reserve that
+		// follows answers what the record says.
+		ans.note = "the answer was sent and may have been recorded (no reply came): " + err.Error()
+		g.log.LogAttrs(ctx, slog.LevelWarn, "an in-band approval decision may or may not have been recorded", append(attrs, slog.Any(logKeyErr, err))...)
 	default:
 		ans.note = "the answer could not be recorded: " + err.Error()
 		g.log.LogAttrs(ctx, slog.LevelWarn, "could not record an in-band approval decision", append(attrs, slog.Any(logKeyErr, err))...)
