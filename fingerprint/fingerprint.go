@@ -63,18 +63,22 @@ func Canonicalize(data []byte) ([]byte, error) {
 // match nothing are ignored, since volatile fields are often optional. A member
 // whose name contains "." cannot be named.
 func CanonicalizeWithout(data []byte, drop ...string) ([]byte, error) {
+	return canonicalizeWithout(&parser{data: data}, drop)
+}
+
+func canonicalizeWithout(p *parser, drop []string) ([]byte, error) {
 	paths, err := splitPaths(drop)
 	if err != nil {
 		return nil, err
 	}
-	v, err := parse(data)
+	v, err := p.all()
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range paths {
-		v.drop(p)
+	for _, path := range paths {
+		v.drop(path)
 	}
-	return v.appendTo(make([]byte, 0, len(data))), nil
+	return v.appendTo(make([]byte, 0, len(p.data))), nil
 }
 
 // Check reports why data is not one JSON value that every parser reads alike, or
@@ -121,9 +125,13 @@ func Of(effect []byte) (string, error) {
 }
 
 // OfValue returns the fingerprint of v as encoding/json marshals it, without the
-// volatile fields that drop names (see CanonicalizeWithout). A number that a double
-// does not hold exactly (an integer beyond 2^53 such as a uint64 identifier) is
-// refused with ErrInvalid: send such identifiers as strings. So is a string (or a map
+// volatile fields that drop names (see CanonicalizeWithout). A number of magnitude 2^53
+// or more is refused with ErrInvalid, as the Python and TypeScript clients refuse it
+// in a value: a float64 there may have lost digits already (json.Unmarshal into any
+// reads 1234567890123456789 and 1234567890123456790 as one float64), and two
+// operations on different identifiers would share a fingerprint, the second replaying
+// the first's receipt. Send such identifiers as strings, or the effect as JSON text
+// (json.RawMessage, fingerprinted as written). So is a string (or a map
 // key) that is not valid UTF-8: encoding/json writes each invalid byte as U+FFFD, so
 // that "a\xff" and "a\xfe" would share a fingerprint. (A json.Marshaler or
 // json.RawMessage in v that escapes U+FFFD as \ufffd is refused too: it reads as that
@@ -137,7 +145,7 @@ func OfValue(v any, drop ...string) (string, error) {
 		return "", &SyntaxError{Offset: at, Msg: "a string that is not valid UTF-8 (encoding/json wrote U+FFFD for its " +
 			"invalid bytes, so different effects would share a fingerprint); pass text as valid UTF-8, and bytes encoded (base64, hex)"}
 	}
-	c, err := CanonicalizeWithout(data, drop...)
+	c, err := canonicalizeWithout(&parser{data: data, fromValue: true}, drop)
 	if err != nil {
 		return "", err
 	}

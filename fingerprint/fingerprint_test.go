@@ -365,10 +365,46 @@ func TestOfValueRefusesIntegersADoubleDoesNotKeep(t *testing.T) {
 	if !errors.Is(errA, ErrInvalid) || !strings.Contains(errA.Error(), "send it as a string") {
 		t.Errorf("error %v: want ErrInvalid saying to send it as a string", errA)
 	}
-	if errB != nil {
-		t.Errorf("2^53 itself is exact, yet refused: %v", errB)
+	if errB == nil {
+		t.Errorf("2^53 accepted in a value (%s): as a float64 it is also what 2^53 + 1 decodes to", b)
 	}
 	if _, err := OfValue(map[string]any{"amount": "9007199254740993"}); err != nil {
 		t.Errorf("as a string: %v", err)
+	}
+}
+
+// TestOfValueRefusesWhatAFloat64MayHaveRounded: arguments decoded the usual Go way
+// (json.Unmarshal into map[string]any) hold numbers as float64, and two identifiers
+// beyond 2^53 decode to one float64: OfValue gave both one fingerprint, and Do
+// replayed the first channel's receipt for the second (the tool ran once for two
+// channels). Every number of magnitude 2^53 or more is refused in a value, as Python
+// and TypeScript refuse it; the JSON text itself is fingerprinted as written.
+func TestOfValueRefusesWhatAFloat64MayHaveRounded(t *testing.T) {
+	for _, text := range []string{
+		`{"channel_id":1234567890123456789,"text":"deploy"}`, `{"channel_id":1234567890123456790,"text":"deploy"}`,
+		`{"n":9007199254740992}`, `{"n":-9007199254740993}`, `{"n":1e21}`, `{"n":1e300}`, `{"n":18446744073709551615}`,
+	} {
+		var v any
+		if err := json.Unmarshal([]byte(text), &v); err != nil {
+			t.Fatal(err)
+		}
+		if fp, err := OfValue(v); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s decoded into any: %s, %v; want ErrInvalid", text, fp, err)
+		}
+	}
+	for _, v := range []any{int64(1) << 53, uint64(1) << 62, float32(1 << 24 * 1 << 30)} {
+		if fp, err := OfValue([]any{v}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%T %v: %s, %v; want ErrInvalid", v, v, fp, err)
+		}
+	}
+	for _, v := range []any{int64(1)<<53 - 1, -(int64(1)<<53 - 1), 0.1, 1e-300, 123456789.125} {
+		if _, err := OfValue([]any{v}); err != nil {
+			t.Errorf("%T %v: %v", v, v, err)
+		}
+	}
+	a, errA := Of([]byte(`{"channel_id":1234567890123456789}`))
+	b, errB := Of([]byte(`{"channel_id":1234567890123456790}`))
+	if errA == nil && errB == nil && a == b {
+		t.Errorf("the text path aliases them too: %s", a)
 	}
 }

@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"unicode/utf16"
@@ -40,11 +41,18 @@ type parser struct {
 	// anyNumber takes every number the grammar allows as it is written, without
 	// the round trip through a double (Check).
 	anyNumber bool
+	// fromValue refuses every number of magnitude 2^53 or more (OfValue): such a
+	// number may be a double that already lost digits before it was marshaled.
+	fromValue bool
 }
 
 func parse(data []byte) (*value, error) {
 	return (&parser{data: data}).all()
 }
+
+// maxExactInteger is 2^53: every integer below it in magnitude is exactly one double;
+// from it on, neighbouring integers share one.
+const maxExactInteger = 1 << 53
 
 func (p *parser) all() (*value, error) {
 	p.skipSpace()
@@ -347,6 +355,12 @@ func (p *parser) number() (*value, error) {
 		return nil, &SyntaxError{Offset: start, Msg: "number out of the range of a double"}
 	}
 	lit := string(d[start:p.pos])
+	if p.fromValue && math.Abs(f) >= maxExactInteger {
+		return nil, &SyntaxError{Offset: start, Msg: fmt.Sprintf(
+			"number %s is 2^53 or more in magnitude, where a float64 holds only some integers: decoded into one "+
+				"(json.Unmarshal into any), two different identifiers read alike and would share a fingerprint; "+
+				"send it as a string, or the arguments as json.RawMessage", lit)}
+	}
 	text := formatNumber(f)
 	if !sameDecimal(lit, text) {
 		return nil, &SyntaxError{Offset: start, Msg: fmt.Sprintf(
