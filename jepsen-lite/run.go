@@ -294,6 +294,9 @@ func run(ctx context.Context, cfg config) error {
 	for _, a := range workload.CheckLeases(ops) {
 		sum.add(a.Kind, a.Key, a.Detail)
 	}
+	for _, a := range workload.CheckStaleFences(ops) {
+		sum.add(a.Kind, a.Key, a.Detail)
+	}
 	for _, a := range workload.CheckLeasesRealTime(ops) {
 		sum.add(a.Kind, a.Key, a.Detail)
 	}

@@ -47,11 +47,6 @@ func TestCheckLeases(t *testing.T) {
 			leaseOp(2, history.FRelease, 5, 11, 12, &history.Output{Released: true}),
 			leaseOp(3, history.FReserve, 0, 20, 30, grantOut("execute", 9, 2000, 2500)),
 		}, AnomalyFenceOrder},
-		{"a zombie commit succeeds", []history.Op{
-			leaseOp(1, history.FReserve, 0, 0, 10, grantOut("execute", 5, 1000, 2000)),
-			leaseOp(2, history.FReserve, 0, 20, 30, grantOut("recover", 9, 2000, 3000)),
-			leaseOp(3, history.FCommit, 5, 40, 50, &history.Output{Receipt: &history.Receipt{Status: "committed"}}),
-		}, AnomalyStaleFenceAccepted},
 	}
 	for _, c := range cases {
 		got := CheckLeases(c.ops)
@@ -60,6 +55,62 @@ func TestCheckLeases(t *testing.T) {
 			t.Errorf("%s: anomalies %+v", c.name, got)
 		case c.want != "" && (len(got) != 1 || got[0].Kind != c.want):
 			t.Errorf("%s: got %+v, want one %s", c.name, got, c.want)
+		}
+	}
+}
+
+func TestCheckStaleFences(t *testing.T) {
+	committed := &history.Output{Receipt: &history.Receipt{Status: "committed"}}
+	register := func(op history.Op) history.Op { op.Workload = "register"; return op }
+	cases := []struct {
+		name string
+		ops  []history.Op
+		want int
+	}{
+		{"a zombie commit succeeds", []history.Op{
+			leaseOp(1, history.FReserve, 0, 0, 10, grantOut("execute", 5, 1000, 2000)),
+			leaseOp(2, history.FReserve, 0, 20, 30, grantOut("recover", 9, 2000, 3000)),
+			leaseOp(3, history.FCommit, 5, 40, 50, committed),
+		}, 1},
+		{"a zombie commit is fenced", []history.Op{
+			leaseOp(1, history.FReserve, 0, 0, 10, grantOut("execute", 5, 1000, 2000)),
+			leaseOp(2, history.FReserve, 0, 20, 30, grantOut("recover", 9, 2000, 3000)),
+			leaseOp(3, history.FCommit, 5, 40, 50, &history.Output{Err: "fenced"}),
+		}, 0},
+		{"the commit was sent before the newer grant came back", []history.Op{
+			leaseOp(1, history.FReserve, 0, 0, 10, grantOut("execute", 5, 1000, 2000)),
+			leaseOp(2, history.FReserve, 0, 20, 45, grantOut("recover", 9, 2000, 3000)),
+			leaseOp(3, history.FCommit, 5, 40, 50, committed),
+		}, 0},
+		{"the register: a reused fence commits after a newer grant", []history.Op{
+			register(leaseOp(1, history.FReserve, 0, 0, 10, grantOut("execute", 5, 1000, 2000))),
+			register(leaseOp(2, history.FRelease, 5, 11, 12, &history.Output{Released: true})),
+			register(leaseOp(3, history.FReserve, 0, 20, 30, grantOut("execute", 9, 2000, 3000))),
+			register(leaseOp(4, history.FCommit, 5, 40, 50, committed)),
+		}, 1},
+		{"the register: a reused fence replays its own commit", []history.Op{
+			register(leaseOp(1, history.FReserve, 0, 0, 10, grantOut("execute", 5, 1000, 2000))),
+			register(leaseOp(2, history.FCommit, 5, 11, 12, committed)),
+			register(leaseOp(3, history.FCommit, 5, 40, 50, committed)),
+		}, 0},
+		{"another workload's key of the same name", []history.Op{
+			register(leaseOp(1, history.FReserve, 0, 20, 30, grantOut("execute", 9, 2000, 3000))),
+			leaseOp(2, history.FReserve, 0, 0, 10, grantOut("execute", 5, 1000, 2000)),
+			leaseOp(3, history.FCommit, 5, 40, 50, committed),
+		}, 0},
+	}
+	for _, c := range cases {
+		got := CheckStaleFences(c.ops)
+		if len(got) != c.want {
+			t.Errorf("%s: got %+v, want %d", c.name, got, c.want)
+		}
+		for _, a := range got {
+			if a.Kind != AnomalyStaleFenceAccepted {
+				t.Errorf("%s: kind %s", c.name, a.Kind)
+			}
+		}
+		if len(CheckLeases(c.ops)) != 0 {
+			t.Errorf("%s: CheckLeases reported %+v", c.name, CheckLeases(c.ops))
 		}
 	}
 }
