@@ -68,7 +68,9 @@ Sabotage modes (--sabotage, to prove the checkers can fail):
   early-recover, orphan-effects, skip-failed-restore, wedge-gap, unbounded-clock,
   local-pending, unanchored-stamps, legacy-listen-policy, unbound-approval,
   rot-raft-log, drop-late-commits, replay-drops-result, unbounded-forward-clock,
-  crashes-alone
+  crashes-alone, short-default-retention, approval-recover-executes,
+  local-replay-any-effect, redecide-answers-ok, crossed-replays,
+  in-progress-conflict
 
 Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed (a fault that
 did not apply or showed no effect counts as a harness failure).`,

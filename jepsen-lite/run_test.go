@@ -110,48 +110,72 @@ func TestSabotageIsCaught(t *testing.T) {
 		families []string
 		// Any of these anomaly kinds shows the sabotage was caught.
 		want []string
+		// Each of these must be found: the checks the sabotage is there to prove can
+		// fail (a case may give both lists).
+		every []string
+		// time is the run's length when it is not runHarness's 20 s.
+		time time.Duration
 	}{
-		// Commits with stale fences are part of the workload; no fault is needed.
-		{testhooks.IgnoreFences, nil, []string{"nonlinearizable"}},
+		// Commits with stale fences are part of the workload; no fault is needed. The
+		// register's zombie commits (a fifth of its writes reuse a fence seen for the
+		// key) land, and CheckStaleFences names them.
+		{testhooks.IgnoreFences, nil, []string{"nonlinearizable"}, []string{workload.AnomalyStaleFenceAccepted}, 10 * time.Second},
 		// Reads from followers see old states, more so behind a partition.
-		{testhooks.StaleReads, []string{nemesis.FamilyPartition}, []string{"nonlinearizable", "clock-regression"}},
+		{testhooks.StaleReads, []string{nemesis.FamilyPartition}, []string{"nonlinearizable", "clock-regression"}, nil, 0},
 		// Answers from the leader's local state disagree with what commits, and an
 		// isolated leader acknowledges writes that are then lost.
-		{testhooks.EarlyAck, []string{nemesis.FamilyPartition}, []string{"nonlinearizable", "lost-acknowledged-write", "double-effect", "lost-receipt", "receipt-mismatch"}},
+		{testhooks.EarlyAck, []string{nemesis.FamilyPartition}, []string{"nonlinearizable", "lost-acknowledged-write", "double-effect", "lost-receipt", "receipt-mismatch"}, nil, 0},
 		// Every write answered 503: nothing else can find it, only the progress verdict.
-		{testhooks.FailWrites, []string{nemesis.FamilyKill}, []string{progress.AnomalyNoProgress}},
+		{testhooks.FailWrites, []string{nemesis.FamilyKill}, []string{progress.AnomalyNoProgress}, nil, 0},
 		// One write in eight answered 500 after it went through.
-		{testhooks.InternalErrors, nil, []string{workload.AnomalyServerError}},
+		{testhooks.InternalErrors, nil, []string{workload.AnomalyServerError}, nil, 0},
 		// Leases stored at a quarter of what the answer says: the short-lease
 		// workload sees a recover before the lease it was told of ran out.
-		{testhooks.EarlyRecover, nil, []string{workload.AnomalyEarlyRecover}},
+		{testhooks.EarlyRecover, nil, []string{workload.AnomalyEarlyRecover}, nil, 0},
 		// Commits turned into releases: effects downstream whose keys are gone.
-		{testhooks.OrphanEffects, nil, []string{workload.AnomalyOrphanEffect}},
+		{testhooks.OrphanEffects, nil, []string{workload.AnomalyOrphanEffect}, nil, 0},
 		// Pending records answered from a node's own state: a follower that has not
 		// applied the latest commit answers in_progress where the leader replays. The
 		// followers' lag of milliseconds is enough; no fault is needed.
-		{testhooks.LocalPending, nil, []string{"nonlinearizable", "clock-regression"}},
+		{testhooks.LocalPending, nil, []string{"nonlinearizable", "clock-regression"}, nil, 0},
 		// An approval unbound from its effect: a reserve of another fingerprint under
 		// a key whose approval was granted executes instead of conflicting. The
 		// approvals workload asks another refund right after an approval.
-		{testhooks.UnboundApproval, nil, []string{workload.AnomalyUnapprovedExecute}},
+		{testhooks.UnboundApproval, nil, []string{workload.AnomalyUnapprovedExecute}, nil, 0},
 		// A disk that silently changed one stored entry: only raft-wal's verifier,
 		// reading the entry back, sees it, and the check of the nodes' logs reports it.
-		{testhooks.RotRaftLog, nil, []string{anomalyLogMismatch}},
+		{testhooks.RotRaftLog, nil, []string{anomalyLogMismatch}, nil, 0},
 		// A commit that lands on a lease that ran out, answered and not stored. No fault
 		// is needed: the short-lease clients commit on their own keys just after their
 		// leases ran out, and the next reserve recovers the key.
-		{testhooks.DropLateCommits, nil, []string{workload.AnomalyAckThenExecuted}},
+		{testhooks.DropLateCommits, nil, []string{workload.AnomalyAckThenExecuted}, nil, 0},
 		// Replays a follower answers from its own state lose their result.
-		{testhooks.ReplayDropsResult, nil, []string{workload.AnomalyReceiptMismatch}},
+		{testhooks.ReplayDropsResult, nil, []string{workload.AnomalyReceiptMismatch}, nil, 0},
 		// Stamps without the upper bound of their band: a leader whose clock jumps
 		// minutes ahead stamps minutes ahead, which ends every live lease at once. Every
 		// stamp agrees with every other, and the lower bound keeps leases running out
 		// after the reset; only the harness's own clock shows it.
-		{testhooks.UnboundedForwardClock, []string{nemesis.FamilyClockJump}, []string{model.AnomalyClockAhead, workload.AnomalyLeaseCutShort}},
+		{testhooks.UnboundedForwardClock, []string{nemesis.FamilyClockJump}, []string{model.AnomalyClockAhead, workload.AnomalyLeaseCutShort}, nil, 0},
 		// A node that dies by itself while the others go on; the final heal starts it
 		// again, so only its exit shows.
-		{testhooks.CrashesAlone, nil, []string{anomalyNodeExited}},
+		{testhooks.CrashesAlone, nil, []string{anomalyNodeExited}, nil, 0},
+		// Records left to the default retention kept only as long as their lease:
+		// every receipt the agents acknowledged has expired by the final read.
+		{testhooks.ShortDefaultRetention, nil, nil, []string{workload.AnomalyLostReceipt}, 10 * time.Second},
+		// A recover under an approval answered execute: the approvals workload's agents
+		// that die after their grant leave the key to a later ask, which recovers it.
+		{testhooks.ApprovalRecoverExecutes, nil, nil, []string{workload.AnomalyApprovalReused}, 10 * time.Second},
+		// Local replays that do not compare the effect: the agents' operations that
+		// reuse a committed key with other arguments are told they committed.
+		{testhooks.LocalReplayAnyEffect, nil, nil, []string{workload.AnomalyMissedConflict, workload.AnomalyMissingEffect}, 10 * time.Second},
+		// A decision on an approval already decided answered 200: the approvers
+		// decide the ids they saw, often twice.
+		{testhooks.RedecideAnswersOK, nil, nil, []string{workload.AnomalyLostDecision}, 10 * time.Second},
+		// One local replay in eight answered with another key's.
+		{testhooks.CrossedReplays, nil, nil, []string{workload.AnomalyPhantomReceipt}, 10 * time.Second},
+		// in_progress answered as a conflict naming the caller's own effect: agent
+		// deliveries that meet a holder whose downstream call timed out.
+		{testhooks.InProgressConflict, nil, nil, []string{workload.AnomalyWrongConflict}, 10 * time.Second},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
@@ -160,6 +184,9 @@ func TestSabotageIsCaught(t *testing.T) {
 				sabotaged(t, cfg)
 				cfg.Sabotage = c.mode
 				cfg.Families = c.families
+				if c.time != 0 {
+					cfg.Time = c.time
+				}
 			})
 			if !errors.Is(err, errAnomalies) {
 				t.Fatalf("the run was not judged invalid: %v", err)
@@ -167,12 +194,17 @@ func TestSabotageIsCaught(t *testing.T) {
 			if s.Verdict != "invalid" {
 				t.Fatalf("verdict %q", s.Verdict)
 			}
-			caught := false
+			caught := len(c.want) == 0
 			for _, k := range c.want {
 				caught = caught || s.Anomalies[k] > 0
 			}
 			if !caught {
 				t.Fatalf("anomalies %v hold none of %v", s.Anomalies, c.want)
+			}
+			for _, k := range c.every {
+				if s.Anomalies[k] == 0 {
+					t.Errorf("anomalies %v hold no %s", s.Anomalies, k)
+				}
 			}
 			t.Logf("caught: %v", s.Anomalies)
 		})
@@ -189,7 +221,10 @@ func TestHealthyClusterIsValid(t *testing.T) {
 	if s.Verdict != "valid" || len(s.Anomalies) != 0 || !s.Convergence.Converged {
 		t.Fatalf("verdict %q, anomalies %v, converged %v", s.Verdict, s.Anomalies, s.Convergence.Converged)
 	}
-	if s.Ops["register:reserve"]["ok"] == 0 || s.Ops["agent:do"]["ok"] == 0 || s.Outcomes["lease:reserve"]["recover"] == 0 {
+	// The approvals' recovers come from the abandoned grants asked again after their
+	// lease (the approval-recover-executes sabotage needs them).
+	if s.Ops["register:reserve"]["ok"] == 0 || s.Ops["agent:do"]["ok"] == 0 || s.Outcomes["lease:reserve"]["recover"] == 0 ||
+		s.Outcomes["approvals:reserve"]["recover"] == 0 {
 		t.Fatalf("the workloads did nothing: %v", s.Ops)
 	}
 	recovered := 0

@@ -124,7 +124,7 @@ func (n *Node) decideLocally(cur *idemkv.Record, r *idemkv.ReserveRequest) *idem
 		return nil
 	}
 	n.metrics.LocalAnswers.WithLabelValues(string(res.Decision)).Inc()
-	return n.replayDropsResult(res) // a sabotage of the test build; res itself elsewhere
+	return n.sabotageLocalAnswer(cur, res) // sabotages of the test build; res itself elsewhere
 }
 
 // localNow is the time a local answer is judged at: the latest of this node's wall

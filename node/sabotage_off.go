@@ -43,8 +43,10 @@ func unanchoredStamps() bool { return false }
 // unboundedForwardClock is always false here: stamps stay below the band's upper bound.
 func unboundedForwardClock() bool { return false }
 
-// replayDropsResult returns every local answer as it is here.
-func (n *Node) replayDropsResult(res *idemkv.ReserveResult) *idemkv.ReserveResult { return res }
+// sabotageLocalAnswer returns every local answer as it is here.
+func (n *Node) sabotageLocalAnswer(_ *idemkv.Record, res *idemkv.ReserveResult) *idemkv.ReserveResult {
+	return res
+}
 
 // localPending is always false here: only committed and failed records are answered
 // from local state.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"sync/atomic"
@@ -58,8 +59,8 @@ func (n *Node) earlyAck(cmd *fsm.Command) (res *fsm.Result, handled bool, err er
 }
 
 // raftFSM is the state machine as Raft sees it: in this build the FSM behind the
-// IgnoreFences, DropLateCommits and SkipFailedRestore sabotages, which live here, at
-// the apply seam, so that fsm itself stays free of test hooks.
+// IgnoreFences, DropLateCommits, RedecideAnswersOK and SkipFailedRestore sabotages,
+// which live here, at the apply seam, so that fsm itself stays free of test hooks.
 func (n *Node) raftFSM() raft.FSM {
 	return applySaboteur{FSM: n.fsm, log: n.log, id: n.cfg.ID, applied: new(atomic.Uint64)}
 }
@@ -98,7 +99,8 @@ func (s applySaboteur) Apply(l *raft.Log) any { return s.ApplyBatch([]*raft.Log{
 func (s applySaboteur) ApplyBatch(logs []*raft.Log) []any {
 	s.crashAlone(len(logs))
 	ignore, drop := testhooks.Sabotaged(testhooks.IgnoreFences), testhooks.Sabotaged(testhooks.DropLateCommits)
-	if !ignore && !drop {
+	redecide := testhooks.Sabotaged(testhooks.RedecideAnswersOK)
+	if !ignore && !drop && !redecide {
 		return s.FSM.ApplyBatch(logs)
 	}
 	out := make([]any, len(logs))
@@ -114,8 +116,33 @@ func (s applySaboteur) ApplyBatch(logs []*raft.Log) []any {
 		if res, ok := out[i].(*fsm.Result); ok && acked != nil && errors.Is(res.Err, idemkv.ErrFenced) {
 			out[i] = &fsm.Result{Receipt: acked}
 		}
+		if redecide {
+			out[i] = s.redecideAnswersOK(l, out[i])
+		}
 	}
 	return out
+}
+
+// redecideAnswersOK is RedecideAnswersOK: the answer to a decision on an approval that
+// no longer waits (decided, consumed) is the record as it stands, as if the decision
+// were a retry of one that went through, not not_pending. Only the answer changes,
+// which every replica computes alike; nothing is stored.
+func (s applySaboteur) redecideAnswersOK(l *raft.Log, out any) any {
+	res, ok := out.(*fsm.Result)
+	if !ok || !errors.Is(res.Err, idemkv.ErrNotPending) || l.Type != raft.LogCommand {
+		return out
+	}
+	cmd, err := fsm.DecodeCommand(l.Data)
+	if err != nil || cmd.Op != fsm.OpDecideApproval || cmd.Approval == nil {
+		return out
+	}
+	cur, err := s.FSM.Get(cmd.Approval.Tenant, cmd.Approval.Key, max(s.FSM.Clock(), cmd.Now))
+	if err != nil || cur.Approval == nil || cur.Approval.ID != cmd.Approval.ApprovalID {
+		return out
+	}
+	s.log.Warn("sabotage redecide-answers-ok: answering a decision on an approval already decided with success",
+		"approval_id", cur.Approval.ID, "state", cur.Approval.State, "decision", cmd.Approval.Decision)
+	return &fsm.Result{Record: cur}
 }
 
 // dropLateCommit returns l, or, when l is a commit that lands on a pending record
@@ -269,12 +296,48 @@ func unanchoredStamps() bool { return testhooks.Sabotaged(testhooks.UnanchoredSt
 // here, at the seam where a node stamps, so that fsm.BoundStamp stays pure.
 func unboundedForwardClock() bool { return testhooks.Sabotaged(testhooks.UnboundedForwardClock) }
 
-// replayDropsResult is the ReplayDropsResult sabotage of the test build, at the seam
-// where a node answers a reserve from its own state: a follower's replay receipt, and
-// the record it carries, lose their result (the leader's stay whole). Outside the
-// sabotage res is returned as it is.
+// sabotageLocalAnswer is the seam where a node answers a reserve from its own state
+// (docs/protocol.md "Followers"), in the test build: cur is the record the answer was
+// decided from, res the answer. Outside the sabotages below res is returned as it is.
+//
+//   - LocalReplayAnyEffect: a conflict with a committed or failed record is answered
+//     as its replay, as a lookup by key that never compares the effect would.
+//   - ReplayDropsResult: a follower's replay receipt, and the record it carries, lose
+//     their result (the leader's stay whole).
+//   - CrossedReplays: one local replay in eight is answered with the answer of the
+//     local replay before it, of another key, as a pooled answer buffer handed to the
+//     next request before the previous one was written would.
+func (n *Node) sabotageLocalAnswer(cur *idemkv.Record, res *idemkv.ReserveResult) *idemkv.ReserveResult {
+	if res == nil {
+		return res
+	}
+	if testhooks.Sabotaged(testhooks.LocalReplayAnyEffect) && res.Decision == idemkv.DecisionConflict && cur.Status.Terminal() {
+		res = &idemkv.ReserveResult{Decision: idemkv.DecisionReplay, Receipt: cur.Outcome(), Record: cur}
+	}
+	res = n.crossReplay(cur, res)
+	return n.replayDropsResult(res)
+}
+
+// lastReplay is the local replay answered last, for CrossedReplays: one process is one
+// node.
+var lastReplay atomic.Pointer[idemkv.ReserveResult]
+
+// crossReplay is CrossedReplays.
+func (n *Node) crossReplay(cur *idemkv.Record, res *idemkv.ReserveResult) *idemkv.ReserveResult {
+	if !testhooks.Sabotaged(testhooks.CrossedReplays) || res.Decision != idemkv.DecisionReplay {
+		return res
+	}
+	prev := lastReplay.Swap(res)
+	if prev == nil || prev.Record == nil || prev.Record.Key == cur.Key || mrand.IntN(8) != 0 {
+		return res
+	}
+	n.log.Warn("sabotage crossed-replays: answering a replay with another key's", "key", cur.Key, "answered", prev.Record.Key)
+	return prev
+}
+
+// replayDropsResult is ReplayDropsResult.
 func (n *Node) replayDropsResult(res *idemkv.ReserveResult) *idemkv.ReserveResult {
-	if !testhooks.Sabotaged(testhooks.ReplayDropsResult) || res == nil || res.Decision != idemkv.DecisionReplay ||
+	if !testhooks.Sabotaged(testhooks.ReplayDropsResult) || res.Decision != idemkv.DecisionReplay ||
 		n.raft.State() == raft.Leader {
 		return res
 	}

@@ -109,6 +109,43 @@ const (
 	// sweeper, a snapshot's persist) that dies would: quorum carries on and the run's
 	// final heal starts n2 again. jepsen-lite must catch it (node-exited).
 	CrashesAlone
+	// ShortDefaultRetention makes the leader keep a record whose reserve left its
+	// retention to the server (ttl_ms and expires_at absent, so the default filled in)
+	// only as long as its lease, at least the shortest retention accepted
+	// (--min-ttl): the default clamped as if it were a request below the minimum. A
+	// committed receipt then expires seconds after it was acknowledged, and the key
+	// may be granted again. jepsen-lite's agent checks must catch it (lost-receipt).
+	ShortDefaultRetention
+	// ApprovalRecoverExecutes makes the leader answer a recover of a record that an
+	// approval let run with execute, the decision of the reserve that consumed the
+	// approval: the new attempt runs the approved effect again as if it were the first
+	// run (no probe), so one approval covers two executions. jepsen-lite's approvals
+	// checks must catch it (approval-reused).
+	ApprovalRecoverExecutes
+	// LocalReplayAnyEffect makes a node that answers a reserve from its own state
+	// (docs/protocol.md "Followers") replay a committed or failed record whatever
+	// effect the reserve carries: the key is looked up and its outcome returned,
+	// without comparing the tool and fingerprint. A call with other arguments is told
+	// its effect happened. jepsen-lite's agent checks must catch it (missed-conflict,
+	// missing-effect).
+	LocalReplayAnyEffect
+	// RedecideAnswersOK makes the state machine answer a decision on an approval
+	// that was already decided (or consumed) as a retry of one that went through: the
+	// record as it stands (200) instead of 409 not_pending, so a second approver is
+	// told their approve or deny stood while the first decision did. jepsen-lite's
+	// approvals checks must catch it (lost-decision).
+	RedecideAnswersOK
+	// CrossedReplays makes a node answer one local replay in eight with the receipt
+	// of the local replay it answered before, as a pooled answer buffer handed to the
+	// next request before the previous one was written would: a caller gets a receipt
+	// of another key. jepsen-lite's agent checks must catch it (phantom-receipt).
+	CrossedReplays
+	// InProgressConflict makes the leader answer a reserve that finds the key held by
+	// a live lease of the same effect (in_progress) with a conflict naming the
+	// holder's fingerprint, the caller's own: a retried delivery is told another
+	// effect owns the key and gives up. jepsen-lite's agent checks must catch it
+	// (wrong-conflict).
+	InProgressConflict
 )
 
 // CrashAfter is how many entries node n2 applies, from its process's start, before
@@ -142,6 +179,12 @@ var modeNames = []struct {
 	{ReplayDropsResult, "replay-drops-result"},
 	{UnboundedForwardClock, "unbounded-forward-clock"},
 	{CrashesAlone, "crashes-alone"},
+	{ShortDefaultRetention, "short-default-retention"},
+	{ApprovalRecoverExecutes, "approval-recover-executes"},
+	{LocalReplayAnyEffect, "local-replay-any-effect"},
+	{RedecideAnswersOK, "redecide-answers-ok"},
+	{CrossedReplays, "crossed-replays"},
+	{InProgressConflict, "in-progress-conflict"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -230,7 +273,8 @@ func ParseModes(names ...string) (Mode, error) {
 }
 
 // AllModes is every sabotage mode.
-const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult | UnboundedForwardClock | CrashesAlone
+const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult | UnboundedForwardClock | CrashesAlone |
+	ShortDefaultRetention | ApprovalRecoverExecutes | LocalReplayAnyEffect | RedecideAnswersOK | CrossedReplays | InProgressConflict
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

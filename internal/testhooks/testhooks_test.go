@@ -60,3 +60,26 @@ func TestParseClockOffset(t *testing.T) {
 		t.Fatal("a malformed offset was accepted")
 	}
 }
+
+// Every mode has one bit of its own and a name, and AllModes holds each: a mode left
+// out of AllModes would escape the production build's check that none is on.
+func TestEveryModeIsNamedAndInAllModes(t *testing.T) {
+	var seen Mode
+	names := map[string]bool{}
+	for _, n := range modeNames {
+		if n.mode == 0 || n.mode&(n.mode-1) != 0 {
+			t.Errorf("mode %q is %b, not one bit", n.name, n.mode)
+		}
+		if seen&n.mode != 0 || names[n.name] {
+			t.Errorf("mode %q (%b) named twice", n.name, n.mode)
+		}
+		seen |= n.mode
+		names[n.name] = true
+		if AllModes&n.mode == 0 {
+			t.Errorf("mode %q is not in AllModes", n.name)
+		}
+	}
+	if seen != AllModes {
+		t.Errorf("AllModes %b holds modes without a name (named: %b)", AllModes, seen)
+	}
+}
