@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf16"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/api"
@@ -122,8 +124,20 @@ var funcs = template.FuncMap{
 		}
 		return roundDuration(time.Since(t.Time()))
 	},
-	"dur":  roundDuration,
-	"json": prettyJSON,
+	"dur":    roundDuration,
+	"json":   prettyJSON,
+	"hidden": holdsHidden,
+	// open: an approval a decision can still land on (the API answers not_pending to
+	// any other, and the form offered Approve and Deny on those).
+	"open": func(a *idemkv.Approval) bool {
+		return a != nil && a.State == idemkv.ApprovalWaiting && time.Now().Before(a.ExpiresAt.Time())
+	},
+	"approvalState": func(a *idemkv.Approval) string {
+		if a.State == idemkv.ApprovalWaiting && !time.Now().Before(a.ExpiresAt.Time()) {
+			return "expired unanswered"
+		}
+		return string(a.State)
+	},
 	"rate": func(f float64) string { return strconv.FormatFloat(f, 'f', 2, 64) },
 	"num":  func(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) },
 	"ms": func(p *int64) string {
@@ -177,13 +191,50 @@ func prettyJSON(raw json.RawMessage) string {
 		return ""
 	}
 	if len(raw) > maxPrettyBytes || jsonDepth(raw) > maxPrettyDepth {
-		return string(raw)
+		return escapeHidden(string(raw))
 	}
 	var b bytes.Buffer
 	if json.Indent(&b, raw, "", "  ") != nil {
-		return string(raw)
+		return escapeHidden(string(raw))
+	}
+	return escapeHidden(b.String())
+}
+
+// hiddenRune reports whether r would not show as itself: a format character (U+202E
+// turns the text after it right to left, U+200B is not seen at all), a control, a
+// line separator (the JSON whitespace between tokens aside: a control inside a
+// string is escaped already). An approver reads the effect to decide: "DE89\u202e9876-5432\u202c"
+// showed an IBAN other than the one approved. JSON's own line breaks and indentation
+// stay.
+func hiddenRune(r rune) bool {
+	return !unicode.IsPrint(r) && r != ' ' && r != '\n' && r != '\t' && r != '\r'
+}
+
+// escapeHidden writes every hidden rune of JSON text as its \u escape, which means
+// the same in JSON (such runes can only be inside strings), so that it shows.
+func escapeHidden(s string) string {
+	if !strings.ContainsFunc(s, hiddenRune) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if !hiddenRune(r) {
+			b.WriteRune(r)
+			continue
+		}
+		if r1, r2 := utf16.EncodeRune(r); r1 != unicode.ReplacementChar {
+			fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+		} else {
+			fmt.Fprintf(&b, `\u%04x`, r)
+		}
 	}
 	return b.String()
+}
+
+// holdsHidden reports whether stored JSON holds a hidden rune, for a page to say so
+// beside it.
+func holdsHidden(raw json.RawMessage) bool {
+	return strings.ContainsFunc(string(raw), hiddenRune)
 }
 
 // jsonDepth is how deep arrays and objects nest in raw (brackets inside strings do
