@@ -95,6 +95,35 @@ class DefaultEffectAliases(unittest.TestCase):
             idemkv.default_effect(po, ["alice"], {"name": "x"})
         self.assertEqual(idemkv.default_effect(po, ["alice"], {"age": 3}), {"name": "alice", "age": 3})
 
+    def test_the_signature_decides_whether_an_object_is_the_effect(self) -> None:
+        """Only a function of one parameter (no *args, **kwargs; self not counted) has
+        its object argument as its effect: a call passing one object by name to a
+        function of more parameters is not the call passing that object's members."""
+
+        def update(record: Optional[dict[str, str]] = None, id: Optional[str] = None) -> None: ...
+
+        def f(data: Optional[dict[str, int]] = None, **extra: int) -> None: ...
+
+        def kw(**fields: Any) -> None: ...
+
+        class Tools:
+            def one(self, record: dict[str, str]) -> None: ...
+
+        pairs = [
+            (idemkv.default_effect(update, [], {"record": {"id": "42"}}), idemkv.default_effect(update, [], {"id": "42"})),
+            (idemkv.default_effect(update, [{"id": "42"}], {}), idemkv.default_effect(update, [], {"id": "42"})),
+            (idemkv.default_effect(f, [], {"data": {"x": 1}}), idemkv.default_effect(f, [], {"x": 1})),
+            (idemkv.default_effect(kw, [], {"record": {"id": "42"}}), idemkv.default_effect(kw, [], {"id": "42"})),
+        ]
+        for one, other in pairs:
+            with self.subTest(one=one, other=other):
+                self.assertNotEqual(idemkv.fingerprint(one), idemkv.fingerprint(other))
+        self.assertEqual(idemkv.default_effect(update, [], {"record": {"id": "42"}}), {"record": {"id": "42"}})
+        self.assertEqual(idemkv.default_effect(f, [], {"data": {"x": 1}}), {"data": {"x": 1}})
+        # One parameter: the object is the effect, by position or by name, self not counted.
+        self.assertEqual(idemkv.default_effect(Tools.one, [Tools()], {"record": {"id": "42"}}), {"id": "42"})
+        self.assertEqual(idemkv.default_effect(Tools().one, [{"id": "42"}], {}), {"id": "42"})
+
     def test_a_set_in_a_model_is_refused(self) -> None:
         class Model:
             """What pydantic's BaseModel gives the wrapper: its JSON mode writes a set as a
@@ -333,6 +362,25 @@ class Keys(Base):
         out = refund(500, order_id=self.key)
         self.assertEqual(out.receipt["idempotency_key"], f"{self.key}:refund")
         self.assertTrue(refund(500, self.key).replayed)
+
+
+class SignatureEffect(Base):
+    """A call passing one object by name to a function of several parameters is not
+    the call passing that object's members: the second is a conflict, not a replay of
+    the first's receipt (its effect would otherwise be lost)."""
+
+    def test_object_by_name_is_not_its_members(self) -> None:
+        runs: list[dict[str, Any]] = []
+
+        @self.client.idempotent(key=self.key, tool="update_record")
+        def update(record: Optional[dict[str, str]] = None, id: Optional[str] = None) -> dict[str, str]:
+            runs.append({"record": record, "id": id})
+            return {"id": "U-1"}
+
+        update(record={"id": "42"})
+        with self.assertRaises(idemkv.ConflictError):
+            update(id="42")
+        self.assertEqual(len(runs), 1)
 
 
 class Exceptions(Base):

@@ -15,9 +15,10 @@ operation the call runs in (``with idemkv.operation("run_9:approval_17")``), giv
 ``"run_9:approval_17:<tool>"``.
 
 The effect, unless ``effect=`` says otherwise, is the one default of every client
-(docs/protocol.md, "One default effect"): a call with one argument that is an object (a
-dict, a dataclass, a pydantic model) has that object as its effect; any other call the
-object of its arguments by name, as passed (defaults not filled in, ``**kwargs`` merged).
+(docs/protocol.md, "One default effect"): a function of one parameter (no ``*args`` or
+``**kwargs``; ``self``/``cls`` not counted) called with an object (a dict, a dataclass,
+a pydantic model) has that object as its effect; any other call the object of its
+arguments by name, as passed (defaults not filled in, ``**kwargs`` merged).
 
 The wrapped function keeps fn's signature (``ParamSpec``) and returns what fn returned.
 A replay, or a call whose probe found the effect, returns the stored result rebuilt by
@@ -99,12 +100,19 @@ def _refuse_sets(model: Any) -> None:
 
 def default_effect(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """The default effect of the call fn(*args, **kwargs), the same JSON the Go and
-    TypeScript clients fingerprint for the same call (testdata/effect/vectors.json): one
-    argument that is an object → that object; otherwise the arguments by name as passed
-    (no defaults filled in; ``self``/``cls`` left out; ``**kwargs`` merged in)."""
-    ba = inspect.signature(fn).bind(*args, **kwargs)
+    TypeScript clients fingerprint for the same call (testdata/effect/vectors.json): a
+    function of one parameter (``self``/``cls`` not counted, no ``*args`` or ``**kwargs``)
+    called with an object → that object; otherwise the arguments by name as passed (no
+    defaults filled in; ``self``/``cls`` left out; ``**kwargs`` merged in).
+
+    Whether the object is unwrapped depends on the signature, not on how many arguments
+    a call happens to pass: ``def update(record=None, id=None)`` called as
+    ``update(record={"id": "42"})`` is ``{"record": {"id": "42"}}``, not the effect of
+    ``update(id="42")``."""
+    sig = inspect.signature(fn)
+    ba = sig.bind(*args, **kwargs)
     named: dict[str, Any] = {}
-    params = inspect.signature(fn).parameters
+    params = sig.parameters
     for name, value in ba.arguments.items():
         if name in ("self", "cls"):
             continue
@@ -119,11 +127,21 @@ def default_effect(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[
             named[name] = list(value)
         else:
             named[name] = value
-    if len(named) == 1:
+    if _takes_one_object(params) and len(named) == 1:
         (only,) = named.values()
         if _is_object(only):
             return _as_json(only)
     return _as_json(named)
+
+
+def _takes_one_object(params: Mapping[str, inspect.Parameter]) -> bool:
+    """The signature of a tool taking one object of arguments: exactly one parameter
+    besides ``self``/``cls``, and no ``*args`` or ``**kwargs``. Only then is the object
+    the effect; any other signature has the object of its named arguments, so that a
+    call passing one object argument by name never shares an effect with a call passing
+    that object's members as arguments."""
+    rest = [p for name, p in params.items() if name not in ("self", "cls")]
+    return len(rest) == 1 and rest[0].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
 def _exceptions(name: str, v: Any) -> tuple[type[BaseException], ...]:
