@@ -497,6 +497,15 @@ func DecideResolve(cur *idemkv.Record, req *idemkv.ResolveRequest, now idemkv.Ti
 // approval_denied, which every retry replays.
 func DecideApproval(cur *idemkv.Record, req *idemkv.DecideApprovalRequest, now idemkv.Timestamp) (next *idemkv.Record, err error) {
 	if Expired(cur, now) {
+		// A record lives at least as long as its approval, and by default exactly as
+		// long: a decision at or after that moment met not_found, where section 7
+		// says an approval that lapsed is not_pending. Until the sweep takes the
+		// record, the approval it names is known to have lapsed.
+		if cur != nil {
+			if a := cur.Approval; a != nil && a.ID == req.ApprovalID && a.State == idemkv.ApprovalWaiting && a.Lapsed(now) {
+				return nil, fmt.Errorf("%w: approval %s expired unanswered at %s, and its record with it", idemkv.ErrNotPending, a.ID, a.ExpiresAt)
+			}
+		}
 		return nil, fmt.Errorf("%w: no live record for this key", idemkv.ErrNotFound)
 	}
 	a := cur.Approval

@@ -217,7 +217,12 @@ func TestDecideApproval(t *testing.T) {
 			req: decideReq(func(r *idemkv.DecideApprovalRequest) { r.Fingerprint = fpB }), now: now, err: idemkv.ErrFingerprintMismatch},
 		{name: "a record that asked for none: not_pending", cur: pendingRec(), req: decideReq(), now: now, err: idemkv.ErrNotPending},
 		{name: "absent: not_found", cur: nil, req: decideReq(), now: now, err: idemkv.ErrNotFound},
-		{name: "past expires_at: not_found", cur: waitingRec(), req: decideReq(), now: t0 + ttl, err: idemkv.ErrNotFound},
+		{name: "past expires_at, its approval lapsed and unswept: not_pending", cur: waitingRec(), req: decideReq(), now: t0 + ttl, err: idemkv.ErrNotPending},
+		{name: "record and approval expiring together (the defaults): not_pending", cur: waitingRec(func(r *idemkv.Record) { r.ExpiresAt = r.Approval.ExpiresAt }),
+			req: decideReq(), now: t0 + approvalTTL, err: idemkv.ErrNotPending},
+		{name: "past expires_at, another approval id: not_found", cur: waitingRec(),
+			req: decideReq(func(r *idemkv.DecideApprovalRequest) { r.ApprovalID = "apr_41" }), now: t0 + ttl, err: idemkv.ErrNotFound},
+		{name: "past expires_at, an approved one: not_found", cur: approvedRec(), req: decideReq(), now: t0 + ttl, err: idemkv.ErrNotFound},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
