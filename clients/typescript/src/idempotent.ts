@@ -36,8 +36,9 @@ export interface IdempotentOptions<A extends unknown[], R> {
   key?: string | ((...args: A) => string);
   /**
    * The fields that define the side effect. Default, the same in every client
-   * (docs/protocol.md, "One default effect"): the call's one argument, or the argument
-   * list (trailing undefined arguments left out). Leave out volatile fields, or name them in drop.
+   * (docs/protocol.md, "One default effect"): the call's one argument when it is a plain
+   * object, else the argument list (trailing undefined arguments left out; one argument
+   * that is not a plain object is the list of it). Leave out volatile fields, or name them in drop.
    */
   effect?: (...args: A) => unknown;
   drop?: string[];
@@ -94,16 +95,33 @@ const SIDE_EFFECTS = new Set(["read_only", "idempotent", "non_idempotent", "idem
 
 /**
  * The default effect of a call with these arguments, the same JSON the Python and Go
- * clients fingerprint for the same call (testdata/effect/vectors.json): the one argument
- * (a tool's object of arguments), or the argument list; trailing undefined arguments, which
- * a function cannot tell from absent ones, are left out, and no arguments is {}.
+ * clients fingerprint for the same call (testdata/effect/vectors.json): one argument that
+ * is a plain object (a tool's object of arguments) is the effect; any other arguments are
+ * the argument list, one argument that is not a plain object included (["Outage X"],
+ * [["a", "b"]]), so that f(["a", "b"]) and f("a", "b") are two effects. Trailing
+ * undefined arguments, which a function cannot tell from absent ones, are left out, and
+ * no arguments is {}.
  */
 export function defaultEffect(args: readonly unknown[]): unknown {
   let n = args.length;
   while (n > 0 && args[n - 1] === undefined) n--;
   if (n === 0) return {};
-  if (n === 1) return args[0];
+  if (n === 1 && isPlainObject(args[0])) return args[0];
   return args.slice(0, n);
+}
+
+/**
+ * An object literal, JSON.parse's output or an object without a prototype: not an array,
+ * a Date, a class instance or anything else whose JSON could be an array or a string.
+ */
+function isPlainObject(v: unknown): boolean {
+  if (typeof v !== "object" || v === null || Array.isArray(v)) return false;
+  const proto: unknown = Object.getPrototypeOf(v);
+  if (proto === null || proto === Object.prototype) return true;
+  // Another realm's Object.prototype (node:vm): the last prototype, whose constructor is Object.
+  return Object.getPrototypeOf(proto) === null && Object.prototype.toString.call(v) === "[object Object]" &&
+    typeof (proto as { constructor?: unknown }).constructor === "function" &&
+    (proto as { constructor: { name?: unknown } }).constructor.name === "Object";
 }
 
 function matcher(name: string, m: ErrorMatch | undefined): ((err: unknown) => boolean) | undefined {

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import {
-  ApiError, Client, defaultEffect, fingerprint, idempotent, NotExecutedError, operation, OutcomeUnknownError, passthrough,
+  ApiError, Client, ConflictError, defaultEffect, fingerprint, idempotent, MemoryStore, NotExecutedError, operation, OutcomeUnknownError, passthrough,
   resultOmitted, StoredFailureError, StoreUnavailableError, type Outcome, type Receipt, type Store,
 } from "../src/index.js";
 import { freePort, killAll, repoRoot, startNode, type IdemkvNode } from "./harness.js";
@@ -51,11 +51,44 @@ describe("the one default effect (point 3)", () => {
     for (const c of cases) {
       if (c.typescript === undefined) continue;
       const effect = defaultEffect(revive(c.typescript.args) as unknown[]);
+      assert.deepEqual(JSON.parse(JSON.stringify(effect)), c.effect, c.name);
       assert.equal(fingerprint(effect), c.fingerprint, c.name);
       n++;
     }
     assert.ok(n >= 7, `only ${n} TypeScript vectors`);
     t.diagnostic(`default effect: ${n} TypeScript vectors agree`);
+  });
+});
+
+describe("the default effect tells calls apart", () => {
+  // One array argument and the same values as several arguments were one effect: the
+  // second call replayed the first's receipt, and its own effect never happened.
+  it("one array argument and several arguments are two effects: the second conflicts, not replays", async () => {
+    const store = new MemoryStore();
+    const sent: string[][] = [];
+    const notify = idempotent(async (...to: unknown[]) => { sent.push(to.flat() as string[]); return { n: sent.length }; },
+      { client: store.client(), tenant: "acme", tool: "notify", key: () => "k1" });
+    assert.deepEqual(await notify(["a", "b"]), { n: 1 });
+    await assert.rejects(notify("a", "b"), ConflictError);
+    assert.equal(sent.length, 1);
+  });
+
+  it("a plain object is the effect; any other single argument is the list of it", () => {
+    const bare = Object.assign(Object.create(null) as object, { title: "X" });
+    assert.deepEqual(defaultEffect([{ title: "X" }]), { title: "X" });
+    assert.equal(defaultEffect([bare]), bare);
+    assert.deepEqual(defaultEffect([["a", "b"]]), [["a", "b"]]);
+    assert.deepEqual(defaultEffect(["a"]), ["a"]);
+    assert.deepEqual(defaultEffect([null]), [null]);
+    assert.deepEqual(defaultEffect([7, undefined]), [7]);
+    class Args { constructor(readonly title: string) {} }
+    const inst = new Args("X");
+    assert.deepEqual(defaultEffect([inst]), [inst]);
+    const when = new Date(0);
+    assert.deepEqual(defaultEffect([when]), [when]);
+    // No two of these shapes share a fingerprint any more.
+    const fps = [[["a", "b"]], ["a", "b"], ["a"], [["a"]], [[]], [], [{}]].map((args) => fingerprint(defaultEffect(args)));
+    assert.equal(new Set(fps).size, fps.length - 1, "only f() and f({}) are one effect (no arguments is the empty object)");
   });
 });
 
