@@ -13,6 +13,8 @@ A number whose decimal value the nearest IEEE 754 double does not keep is refuse
 (:class:`FingerprintError`), whether it is a Python int (2**53 + 1) or a literal of
 JSON text (``9007199254740993``, ``0.10000000000000000555``, ``1e-400``): two different
 effects must never share a fingerprint, so such a number must be sent as a string.
+So is every Python float of magnitude 2**53 or more: it may have lost its digits
+before it got here (``json.loads("9007199254740993.0")`` is ``9007199254740992.0``).
 NaN and the infinities have no JSON form and are refused too.
 """
 
@@ -152,6 +154,22 @@ def _number_text(text: str) -> str:
     return _exact(text)
 
 
+def _float_text(f: float) -> str:
+    """The JCS text of a float of a Python value. From 2**53 up every double is an
+    integer and most integers have none: json.loads reads 9007199254740993.0 (and
+    9007199254740993e0) as 9007199254740992.0, so two effects naming different
+    identifiers would share a fingerprint. A float there is refused, whatever its value,
+    as the Go and TypeScript clients refuse every number of that magnitude in a decoded
+    value; an int keeps its digits, and JSON text (RawJSON, bytes) is read as written."""
+    f = float(f)
+    if math.isfinite(f) and abs(f) >= MAX_SAFE_INTEGER:
+        raise FingerprintError(f"the number {f!r} is a float of magnitude 2**53 or more, where a float may already "
+                               "have lost the digits it was sent with (9007199254740993.0 reads as "
+                               "9007199254740992.0): send it as a string, as an int, or the effect as JSON text "
+                               "(idemkv.RawJSON)")
+    return format_number(f)
+
+
 # The most digits of an integer that key_text writes: an identifier, not a quantity.
 MAX_KEY_DIGITS = 40
 
@@ -238,7 +256,7 @@ def _write(v: Any, out: list[str], depth: int) -> None:
     elif isinstance(v, int):
         out.append(_int_text(v))
     elif isinstance(v, float):
-        out.append(format_number(v))
+        out.append(_float_text(v))
     elif isinstance(v, str):
         out.append(_escape(v))
     elif isinstance(v, dict):
