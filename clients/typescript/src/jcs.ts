@@ -63,8 +63,8 @@ function splitDrop(drop: readonly string[]): DropPaths {
  * Like JSON.stringify, object members whose value is undefined are left out, undefined in
  * an array is null, and toJSON is honoured (a Date becomes its ISO string). Unlike it,
  * nothing else is silently turned into something else: a Map, a Set, a function, a
- * symbol, a BigInt, a non-finite number or an integer beyond ±(2^53 − 1) throws a
- * FingerprintError.
+ * symbol, a BigInt, an invalid Date (JSON.stringify writes null), a non-finite number or
+ * a number of magnitude 2^53 or more throws a FingerprintError.
  */
 export function canonicalize(value: unknown, drop: readonly string[] = []): string {
   const out: string[] = [];
@@ -193,6 +193,17 @@ function notJSON(obj: object): boolean {
     obj instanceof BigInt || obj instanceof Symbol;
 }
 
+/** Whether obj is a Date (of any realm) that holds no time. */
+function invalidDate(obj: object): boolean {
+  let t: number;
+  try {
+    t = Date.prototype.getTime.call(obj as Date);
+  } catch {
+    return false; // not a Date
+  }
+  return Number.isNaN(t);
+}
+
 function write(v: unknown, drop: DropPaths, out: string[], path: string, depth: number, seen: Set<object>): void {
   switch (typeof v) {
     case "string":
@@ -227,6 +238,10 @@ function write(v: unknown, drop: DropPaths, out: string[], path: string, depth: 
   // plain object of those members would share.
   if (notJSON(obj)) {
     throw new FingerprintError(`a ${obj.constructor?.name ?? "value"} is not JSON (JSON.stringify would write {} or lose it)`, path);
+  }
+  // An invalid Date's toJSON is null: null's fingerprint, and every invalid Date's.
+  if (invalidDate(obj)) {
+    throw new FingerprintError("an invalid Date is not JSON (JSON.stringify would write null)", path);
   }
   if (typeof (obj as { toJSON?: unknown }).toJSON === "function") {
     write((obj as { toJSON(): unknown }).toJSON(), drop, out, path, depth, seen);

@@ -122,6 +122,11 @@ test("JavaScript values that have no exact JSON form are refused", () => {
     ["function", { f: () => 1 }, /function is not JSON/],
     ["symbol", { s: Symbol("x") }, /symbol is not JSON/],
     ["top-level undefined", undefined, /undefined is not JSON/],
+    // An invalid Date's toJSON is null: it had null's fingerprint, as had every other
+    // invalid Date (new Date("2026-02-30x") and new Date(NaN) were one effect).
+    ["invalid Date", { when: new Date("not a date") }, /invalid Date/],
+    ["invalid Date in an array", [new Date(NaN)], /invalid Date/],
+    ["invalid Date at the top", new Date(NaN), /invalid Date/],
   ];
   for (const [name, value, re] of refusals) {
     assert.throws(() => canonicalize(value), (err: unknown) => err instanceof FingerprintError && re.test(err.message), name);
@@ -148,6 +153,8 @@ test("JavaScript values: what is accepted, and how", () => {
     "[9007199254740991,-9007199254740991,0,0.1,1e-7,1.5e-300,123456.789]");
   assert.equal(canonicalize({ b: undefined, a: new Date(Date.UTC(2026, 6, 29, 13, 0, 13)) }), '{"a":"2026-07-29T13:00:13.000Z"}');
   assert.equal(canonicalize([new String("x"), new Number(2), new Boolean(false)]), '["x",2,false]');
+  // A valid Date is its ISO string, a URL its href (both toJSON): the text the value means.
+  assert.equal(canonicalize([new Date(0), new URL("https://example.com/a?b=1")]), '["1970-01-01T00:00:00.000Z","https://example.com/a?b=1"]');
   // The same object twice (not a cycle) is fine.
   const shared = { k: 1 };
   assert.equal(canonicalize({ x: shared, y: shared }), '{"x":{"k":1},"y":{"k":1}}');
