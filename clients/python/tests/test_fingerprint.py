@@ -115,6 +115,30 @@ class PythonValues(unittest.TestCase):
         with self.assertRaises(idemkv.FingerprintError):
             idemkv.canonicalize(idemkv.RawJSON("9007199254740993.0"))  # its digits are not the double's
 
+    def test_numbers_of_many_digits_are_fingerprint_errors(self) -> None:
+        # str() and int() refuse past 4300 digits with a plain ValueError; every refusal
+        # here is a FingerprintError, and the text path agrees with the Go fingerprint.
+        import enum
+
+        for i, bad in enumerate((10**5000, -(10**5000), 10**4301, 2**1024)):
+            with self.subTest(i=i), self.assertRaises(idemkv.FingerprintError) as cm:
+                idemkv.fingerprint({"n": bad})
+            self.assertIn("string", str(cm.exception))
+        with self.assertRaises(idemkv.FingerprintError):
+            jcs.key_text(10**5000)
+        for text in ("1" * 5000, "1e" + "9" * 5000, "1e-" + "9" * 5000, "0." + "0" * 5000 + "1"):
+            with self.subTest(text=text[:12]), self.assertRaises(idemkv.FingerprintError):
+                jcs.canonicalize_json(text)
+        # An exponent of many digits that holds a small value, and zero with any
+        # exponent, are numbers as Go reads them.
+        self.assertEqual(jcs.canonicalize_json("1e" + "0" * 5000 + "1"), b"10")
+        self.assertEqual(jcs.canonicalize_json("0e" + "9" * 5000), b"0")
+
+        class Level(enum.IntEnum):
+            HIGH = 3
+
+        self.assertEqual(idemkv.canonicalize({"level": Level.HIGH}), b'{"level":3}')  # not "Level.HIGH" on 3.10
+
     def test_drop_reaches_into_json_text(self) -> None:
         # As the Go client drops from a json.RawMessage inside the effect.
         self.assertEqual(idemkv.canonicalize({"a": idemkv.RawJSON('{"trace":1,"x":2}')}, drop=["a.trace"]),

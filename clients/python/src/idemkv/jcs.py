@@ -25,7 +25,7 @@ import json
 import math
 import numbers
 import uuid
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 __all__ = [
     "FingerprintError",
@@ -112,21 +112,27 @@ def format_number(f: float) -> str:
     return sign + out
 
 
-def _decimal(text: str) -> tuple[str, ...]:
+def _decimal(text: str) -> Optional[tuple[str, ...]]:
     """A number literal as (sign, significant digits, decimal exponent) with no leading
     or trailing zeros, so that two texts of one decimal value compare equal; zero is
-    one value whatever its sign."""
+    one value whatever its sign and exponent. None for an exponent beyond 2**30 in
+    magnitude, which no double survives (Go's decimalOf): int() of its digits would
+    refuse past 4300 of them with a plain ValueError."""
     sign = "-" if text.startswith("-") else ""
     body = text.lstrip("-")
     mant, _, exp = body.replace("E", "e").partition("e")
     whole, _, frac = mant.partition(".")
     digits = whole + frac
-    point = len(whole) + (int(exp) if exp else 0)
     stripped = digits.lstrip("0")
-    point -= len(digits) - len(stripped)
+    point = len(whole) - (len(digits) - len(stripped))
     stripped = stripped.rstrip("0")
     if not stripped:
         return ("0",)
+    if exp:
+        mag = exp.lstrip("+-").lstrip("0")
+        if len(mag) > 10 or int(mag or "0") > 2**30:
+            return None
+        point += -int(mag or "0") if exp.startswith("-") else int(mag or "0")
     return (sign, stripped, str(point))
 
 
@@ -147,7 +153,18 @@ def _exact(text: str) -> str:
 
 
 def _int_text(i: int) -> str:
+    i = int(i)  # an IntEnum's str() is its name on 3.10
+    if i.bit_length() > 1024:
+        # Beyond every double, and str() refuses past 4300 digits with a plain ValueError.
+        raise FingerprintError(f"an integer of {_digits(i)} digits is out of the range of a double; "
+                               "send it as a string")
     return _exact(str(i))
+
+
+def _digits(i: int) -> str:
+    """How many decimal digits i has, without writing them (str() refuses past 4300)."""
+    n = int(abs(i).bit_length() * 0.30102999566398120)  # log10(2)
+    return str(n + 1) if abs(i) >= 10**n else str(max(n, 1))  # 2**(bits-1) <= |i| < 2**bits <= 10**(n+1)
 
 
 def _number_text(text: str) -> str:
@@ -204,11 +221,11 @@ def key_text(v: Any) -> str:
                                    "digits it was sent with: send it as a string (an int keeps them)")
         v = int(v)
     if isinstance(v, numbers.Integral):
-        text = str(int(v))
-        if len(text.lstrip("-")) > MAX_KEY_DIGITS:
+        i = int(v)
+        if abs(i) >= 10**MAX_KEY_DIGITS:  # before str(), which refuses past 4300 digits
             raise FingerprintError(f"an integer of more than {MAX_KEY_DIGITS} digits cannot name an operation; "
                                    "send it as a string")
-        return text
+        return str(i)
     raise TypeError(f"a {type(v).__name__} cannot name an operation: the key argument must be a string, "
                     "a number, a boolean or a UUID (or give key=lambda ...): str() of other values can differ "
                     "between processes and versions")
