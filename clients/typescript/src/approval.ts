@@ -6,7 +6,7 @@
 
 import type { CallOptions } from "./client.js";
 import { ApiError, ApprovalPendingError, messageOf } from "./errors.js";
-import { canonicalize } from "./jcs.js";
+import { canonicalize, canonicalizeJSON } from "./jcs.js";
 import type { Attributes } from "./telemetry.js";
 import type { ApprovalAsk, Record as IdemkvRecord, ReserveResult } from "./types.js";
 import { abortReason, sleep } from "./util.js";
@@ -67,6 +67,15 @@ export function approvalAsk(a: ApprovalRequirement<never[]>): ApprovalAsk | unde
 /** The effect as a reserve that asks for approval carries it: its canonical JSON, drop paths removed. */
 export function reserveEffect(effect: unknown, drop: readonly string[]): unknown {
   return JSON.parse(canonicalize(effect, drop));
+}
+
+/**
+ * The same of an effect given as JSON text: its canonical form holds only numbers that a
+ * double keeps exactly, in the shortest form JSON.stringify writes back, and no duplicate
+ * members, so parsing it loses nothing.
+ */
+export function reserveEffectJSON(text: string | Uint8Array, drop: readonly string[]): unknown {
+  return JSON.parse(canonicalizeJSON(text, drop));
 }
 
 /** What one call has seen of its approval: the end of its wait, the requests. */

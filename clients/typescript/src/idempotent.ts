@@ -41,6 +41,11 @@ export interface IdempotentOptions<A extends unknown[], R> {
    * that is not a plain object is the list of it). Leave out volatile fields, or name them in drop.
    */
   effect?: (...args: A) => unknown;
+  /**
+   * Instead of effect: the effect as JSON text, fingerprinted as written (Op.effectJSON),
+   * for a runtime that has the model's arguments as the text they arrived in.
+   */
+  effectJSON?: (...args: A) => string | Uint8Array;
   drop?: string[];
   /** Default "non_idempotent". */
   sideEffect?: SideEffect;
@@ -88,7 +93,7 @@ export interface IdempotentOptions<A extends unknown[], R> {
 }
 
 const OPTIONS = new Set([
-  "client", "tool", "tenant", "key", "effect", "drop", "sideEffect", "actor", "leaseTtl", "ttl", "receipt", "probe",
+  "client", "tool", "tenant", "key", "effect", "effectJSON", "drop", "sideEffect", "actor", "leaseTtl", "ttl", "receipt", "probe",
   "notExecutedOn", "permanentOn", "serialize", "deserialize", "fromReceipt", "replay", "onOutcome", "approval",
 ]);
 const SIDE_EFFECTS = new Set(["read_only", "idempotent", "non_idempotent", "idempotent_mutation", "non_idempotent_mutation"]);
@@ -156,10 +161,11 @@ function check(options: IdempotentOptions<never, unknown>): void {
   // The server's bounds: a lease of at least a second, a TTL of at least a minute.
   if (o.leaseTtl !== undefined && !(typeof o.leaseTtl === "number" && o.leaseTtl >= 1000)) throw new TypeError("idemkv: leaseTtl must be at least 1000 ms");
   if (o.ttl !== undefined && !(typeof o.ttl === "number" && o.ttl >= 60_000)) throw new TypeError("idemkv: ttl must be at least 60000 ms");
-  for (const f of ["effect", "receipt", "probe", "serialize", "deserialize", "fromReceipt", "replay", "onOutcome"]) {
+  if (o.effect !== undefined && o.effectJSON !== undefined) throw new TypeError("idemkv: give effect or effectJSON, not both");
+  for (const f of ["effect", "effectJSON", "receipt", "probe", "serialize", "deserialize", "fromReceipt", "replay", "onOutcome"]) {
     if (o[f] !== undefined && typeof o[f] !== "function") throw new TypeError(`idemkv: ${f} must be a function`);
   }
-  if (o.sideEffect === "read_only" && (o.probe !== undefined || o.effect !== undefined || o.approval !== undefined)) {
+  if (o.sideEffect === "read_only" && (o.probe !== undefined || o.effect !== undefined || o.effectJSON !== undefined || o.approval !== undefined)) {
     throw new TypeError("idemkv: a read_only tool takes no probe, effect or approval (nothing is reserved)");
   }
   if (o.approval !== undefined) checkApproval(o.approval, "approval");
@@ -207,7 +213,10 @@ export function idempotent<F extends (...args: any[]) => Promise<any>>(fn: F, op
       const tenant = typeof o.tenant === "function" ? o.tenant(...args) : o.tenant;
       const key = keyOf(args);
       op = { tenant, key, tool: o.tool };
-      if (o.sideEffect !== "read_only") op.effect = o.effect ? o.effect(...args) : defaultEffect(args);
+      if (o.sideEffect !== "read_only") {
+        if (o.effectJSON) op.effectJSON = o.effectJSON(...args);
+        else op.effect = o.effect ? o.effect(...args) : defaultEffect(args);
+      }
       const a = o.approval;
       if (a !== undefined) {
         const { summary, ...rest } = a;

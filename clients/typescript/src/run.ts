@@ -8,11 +8,11 @@
 // execute.ts, lease.ts, indoubt.ts, outcome.ts; tool.ts has the types run takes.
 
 import { Attempt } from "./attempt.js";
-import { approvalAsk, checkApproval, reserveEffect, type ApprovalWait } from "./approval.js";
+import { approvalAsk, checkApproval, reserveEffect, reserveEffectJSON, type ApprovalWait } from "./approval.js";
 import { ConflictError, InDoubtError, messageOf, NotExecutedError, StoreUnavailableError } from "./errors.js";
 import { execute, unrecorded } from "./execute.js";
 import { inDoubtMessage, recover, settleInDoubt } from "./indoubt.js";
-import { fingerprint as fingerprintOf } from "./jcs.js";
+import { fingerprint as fingerprintOf, fingerprintJSON } from "./jcs.js";
 import { replay } from "./outcome.js";
 import { ATTR, failSpan, SPAN_KIND_INTERNAL, type Attributes, type Span } from "./telemetry.js";
 import { CLASS_NAMES, classOf, type Op, type Outcome, type RunOptions, type Store, type ToolClass, type ToolFn } from "./tool.js";
@@ -75,7 +75,9 @@ async function runOp(client: Store, op: Op, fn: ToolFn, options: RunOptions, spa
   try {
     cls = classOf(op.sideEffect);
     validate(op, cls);
-    if (cls !== "read_only") fp = op.fingerprint ?? fingerprintOf(op.effect, op.drop ?? []);
+    if (cls !== "read_only") {
+      fp = op.fingerprint ?? (op.effectJSON !== undefined ? fingerprintJSON(op.effectJSON, op.drop ?? []) : fingerprintOf(op.effect, op.drop ?? []));
+    }
   } catch (err) {
     throw new NotExecutedError(`idemkv: ${JSON.stringify(op.key)} not executed: ${messageOf(err)}`, { cause: err });
   }
@@ -93,16 +95,23 @@ function validate(op: Op, cls: string): void {
     if (typeof op[f] !== "string" || op[f] === "") throw new TypeError(`${f} is required`);
   }
   if (cls === "read_only") return;
-  if (op.fingerprint !== undefined && (op.effect !== undefined || op.drop !== undefined)) {
+  if (op.effect !== undefined && op.effectJSON !== undefined) {
+    throw new TypeError("give effect (a value) or effectJSON (its JSON text), not both");
+  }
+  if (op.effectJSON !== undefined && typeof op.effectJSON !== "string" && !(op.effectJSON instanceof Uint8Array)) {
+    throw new TypeError("effectJSON is JSON text: a string, or its UTF-8 bytes");
+  }
+  const hasEffect = op.effect !== undefined || op.effectJSON !== undefined;
+  if (op.fingerprint !== undefined && (hasEffect || op.drop !== undefined)) {
     throw new TypeError("give an effect or a fingerprint, not both");
   }
-  if (op.fingerprint === undefined && op.effect === undefined) {
+  if (op.fingerprint === undefined && !hasEffect) {
     throw new TypeError("a mutating tool call needs an effect or a fingerprint");
   }
   if (op.leaseTtl !== undefined && !(op.leaseTtl >= 1000)) throw new TypeError("leaseTtl must be at least 1000 ms");
   if (op.approval !== undefined) {
     checkApproval(op.approval, "approval");
-    if ((op.approval.required ?? true) && op.effect === undefined) {
+    if ((op.approval.required ?? true) && !hasEffect) {
       throw new TypeError("a call that requires approval needs its effect, not only a fingerprint: the approver approves what they can read");
     }
   }
@@ -124,7 +133,8 @@ async function loop(a: Attempt, fn: ToolFn): Promise<Outcome> {
     const ask = approvalAsk(op.approval);
     if (ask !== undefined) req.approval = ask;
     // A record that waits for approval keeps the effect for the approver.
-    if (op.effect !== undefined) req.effect = reserveEffect(op.effect, op.drop ?? []);
+    if (op.effectJSON !== undefined) req.effect = reserveEffectJSON(op.effectJSON, op.drop ?? []);
+    else if (op.effect !== undefined) req.effect = reserveEffect(op.effect, op.drop ?? []);
   }
   const seen: ApprovalWait = { ids: [] };
   let settles = 0;

@@ -58,6 +58,16 @@ export interface Op {
   sideEffect?: SideEffect;
   /** The fields that define the side effect; fingerprinted here (RFC 8785 + SHA-256) after drop. */
   effect?: unknown;
+  /**
+   * Instead of effect: the effect as the JSON text it arrived in (a model's tool-call
+   * arguments), fingerprinted as written (fingerprintJSON), never through JSON.parse, which
+   * keeps the last of duplicate members and rounds numbers to doubles. The text must be
+   * I-JSON: duplicate members, invalid UTF-8 and numbers no double holds exactly are
+   * refused (NotExecutedError), as the server refuses them; 2^53 or 1e21 written in the
+   * text are kept, where a decoded value's are refused. Go's json.RawMessage effect,
+   * Python's RawJSON.
+   */
+  effectJSON?: string | Uint8Array;
   drop?: string[];
   /** Instead of effect: a fingerprint computed elsewhere. */
   fingerprint?: string;

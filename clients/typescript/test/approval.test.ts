@@ -8,7 +8,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import {
   ApiError, ApprovalDeniedError, ApprovalMismatchError, ApprovalNotPendingError, ApprovalPendingError, Client, ConflictError,
-  fingerprint, idempotent, NotExecutedError, run, StoredFailureError, type Outcome, type Record as IdemkvRecord,
+  fingerprint, fingerprintJSON, idempotent, NotExecutedError, run, StoredFailureError, type Outcome, type Record as IdemkvRecord,
 } from "../src/index.js";
 import { eventually, idemkvBin, IdemkvNode, killAll, started, tempDir } from "./harness.js";
 
@@ -157,6 +157,25 @@ describe("approvals", () => {
     const woke = Date.now() - decided;
     assert.deepEqual([out.decision, out.receipt.remote_id, ran], ["execute", "re_w", 1]);
     assert.ok(woke < 5000, `woke ${woke} ms after the decision`);
+  });
+
+  it("an effect given as JSON text is what the approver reads, and the approved call runs once", async () => {
+    const order = `order-${Date.now()}-${n++}`;
+    const key = `${order}:refund`;
+    const text = `{"order": "${order}", "amount": 1e21}`; // no decoded value may hold 1e21
+    let ran = 0;
+    const call = () => run(agent, { tenant: TENANT, key, tool: "refund", effectJSON: text, approval: { summary: "Refund a lot" } }, async () => {
+      ran++;
+      return { remoteSystem: "payments", remoteId: "re_j" };
+    });
+    const p = await pendingOf(call());
+    assert.equal(p.fingerprint, fingerprintJSON(text));
+    const [card] = await waiting(key);
+    assert.deepEqual(card.effect, { amount: 1e21, order });
+    await approver.approve({ tenant: TENANT, idempotency_key: key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "ana" });
+    assert.equal((await call()).receipt.remote_id, "re_j");
+    assert.equal((await call()).replayed, true);
+    assert.equal(ran, 1);
   });
 
   it("the wait is bounded", async () => {

@@ -8,8 +8,8 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import {
-  ApiError, Client, ConflictError, defaultEffect, fingerprint, idempotent, MemoryStore, NotExecutedError, operation, OutcomeUnknownError, passthrough,
-  resultOmitted, StoredFailureError, StoreUnavailableError, type Outcome, type Receipt, type Store,
+  ApiError, Client, ConflictError, defaultEffect, fingerprint, fingerprintJSON, idempotent, MemoryStore, NotExecutedError, operation, OutcomeUnknownError, passthrough,
+  resultOmitted, run, StoredFailureError, StoreUnavailableError, type Outcome, type Receipt, type Store,
 } from "../src/index.js";
 import { freePort, killAll, repoRoot, startNode, type IdemkvNode } from "./harness.js";
 
@@ -89,6 +89,71 @@ describe("the default effect tells calls apart", () => {
     // No two of these shapes share a fingerprint any more.
     const fps = [[["a", "b"]], ["a", "b"], ["a"], [["a"]], [[]], [], [{}]].map((args) => fingerprint(defaultEffect(args)));
     assert.equal(new Set(fps).size, fps.length - 1, "only f() and f({}) are one effect (no arguments is the empty object)");
+  });
+});
+
+describe("the effect as JSON text (Op.effectJSON)", () => {
+  const tool = async () => ({ remoteSystem: "pay", remoteId: "p1" });
+
+  it("is fingerprinted as written: numbers a decoded value may not hold are kept, and the server agrees", async () => {
+    const text = '{"amount": 1e21, "account": 9007199254740992, "memo": "x"}';
+    const key = newKey("json");
+    // Decoded first, the same effect is refused: such doubles may already be rounded.
+    await assert.rejects(run(client, { tenant: TENANT, key, tool: "pay", effect: JSON.parse(text) }, tool),
+      (err: unknown) => err instanceof NotExecutedError && /2\^53/.test(err.message));
+    const out = await run(client, { tenant: TENANT, key, tool: "pay", effectJSON: text }, tool);
+    assert.equal(out.fingerprint, fingerprintJSON(text));
+    assert.equal(out.fingerprint, fingerprintJSON(new TextEncoder().encode('{"memo":"x","account":9007199254740992,"amount":1E+21}')));
+    // The same text as bytes replays; another number conflicts.
+    const again = await run(client, { tenant: TENANT, key, tool: "pay", effectJSON: new TextEncoder().encode(text) }, tool);
+    assert.equal(again.replayed, true);
+    await assert.rejects(run(client, { tenant: TENANT, key, tool: "pay", effectJSON: '{"amount": 1e21, "account": 9007199254740994, "memo": "x"}' }, tool),
+      ConflictError);
+    assert.equal((await client.get(TENANT, key)).effect_fingerprint, fingerprintJSON(text));
+  });
+
+  it("refuses what JSON.parse would turn into another effect silently", async () => {
+    let runs = 0;
+    const counted = async () => { runs++; return { remoteSystem: "pay", remoteId: "p2" }; };
+    for (const [text, why] of [
+      ['{"to": "bob", "to": "eve"}', /duplicate member name/], // JSON.parse keeps "eve" alone
+      ['{"account": 9007199254740993}', /send it as a string/], // JSON.parse reads ...992
+      ['{"to": "bob"} x', /text after the value/],
+    ] as const) {
+      await assert.rejects(run(client, { tenant: TENANT, key: newKey("json-bad"), tool: "pay", effectJSON: text }, counted),
+        (err: unknown) => err instanceof NotExecutedError && why.test(err.message), text);
+    }
+    assert.equal(runs, 0);
+  });
+
+  it("is one effect with the same value given as effect, and exclusive with effect and fingerprint", async () => {
+    const key = newKey("json-same");
+    await run(client, { tenant: TENANT, key, tool: "pay", effect: { a: "x", b: [1, 2.5] } }, tool);
+    const r = await run(client, { tenant: TENANT, key, tool: "pay", effectJSON: '{ "b": [1, 2.50], "a": "x" }' }, tool);
+    assert.equal(r.replayed, true);
+    for (const op of [
+      { effect: { a: 1 }, effectJSON: '{"a":1}' },
+      { effectJSON: '{"a":1}', fingerprint: fingerprintJSON('{"a":1}') },
+      { effectJSON: { a: 1 } as unknown as string },
+    ]) {
+      await assert.rejects(run(client, { tenant: TENANT, key: newKey("json-both"), tool: "pay", ...op }, tool), NotExecutedError);
+    }
+    // drop applies to the text as to a value.
+    const d = await run(client, { tenant: TENANT, key: newKey("json-drop"), tool: "pay", effectJSON: '{"a":1,"trace":"t9"}', drop: ["trace"] }, tool);
+    assert.equal(d.fingerprint, fingerprint({ a: 1 }));
+  });
+
+  it("idempotent takes it as a function of the arguments", async () => {
+    let runs = 0;
+    const pay = idempotent(async (argsText: string) => { runs++; return JSON.parse(argsText) as { amount: number }; },
+      { client, tenant: TENANT, tool: "pay", key: () => key, effectJSON: (argsText) => argsText });
+    const key = newKey("json-idem");
+    await pay('{"amount": 1e21}');
+    await pay('{"amount":1000000000000000000000}');
+    assert.equal(runs, 1);
+    assert.equal((await client.get(TENANT, key)).effect_fingerprint, fingerprintJSON('{"amount":1e21}'));
+    assert.throws(() => idempotent(async (x: string) => x, { client, tenant: TENANT, tool: "pay", effect: (x) => x, effectJSON: (x) => x }), TypeError);
+    assert.throws(() => idempotent(async (x: string) => x, { client, tenant: TENANT, tool: "pay", sideEffect: "read_only", effectJSON: (x) => x }), TypeError);
   });
 });
 
