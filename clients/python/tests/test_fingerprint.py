@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import unittest
 from typing import Any
 
@@ -65,6 +66,36 @@ class SharedVectors(unittest.TestCase):
                     continue
                 self.assertEqual(idemkv.fingerprint(value), v["fingerprint"])
         self.assertGreater(refused, 0)
+
+
+def _nested_lists(n: int) -> Any:
+    v: list[Any] = []
+    for _ in range(n - 1):
+        v = [v]
+    return v
+
+
+def _nested_dicts(n: int) -> Any:
+    v: Any = 1
+    for _ in range(n):
+        v = {"a": v}
+    return v
+
+
+def _frames_left() -> int:
+    """How many more Python frames the recursion limit allows here."""
+    f, depth = sys._getframe(), 0
+    while f is not None:
+        depth += 1
+        f = f.f_back  # type: ignore[assignment]
+    return sys.getrecursionlimit() - depth
+
+
+def _at_depth(frames: int, fn: Any) -> Any:
+    """fn() called from frames more frames down the stack."""
+    if frames <= 0:
+        return fn()
+    return _at_depth(frames - 1, fn)
 
 
 def _big_float(v: Any) -> bool:
@@ -152,6 +183,59 @@ class PythonValues(unittest.TestCase):
             v = [v]
         with self.assertRaises(idemkv.FingerprintError):
             idemkv.canonicalize(v)
+        with self.assertRaises(idemkv.FingerprintError):
+            jcs.canonicalize_json("[" * 5000 + "]" * 5000)
+        cycle: dict[str, Any] = {}
+        cycle["self"] = cycle
+        with self.assertRaises(idemkv.FingerprintError):
+            idemkv.canonicalize(cycle)
+
+    def test_depth_is_the_servers_whatever_the_stack(self) -> None:
+        """Go's fingerprint.MaxDepth: 1000 arrays and objects inside one another are an
+        effect, 1001 are refused, on the text and the value path alike, called from
+        deep in the caller's own stack or with a raised recursion limit."""
+        for frames, limit in ((0, None), (_frames_left() - 40, None), (0, 20000)):
+            old = sys.getrecursionlimit()
+            if limit is not None:
+                sys.setrecursionlimit(limit)
+            try:
+                for n in (999, 1000, 1001, 1002):
+                    with self.subTest(frames=frames, limit=limit, n=n):
+                        _at_depth(frames, lambda: self._check_depth(n, ok=n <= 1000))
+            finally:
+                sys.setrecursionlimit(old)
+
+    def _check_depth(self, n: int, ok: bool) -> None:
+        arrays, objects = "[" * n + "]" * n, '{"a":' * n + "1" + "}" * n
+        values: list[Any] = [_nested_lists(n), _nested_dicts(n), [idemkv.RawJSON(arrays[1:-1])] if n > 1 else None]
+        for effect in [arrays.encode(), objects.encode(), idemkv.RawJSON(arrays)] + values:
+            if ok:
+                c = idemkv.canonicalize(effect)
+                self.assertTrue(c.startswith(b"[" * min(n, 3)) or c.startswith(b'{"a":'))
+                self.assertEqual(idemkv.canonicalize(effect, drop=["zz"]), c)
+            else:
+                with self.assertRaises(idemkv.FingerprintError) as cm:
+                    idemkv.canonicalize(effect)
+                self.assertIn("nesting too deep", str(cm.exception))
+                # Go parses the whole effect before it drops fields: so does the check.
+                with self.assertRaises(idemkv.FingerprintError):
+                    idemkv.canonicalize(effect, drop=["a"])
+        # The default effect of a tool of one dict, and of two arguments (one more level).
+        def one(args: Any) -> None: ...
+
+        def two(args: Any, b: int) -> None: ...
+
+        if ok:
+            self.assertEqual(idemkv.fingerprint(idemkv.default_effect(one, [_nested_dicts(n)], {})),
+                             idemkv.fingerprint(_nested_dicts(n)))
+        else:
+            with self.assertRaises(idemkv.FingerprintError):
+                idemkv.default_effect(one, [_nested_dicts(n)], {})
+        if n + 1 <= 1000:
+            idemkv.fingerprint(idemkv.default_effect(two, [_nested_dicts(n), 1], {}))
+        else:
+            with self.assertRaises(idemkv.FingerprintError):
+                idemkv.fingerprint(idemkv.default_effect(two, [_nested_dicts(n), 1], {}))
 
     def test_ecmascript_number_layout(self) -> None:
         # Python's repr and ECMAScript's Number::toString differ in layout only.

@@ -40,9 +40,9 @@ from typing import Any, Callable, Literal, Mapping, Optional, ParamSpec, Sequenc
 
 from ._context import current_operation, is_passthrough
 from .errors import NotExecutedError
-from .jcs import FingerprintError, key_text
+from .jcs import _MAX_DEPTH, FingerprintError, key_text
 from .approval import ApprovalRequirement
-from .loop import CLASSES, Op, Outcome, Result, _jsonable, make_op
+from .loop import CLASSES, Op, Outcome, Result, make_op
 from .runner import run_async, run_sync
 
 __all__ = ["idempotent", "set_default_client", "default_effect"]
@@ -64,17 +64,44 @@ def _is_object(v: Any) -> bool:
 
 
 def _as_json(v: Any) -> Any:
-    """Dataclasses and pydantic models as their JSON objects; anything else as it is."""
-    if isinstance(v, Mapping):
-        return {k: _as_json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_as_json(x) for x in v]
-    if _is_object(v):
-        if hasattr(v, "model_dump"):
-            _refuse_sets(v)
-        j = _jsonable(v)
-        return v if j is None else j
-    return v
+    """Dataclasses and pydantic models as their JSON objects, inside mappings, lists and
+    tuples too; anything else as it is. It does not recurse: it refuses more than
+    MAX_DEPTH mappings, lists and tuples inside one another, as the fingerprint does
+    (each is an array or object of the effect), with a FingerprintError, whatever the
+    caller's stack (a cycle is refused the same way)."""
+    root: list[Any] = [None]
+    # (value, where its JSON goes, at which key or index, how many containers hold it)
+    work: list[tuple[Any, Any, Any, int]] = [(v, root, 0, 0)]
+    while work:
+        x, into, at, depth = work.pop()
+        if isinstance(x, (Mapping, list, tuple)):
+            if depth >= _MAX_DEPTH:
+                raise FingerprintError(f"nesting too deep: more than {_MAX_DEPTH} arrays and objects inside one "
+                                       "another")
+            if isinstance(x, Mapping):
+                d: dict[Any, Any] = {k: None for k in x}
+                into[at] = d
+                work.extend((y, d, k, depth + 1) for k, y in x.items())
+            else:
+                items: list[Any] = [None] * len(x)
+                into[at] = items
+                work.extend((y, items, i, depth + 1) for i, y in enumerate(x))
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            # dataclasses.asdict, without its recursion: a field that holds a model, a
+            # mapping or a list is converted the same way.
+            fields = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+            work.append((fields, into, at, depth))
+        elif hasattr(x, "model_dump"):
+            _refuse_sets(x)
+            try:
+                dumped = x.model_dump(mode="json")
+            except Exception:
+                into[at] = x  # not dumpable: the fingerprint refuses the model itself
+            else:
+                work.append((dumped, into, at, depth))
+        else:
+            into[at] = x
+    return root[0]
 
 
 def _refuse_sets(model: Any) -> None:

@@ -15,7 +15,9 @@ JSON text (``9007199254740993``, ``0.10000000000000000555``, ``1e-400``): two di
 effects must never share a fingerprint, so such a number must be sent as a string.
 So is every Python float of magnitude 2**53 or more: it may have lost its digits
 before it got here (``json.loads("9007199254740993.0")`` is ``9007199254740992.0``).
-NaN and the infinities have no JSON form and are refused too.
+NaN and the infinities have no JSON form and are refused too, and so is nesting of
+more than 1000 arrays and objects (the server's fingerprint.MaxDepth); neither the
+writer nor the parser recurses, so that bound does not depend on the caller's stack.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import hashlib
 import json
 import math
 import numbers
+import re
 import uuid
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 __all__ = [
     "FingerprintError",
@@ -259,86 +262,233 @@ def _utf16_key(name: str) -> bytes:
     return name.encode("utf-16-be", "surrogatepass")
 
 
-def _write(v: Any, out: list[str], depth: int) -> None:
-    if depth > _MAX_DEPTH:
-        raise FingerprintError("nesting too deep")
-    if v is None:
-        out.append("null")
-    elif v is True:
-        out.append("true")
-    elif v is False:
-        out.append("false")
-    elif isinstance(v, _Number):
-        out.append(_number_text(v.text))
-    elif isinstance(v, int):
-        out.append(_int_text(v))
-    elif isinstance(v, float):
-        out.append(_float_text(v))
-    elif isinstance(v, str):
-        out.append(_escape(v))
-    elif isinstance(v, dict):
-        for name in v:
-            if not isinstance(name, str):
-                raise FingerprintError(f"object member names must be strings, not {type(name).__name__}")
-        out.append("{")
-        for i, name in enumerate(sorted(v, key=_utf16_key)):
-            if i:
-                out.append(",")
-            out.append(_escape(name))
-            out.append(":")
-            _write(v[name], out, depth + 1)
-        out.append("}")
-    elif isinstance(v, (list, tuple)):
-        out.append("[")
-        for i, e in enumerate(v):
-            if i:
-                out.append(",")
-            _write(e, out, depth + 1)
-        out.append("]")
-    elif isinstance(v, RawJSON):
-        _write(_parse(v.text), out, depth)
-    else:
-        raise FingerprintError(f"{type(v).__name__} is not a JSON value")
-
-
-# The server's bound on nesting: an effect is a handful of business fields.
+# The server's bound on nesting (fingerprint.MaxDepth): at most this many arrays and
+# objects inside one another, the outermost counted as 1 (scalars do not count), as Go
+# counts it. Neither the writer nor the parser recurses, so the bound is the same
+# whatever the caller's own stack, and every refusal is a FingerprintError.
 _MAX_DEPTH = 1000
 
-
-def _reject_constant(name: str) -> Any:
-    raise FingerprintError(f"{name} is not JSON")
+_END = object()
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in d:
-            # Names are compared after unescaping: "a" and "\u0061" are one member.
-            raise FingerprintError(f"duplicate member name {k!r}")
-        d[k] = v
-    return d
+def _too_deep() -> FingerprintError:
+    return FingerprintError(f"nesting too deep: more than {_MAX_DEPTH} arrays and objects inside one another")
+
+
+def _write(v: Any, out: list[str]) -> None:
+    """Append the RFC 8785 text of v to out, with an explicit stack of the open arrays
+    and objects: [children left, closing bracket, is an object, written so far]."""
+    stack: list[list[Any]] = []
+    while True:
+        if isinstance(v, RawJSON):
+            # JSON text inside a value, in place: its depth adds to the enclosing one.
+            v = _parse(v.text)
+        if v is None:
+            out.append("null")
+        elif v is True:
+            out.append("true")
+        elif v is False:
+            out.append("false")
+        elif isinstance(v, _Number):
+            out.append(_number_text(v.text))
+        elif isinstance(v, int):
+            out.append(_int_text(v))
+        elif isinstance(v, float):
+            out.append(_float_text(v))
+        elif isinstance(v, str):
+            out.append(_escape(v))
+        elif isinstance(v, dict):
+            if len(stack) >= _MAX_DEPTH:
+                raise _too_deep()
+            for name in v:
+                if not isinstance(name, str):
+                    raise FingerprintError(f"object member names must be strings, not {type(name).__name__}")
+            out.append("{")
+            stack.append([iter([(name, v[name]) for name in sorted(v, key=_utf16_key)]), "}", True, 0])
+        elif isinstance(v, (list, tuple)):
+            if len(stack) >= _MAX_DEPTH:
+                raise _too_deep()
+            out.append("[")
+            stack.append([iter(list(v)), "]", False, 0])
+        else:
+            raise FingerprintError(f"{type(v).__name__} is not a JSON value")
+        # The next value to write: the next child of the innermost open container.
+        while stack:
+            top = stack[-1]
+            child: Any = next(top[0], _END)
+            if child is _END:
+                out.append(top[1])
+                stack.pop()
+                continue
+            if top[3]:
+                out.append(",")
+            top[3] += 1
+            if top[2]:
+                name, v = child
+                out.append(_escape(name))
+                out.append(":")
+            else:
+                v = child
+            break
+        else:
+            return
+
+
+def _depth_check(v: Any) -> None:
+    """Refuse v when it nests more than _MAX_DEPTH arrays and objects, counting into
+    JSON text inside it. Go parses the whole effect before dropping fields, so a
+    part that drop= removes counts too."""
+    stack: list[tuple[Any, int]] = [(v, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, RawJSON):
+            x = _parse(x.text)
+        if isinstance(x, (dict, list, tuple)):
+            if depth >= _MAX_DEPTH:
+                raise _too_deep()
+            stack.extend((y, depth + 1) for y in (x.values() if isinstance(x, dict) else x))
+
+
+# json's own string scanner (C where it is built): it does not recurse, refuses control
+# characters and bad escapes, and joins escaped surrogate pairs.
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder, "scanstring")
+_SPACE = re.compile(r"[ \t\n\r]*")
+# RFC 8259's number grammar, ASCII digits only (\d would take other scripts' digits).
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 
 
 def _parse(data: bytes) -> Any:
+    """JSON text as Python values (numbers kept as their text), as strictly as the
+    server reads it, without recursion: an explicit stack holds the open arrays and
+    objects, at most _MAX_DEPTH of them."""
     try:
         text = data.decode("utf-8")  # strict: invalid UTF-8 and encoded surrogates fail
     except UnicodeDecodeError as e:
         raise FingerprintError(f"invalid UTF-8 at byte {e.start}") from e
     if text.startswith("\ufeff"):
         raise FingerprintError("a byte order mark is not JSON")
-    try:
-        v = json.loads(
-            text,
-            parse_int=_Number,
-            parse_float=_Number,
-            parse_constant=_reject_constant,
-            object_pairs_hook=_pairs,
-        )
-    except json.JSONDecodeError as e:
-        raise FingerprintError(f"invalid JSON: {e}") from e
-    except RecursionError as e:
-        raise FingerprintError("nesting too deep") from e
-    return v
+    return _Parser(text).parse()
+
+
+class _Parser:
+    __slots__ = ("s", "pos")
+
+    def __init__(self, s: str) -> None:
+        self.s = s
+        self.pos = 0
+
+    def error(self, msg: str) -> FingerprintError:
+        return FingerprintError(f"invalid JSON: {msg} at character {self.pos}")
+
+    def space(self) -> None:
+        m = _SPACE.match(self.s, self.pos)
+        assert m is not None  # [ \t\n\r]* matches everywhere
+        self.pos = m.end()
+
+    def string(self) -> str:
+        """The string whose opening quote is at pos."""
+        try:
+            v, self.pos = _scanstring(self.s, self.pos + 1, True)
+        except json.JSONDecodeError as e:
+            raise FingerprintError(f"invalid JSON: {e}") from e
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise self.error(f"lone surrogate in string {v!r}") from e
+        return v
+
+    def name(self, obj: dict[str, Any]) -> str:
+        """The member name at pos, and past its colon."""
+        self.space()
+        if not self.s.startswith('"', self.pos):
+            raise self.error("expected a member name")
+        at = self.pos
+        name = self.string()
+        if name in obj:
+            # Names are compared after unescaping: "a" and "\u0061" are one member.
+            self.pos = at
+            raise self.error(f"duplicate member name {name!r}")
+        self.space()
+        if not self.s.startswith(":", self.pos):
+            raise self.error("expected : after a member name")
+        self.pos += 1
+        return name
+
+    def parse(self) -> Any:
+        s = self.s
+        # The open arrays and objects, and for each object the name of the member whose
+        # value comes next.
+        stack: list[Any] = []
+        names: list[str] = []
+        while True:
+            self.space()
+            if self.pos >= len(s):
+                raise self.error("unexpected end of input")
+            c = s[self.pos]
+            v: Any
+            if c == "{" or c == "[":
+                if len(stack) >= _MAX_DEPTH:
+                    raise _too_deep()
+                self.pos += 1
+                self.space()
+                if s.startswith("}" if c == "{" else "]", self.pos):
+                    self.pos += 1
+                    v = {} if c == "{" else []
+                elif c == "{":
+                    obj: dict[str, Any] = {}
+                    names.append(self.name(obj))
+                    stack.append(obj)
+                    continue
+                else:
+                    stack.append([])
+                    continue
+            elif c == '"':
+                v = self.string()
+            elif c == "-" or "0" <= c <= "9":
+                m = _NUMBER.match(s, self.pos)
+                if m is None:
+                    raise self.error("invalid number")
+                v = _Number(m.group())
+                self.pos = m.end()
+            elif s.startswith("true", self.pos):
+                v, self.pos = True, self.pos + 4
+            elif s.startswith("false", self.pos):
+                v, self.pos = False, self.pos + 5
+            elif s.startswith("null", self.pos):
+                v, self.pos = None, self.pos + 4
+            elif s.startswith(("NaN", "Infinity"), self.pos):
+                raise self.error("NaN and Infinity are not JSON")
+            else:
+                raise self.error(f"invalid character {c!r}")
+            # v is complete: it is the next member or element of the innermost open
+            # container, which then goes on (",") or ends, completing in turn.
+            while True:
+                if not stack:
+                    self.space()
+                    if self.pos != len(s):
+                        raise self.error("unexpected data after the value")
+                    return v
+                top = stack[-1]
+                is_obj = isinstance(top, dict)
+                if is_obj:
+                    top[names[-1]] = v
+                else:
+                    top.append(v)
+                self.space()
+                if s.startswith(",", self.pos):
+                    self.pos += 1
+                    if is_obj:
+                        names[-1] = self.name(top)
+                    break
+                if s.startswith("}" if is_obj else "]", self.pos):
+                    self.pos += 1
+                    v = stack.pop()
+                    if is_obj:
+                        names.pop()
+                    continue
+                if self.pos >= len(s):
+                    raise self.error("unterminated object" if is_obj else "unterminated array")
+                raise self.error("expected , or } in object" if is_obj else "expected , or ] in array")
 
 
 def _drop(v: Any, path: Sequence[str]) -> Any:
@@ -381,6 +531,8 @@ def _prepare(effect: Any, drop: Iterable[str]) -> Any:
         effect = RawJSON(bytes(effect))
     if isinstance(effect, RawJSON):
         effect = _parse(effect.text)
+    if paths:
+        _depth_check(effect)
     for p in paths:
         effect = _drop(effect, p)
     return effect
@@ -395,10 +547,11 @@ def canonicalize(effect: Any, drop: Iterable[str] = ()) -> bytes:
     """
     out: list[str] = []
     try:
-        _write(_prepare(effect, drop), out, 0)
+        _write(_prepare(effect, drop), out)
     except RecursionError as e:
-        # Python's own stack ends a little before _MAX_DEPTH: still a FingerprintError.
-        raise FingerprintError("nesting too deep") from e
+        # Only _drop recurses, once per segment of a drop path: a path of hundreds of
+        # segments on a value as deep is still a FingerprintError.
+        raise FingerprintError("drop path too deep for the stack") from e
     return "".join(out).encode("utf-8")
 
 
