@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -407,4 +408,55 @@ func TestOfValueRefusesWhatAFloat64MayHaveRounded(t *testing.T) {
 	if errA == nil && errB == nil && a == b {
 		t.Errorf("the text path aliases them too: %s", a)
 	}
+}
+
+// The shared vectors through the Go client's value path, as a runtime gets there:
+// the input decoded by encoding/json (into float64s, or json.Numbers), then OfValue.
+// Each valid vector gives its fingerprint, or is refused only for a number of
+// magnitude 2^53 or more (which a float64 may have rounded). The vectors were run
+// through the text path alone.
+func TestVectorsThroughOfValue(t *testing.T) {
+	refusedFor := map[string]bool{}
+	for _, v := range loadVectors(t) {
+		if v.Invalid {
+			continue
+		}
+		big := false
+		{
+			dec := json.NewDecoder(bytes.NewReader(v.input(t)))
+			dec.UseNumber()
+			for {
+				tok, err := dec.Token()
+				if err != nil {
+					break
+				}
+				if n, ok := tok.(json.Number); ok {
+					f, _ := n.Float64()
+					big = big || math.Abs(f) >= 1<<53
+				}
+			}
+		}
+		for _, useNumber := range []bool{false, true} {
+			dec := json.NewDecoder(bytes.NewReader(v.input(t)))
+			if useNumber {
+				dec.UseNumber()
+			}
+			var val any
+			if err := dec.Decode(&val); err != nil {
+				t.Fatalf("%s: encoding/json cannot decode a valid vector: %v", v.Name, err)
+			}
+			fp, err := OfValue(val, v.Drop...)
+			switch {
+			case err != nil && big:
+				refusedFor[v.Name] = true
+			case err != nil:
+				t.Errorf("%s (UseNumber %v): refused: %v", v.Name, useNumber, err)
+			case big:
+				t.Errorf("%s (UseNumber %v): a number of 2^53 or more accepted in a value: %s", v.Name, useNumber, fp)
+			case fp != v.Fingerprint:
+				t.Errorf("%s (UseNumber %v): %s, want %s", v.Name, useNumber, fp, v.Fingerprint)
+			}
+		}
+	}
+	t.Logf("refused on the value path for a number of 2^53 or more: %v", slices.Sorted(maps.Keys(refusedFor)))
 }
