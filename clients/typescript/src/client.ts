@@ -508,7 +508,9 @@ export class Client {
    * The answer is the record. A request that was decided, consumed or lapsed throws
    * ApprovalNotPendingError; another approval id or fingerprint ApprovalMismatchError. A
    * decision retried after its answer was lost meets not_pending, its own doing: when the
-   * record holds exactly this decision it is reported as success.
+   * record holds exactly this decision (this approval id, verdict and reason, and an
+   * approver the server records for this name under a token: approverNamed) it is
+   * reported as success.
    */
   async decideApproval(req: DecideApprovalRequest, opts?: CallOptions): Promise<IdemkvRecord> {
     const { tenant, idempotency_key: key, ...body } = req;
@@ -523,7 +525,7 @@ export class Client {
       if (err.code === "not_pending" && state.retried) {
         const rec = await this.get(tenant, key, opts).catch(() => undefined);
         const a = rec?.approval;
-        if (rec !== undefined && a !== undefined && a.id === req.approval_id && a.approver === req.approver &&
+        if (rec !== undefined && a !== undefined && a.id === req.approval_id && approverNamed(a.approver ?? "", req.approver) &&
           (a.reason ?? "") === (req.reason ?? "") && a.state === (req.decision === "deny" ? "denied" : "approved")) return rec;
       }
       const o = { status: err.status, cause: err, ...(err.field !== undefined ? { field: err.field } : {}) };
@@ -553,6 +555,34 @@ export class Client {
     return this.call<{ rules: ApprovalRule[] }>({
       method: "GET", route: "/v1/approval-rules", path: "/v1/approval-rules", query: new URLSearchParams({ tenant }),
     }, opts);
+  }
+}
+
+/** The longest approver the server records, in UTF-8 bytes (Go's idemkv.MaxApproverLen). */
+const MAX_APPROVER_LEN = 128;
+const APPROVER_VIA = " via ";
+const utf8 = new TextEncoder();
+
+/**
+ * Whether recorded, the approver a decision recorded, is what the server makes of a body
+ * naming named under some token (Go's idemkv.ApproverNamed, exactly): named alone without
+ * authentication; the token's identity alone ("ana (approver)") when the body names the
+ * token's holder; else "<named> via <token>", named clipped to fit 128 bytes. How a client
+ * that lost a decision's answer and met not_pending on its retry knows the decision on
+ * record is its own; it does not know its token's name, so any token matches, and the
+ * approval id, verdict and reason it compares besides make the decision its own.
+ */
+export function approverNamed(recorded: string, named: string): boolean {
+  if (recorded === named || recorded.startsWith(named + " (")) return true;
+  // The name before " via " may have been clipped to make room for the token, and then
+  // the whole is within a rune (4 bytes) of the limit.
+  const nearLimit = utf8.encode(recorded).length > MAX_APPROVER_LEN - 4;
+  for (let i = 0; ;) {
+    const j = recorded.indexOf(APPROVER_VIA, i);
+    if (j < 0) return false;
+    const left = recorded.slice(0, j);
+    if (left === named || (left !== "" && nearLimit && named.startsWith(left))) return true;
+    i = j + APPROVER_VIA.length;
   }
 }
 

@@ -9,7 +9,7 @@
 //     ApprovalPendingError; Client.approvals / approve / deny for approvers.
 //   - operation(id, fn): keys from the run's context; MemoryStore and passthrough: unit tests without a node.
 
-export { Client, MAX_WAIT_MS } from "./client.js";
+export { approverNamed, Client, MAX_WAIT_MS } from "./client.js";
 export type { ClientOptions, CallOptions, Settings, StoreBudget } from "./client.js";
 export { defaultEffect, idempotent } from "./idempotent.js";
 export type { ErrorMatch, IdempotentOptions, ReceiptFields } from "./idempotent.js";

@@ -7,7 +7,7 @@ import { execFileSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import {
-  ApiError, ApprovalDeniedError, ApprovalMismatchError, ApprovalNotPendingError, ApprovalPendingError, Client, ConflictError,
+  ApiError, approverNamed, ApprovalDeniedError, ApprovalMismatchError, ApprovalNotPendingError, ApprovalPendingError, Client, ConflictError,
   fingerprint, fingerprintJSON, idempotent, NotExecutedError, run, StoredFailureError, type Outcome, type Record as IdemkvRecord,
 } from "../src/index.js";
 import { eventually, idemkvBin, IdemkvNode, killAll, started, tempDir } from "./harness.js";
@@ -71,6 +71,86 @@ async function pendingOf(p: Promise<unknown>): Promise<ApprovalPendingError> {
   }
   throw new Error("the call ran: want ApprovalPendingError");
 }
+
+/** A fetch that delivers the first decision to the node and loses its answer (the decision took effect). */
+function losingFirstDecision(): { fetch: typeof fetch; lost: () => number } {
+  let lost = 0;
+  const f = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
+    const res = await fetch(input, init);
+    if (lost === 0 && init?.method === "POST" && new URL(String(input)).pathname.startsWith("/v1/approvals/")) {
+      await res.text();
+      lost++;
+      throw new TypeError("fetch failed", { cause: Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }) });
+    }
+    return res;
+  };
+  return { fetch: f as typeof fetch, lost: () => lost };
+}
+
+/** What the server records for a body naming named under token (Go's idemkv.RecordedApprover). */
+function recordedApprover(named: string, token: string): string {
+  const bytes = (x: string) => new TextEncoder().encode(x).length;
+  if (token === "") return named;
+  if (named === token || token.startsWith(named + " (")) return token;
+  const room = 128 - bytes(" via ") - bytes(token);
+  if (room <= 0) return clip(token, 128);
+  return clip(named, room) + " via " + token;
+  function clip(x: string, max: number): string {
+    const cps = [...x];
+    while (bytes(cps.join("")) > max) cps.pop();
+    return cps.join("");
+  }
+}
+
+describe("a decision whose answer was lost, under tokens", () => {
+  // The node records the name the body gives with the deciding token: "ana (approver)"
+  // for the token's own holder, "cfo-alice via ana (approver)" for someone else, the name
+  // clipped to fit 128 bytes. The retry meets not_pending; the record is this decision.
+  const long = "p".repeat(60) + "é".repeat(30); // 120 bytes: clipped to 109 beside the token
+  for (const [what, named, decision] of [
+    ["the token's own holder", "ana", "approve"],
+    ["someone the token decides for", "cfo-alice", "deny"],
+    ["a name clipped to fit beside the token", long, "approve"],
+    ["a name of two-byte letters clipped mid-way", "é".repeat(60), "deny"],
+  ] as const) {
+    it(`is recognised as the caller's own: ${what}`, async () => {
+      const order = `order-${Date.now()}-${n++}`;
+      const p = await pendingOf(run(agent, { tenant: TENANT, key: `${order}:refund`, tool: "refund", effect: { order }, approval: { summary: "s" } },
+        async () => ({ remoteSystem: "x", remoteId: "y" })));
+      const { fetch: f, lost } = losingFirstDecision();
+      const c = new Client({ endpoints: [node.httpAddr], token: approverToken, fetch: f, backoffMinMs: 5, backoffMaxMs: 20 });
+      const rec = await c.decideApproval({ tenant: TENANT, idempotency_key: p.key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint,
+        approver: named, reason: "ok", decision });
+      assert.equal(lost(), 1);
+      assert.deepEqual([rec.approval?.id, rec.approval?.state, rec.approval?.approver], [p.approvalId, decision === "deny" ? "denied" : "approved",
+        recordedApprover(named, "ana (approver)")]);
+      // Another name, or another reason, is not this decision.
+      const { fetch: g } = losingFirstDecision();
+      const other = new Client({ endpoints: [node.httpAddr], token: approverToken, fetch: g, backoffMinMs: 5, backoffMaxMs: 20 });
+      await assert.rejects(other.decideApproval({ tenant: TENANT, idempotency_key: p.key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint,
+        approver: "bob", reason: "ok", decision }), ApprovalNotPendingError);
+      await assert.rejects(other.decideApproval({ tenant: TENANT, idempotency_key: p.key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint,
+        approver: named, reason: "another", decision }), ApprovalNotPendingError);
+      c.close();
+      other.close();
+    });
+  }
+
+  it("approverNamed is Go's ApproverNamed", () => {
+    const long = "é".repeat(64);
+    for (const [named, token] of [["ana", ""], ["ana", "ana (approver)"], ["cfo-alice", "ana (approver)"],
+      ["alice", "approvals bot via slack (approver)"], [long, "ana (approver)"], ["bob via phone", "bot (admin)"]]) {
+      const rec = recordedApprover(named, token);
+      assert.ok(approverNamed(rec, named), `${named} recorded as ${rec} is not recognised`);
+      for (const other of ["anabelle", "an", "bob", "ana (approver)x", "é".repeat(10) + "x"]) {
+        if (other !== named && !named.startsWith(other)) assert.ok(!approverNamed(rec, other), `${named} recorded as ${rec} is taken for ${other}`);
+      }
+    }
+    // The clipped name matches a name it is the start of only when the whole is within a rune of the limit.
+    assert.ok(!approverNamed("al via bot (approver)", "alice"));
+    assert.ok(approverNamed(recordedApprover("a".repeat(128), "bot (approver)"), "a".repeat(128)));
+  });
+});
 
 describe("approvals", () => {
   it("a suspended call resumed twice shows one card, and the approved one runs once", async () => {
