@@ -1,8 +1,8 @@
 // The low-level client: one method per endpoint of idemkv's HTTP API, leader
 // discovery through the Idemkv-Leader header, several endpoints, and retries with
 // backoff of the answers that say "nothing happened, or it is safe to ask again"
-// (unavailable, outcome_unknown, a transport failure). The tool-call loop is in
-// idempotent.ts.
+// (unavailable, outcome_unknown, a transport failure: outcome_unknown for a write that
+// may have been sent, unavailable otherwise). The tool-call loop is in idempotent.ts.
 
 import { ApiError, type ApiErrorDetails, ApprovalMismatchError, ApprovalNotPendingError, isRetryable, WIRE_CODES, type WireCode } from "./errors.js";
 import { ATTR, failSpan, SPAN_KIND_CLIENT, traceHeaders, type Attributes, type Tracer } from "./telemetry.js";
@@ -260,6 +260,14 @@ export class Client {
   private async call<T>(c: Call, opts: CallOptions = {}, state = { retried: false }): Promise<T> {
     const body = c.body === undefined ? undefined : JSON.stringify(c.body);
     const budget = opts.budget;
+    // An attempt that may have been applied (outcome_unknown): the call ends so, however
+    // the last attempt failed (Go's do).
+    let unknown: ApiError | undefined;
+    const final = (err: unknown): unknown => {
+      if (unknown === undefined || (err instanceof ApiError && err.code === "outcome_unknown")) return err;
+      return new ApiError("outcome_unknown", `${unknown.message} (the last attempt: ${err instanceof Error ? err.message : String(err)})`,
+        { status: unknown.status, cause: err });
+    };
     for (let attempt = 0; ; attempt++) {
       if (attempt > 0) {
         let delay = backoff(attempt, this.settings.backoffMinMs, this.settings.backoffMaxMs);
@@ -279,6 +287,7 @@ export class Client {
         if (opts.signal?.aborted) throw abortReason(opts.signal);
         if (!isRetryable(err)) throw err;
         state.retried = true;
+        if (err instanceof ApiError && err.code === "outcome_unknown") unknown = err;
         this.demote(base);
         let exhausted: boolean;
         if (budget !== undefined) {
@@ -294,7 +303,7 @@ export class Client {
         } else {
           exhausted = attempt + 1 >= this.settings.maxAttempts;
         }
-        if (exhausted) throw err;
+        if (exhausted) throw final(err);
       }
     }
   }
@@ -332,7 +341,11 @@ export class Client {
         try {
           return JSON.parse(res.body);
         } catch (err) {
-          // A body cut short is a transport failure like any other.
+          // A body cut short is a transport failure like any other, after the server
+          // answered: a write it answered 2xx took effect.
+          if (c.method !== "GET") {
+            throw new ApiError("outcome_unknown", `idemkv: ${c.method} ${base}${c.path}: unreadable answer: it was applied`, { status: res.status, cause: err });
+          }
           throw new ApiError("unavailable", `idemkv: ${c.method} ${base}${c.path}: unreadable answer`, { status: res.status, cause: err });
         }
       }
@@ -345,7 +358,10 @@ export class Client {
     }
   }
 
-  /** Sends one request; a failure to get an answer is an ApiError unavailable. */
+  /**
+   * Sends one request. A failure to get an answer is an ApiError outcome_unknown for a
+   * write that may have been sent, unavailable for a read or a write certainly not sent.
+   */
   private async exchange(base: string, c: Call, path: string, headers: { [name: string]: string }, body: string | undefined,
     opts: CallOptions, timeout: number): Promise<HttpResponse> {
     const link = linkedController([opts.signal], timeout, () => new DOMException(`no answer in ${timeout} ms`, "TimeoutError"));
@@ -358,9 +374,17 @@ export class Client {
       return await send({ method: c.method, base, path, headers, body, signal: link.signal });
     } catch (err) {
       if (opts.signal?.aborted) throw abortReason(opts.signal);
-      // Nothing came back; whether the request was applied is unknown, and every
-      // idemkv request is safe to repeat (reserve by attempt_id, the rest by fence).
+      // Nothing came back. Every idemkv request is safe to repeat (reserve by
+      // attempt_id, the rest by fence), so either way this is "try again"; but a write
+      // the server received may have been applied, and unavailable says it certainly was
+      // not (docs/protocol.md, section 2): a denial that took effect was reported as not
+      // taken. fetch does not say whether the request was written, so a write is taken
+      // as sent unless the connection itself failed (refused, no such host).
       const why = link.signal.aborted ? `no answer in ${timeout} ms` : describe(err);
+      if (c.method !== "GET" && !notSent(err)) {
+        throw new ApiError("outcome_unknown", `idemkv: ${c.method} ${base}${c.path}: sent, and no answer came back: it may have been applied: ${why}`,
+          { status: 0, cause: err });
+      }
       throw new ApiError("unavailable", `idemkv: ${c.method} ${base}${c.path}: ${why}`, { status: 0, cause: err });
     } finally {
       link.dispose();
@@ -593,6 +617,25 @@ function refused(err: unknown): boolean {
     if (x.code === "ECONNREFUSED") return true;
     // Node's fetch tries every address of a name and reports them together.
     if (Array.isArray(x.errors) && x.errors.length > 0 && x.errors.every(refused)) return true;
+    e = x.cause;
+  }
+  return false;
+}
+
+/**
+ * Errors of connecting, which come before a byte of the request is sent: a refused
+ * connection, a name that does not resolve, a connect timeout. Anything else (a reset, a
+ * closed socket, a timeout waiting for the answer) may come after the request was sent.
+ */
+const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EAI_FAIL", "EAI_NONAME", "EAI_NODATA", "EADDRNOTAVAIL", "UND_ERR_CONNECT_TIMEOUT"]);
+
+/** Whether a failed attempt certainly never sent its request (see NOT_SENT). */
+function notSent(err: unknown): boolean {
+  for (let e: unknown = err, depth = 0; e !== undefined && e !== null && depth < 8; depth++) {
+    const x = e as { code?: unknown; errors?: unknown[]; cause?: unknown };
+    if (typeof x.code === "string" && NOT_SENT.has(x.code)) return true;
+    // Node's fetch tries every address of a name and reports them together.
+    if (Array.isArray(x.errors) && x.errors.length > 0 && x.errors.every(notSent)) return true;
     e = x.cause;
   }
   return false;

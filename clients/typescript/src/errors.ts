@@ -31,8 +31,11 @@ export type WireCode = keyof typeof WIRE_CODES;
 
 /**
  * An error answer of idemkv to one call, or a failure to get any answer. A transport
- * failure (refused connection, reset, timeout, a proxy's 502/503/504) has code
- * "unavailable": nothing came back, and every idemkv request is safe to repeat.
+ * failure has code "outcome_unknown" when a write may have been sent (a reset, a timeout,
+ * a closed connection, a 2xx answer cut short: it may have been applied) and
+ * "unavailable" when it certainly was not applied (a refused connection, a name that does
+ * not resolve, a read, a proxy's 502/503/504). Both are retried: every idemkv request is
+ * safe to repeat. A call one of whose attempts was outcome_unknown ends outcome_unknown.
  */
 /** The error body's details (docs/protocol.md, "Errors"). */
 export interface ApiErrorDetails {

@@ -136,6 +136,27 @@ describe("a decision whose answer was lost, under tokens", () => {
     });
   }
 
+  it("a deny whose every answer is lost is outcome_unknown, not unavailable, and the record is denied", async () => {
+    const order = `order-${Date.now()}-${n++}`;
+    const p = await pendingOf(run(agent, { tenant: TENANT, key: `${order}:refund`, tool: "refund", effect: { order }, approval: { summary: "s" } },
+      async () => ({ remoteSystem: "x", remoteId: "y" })));
+    let sent = 0;
+    const losing = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
+      const res = await fetch(input, init);
+      if (init?.method !== "POST") return res;
+      sent++;
+      await res.text();
+      throw new TypeError("fetch failed", { cause: Object.assign(new Error("other side closed"), { code: "UND_ERR_SOCKET" }) });
+    };
+    const c = new Client({ endpoints: [node.httpAddr], token: approverToken, fetch: losing as typeof fetch, maxAttempts: 3, backoffMinMs: 5, backoffMaxMs: 20 });
+    await assert.rejects(c.deny({ tenant: TENANT, idempotency_key: p.key, approval_id: p.approvalId, effect_fingerprint: p.fingerprint, approver: "ana", reason: "no" }),
+      (err: unknown) => err instanceof ApiError && err.code === "outcome_unknown" && /may have been applied/.test(err.message));
+    assert.equal(sent, 3);
+    const rec = await approver.get(TENANT, p.key);
+    assert.deepEqual([rec.status, rec.approval?.state, rec.approval?.approver], ["failed", "denied", "ana (approver)"]);
+    c.close();
+  });
+
   it("approverNamed is Go's ApproverNamed", () => {
     const long = "é".repeat(64);
     for (const [named, token] of [["ana", ""], ["ana", "ana (approver)"], ["cfo-alice", "ana (approver)"],

@@ -12,7 +12,7 @@ interface Sent {
   headers: Record<string, string>;
 }
 
-type Answer = { status: number; body: unknown; leader?: string } | "refused";
+type Answer = { status: number; body: unknown; leader?: string } | "refused" | "reset" | "dns";
 
 /** A fetch that records each request and answers from a script. */
 function scripted(answers: Answer[]): { fetch: typeof fetch; sent: Sent[] } {
@@ -23,6 +23,9 @@ function scripted(answers: Answer[]): { fetch: typeof fetch; sent: Sent[] } {
     const a = answers.shift();
     if (a === undefined) throw new Error("no more scripted answers");
     if (a === "refused") throw new TypeError("fetch failed", { cause: Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }) });
+    // Sent (or perhaps sent), and the connection died before the answer.
+    if (a === "reset") throw new TypeError("fetch failed", { cause: Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }) });
+    if (a === "dns") throw new TypeError("fetch failed", { cause: Object.assign(new Error("getaddrinfo ENOTFOUND a"), { code: "ENOTFOUND" }) });
     const h = new Headers({ "Content-Type": "application/json" });
     if (a.leader) h.set("Idemkv-Leader", a.leader);
     return new Response(typeof a.body === "string" ? a.body : JSON.stringify(a.body), { status: a.status, headers: h });
@@ -83,6 +86,35 @@ describe("client", () => {
     const c = new Client({ endpoints: ["a:1"], fetch, maxAttempts: 3, backoffMinMs: 1, backoffMaxMs: 2 });
     await assert.rejects(c.cluster(), (e: unknown) => e instanceof ApiError && e.code === "unavailable" && e.status === 502);
     assert.equal(sent.length, 3);
+  });
+
+  it("a write sent whose answer never came back is outcome_unknown; a refused connection, or a read, unavailable", async () => {
+    const code = async (answers: Answer[], call: (c: Client) => Promise<unknown>) => {
+      const maxAttempts = answers.length;
+      const { fetch, sent } = scripted(answers);
+      const c = new Client({ endpoints: ["a:1"], fetch, maxAttempts, backoffMinMs: 1, backoffMaxMs: 2 });
+      const e = await call(c).then(() => undefined, (x: unknown) => x);
+      assert.ok(e instanceof ApiError, String(e));
+      assert.equal(sent.length, maxAttempts);
+      return [e.code, e.status];
+    };
+    const commit = (c: Client) => c.commit({ ...reserveReq, fence: 3, remote_system: "x", remote_id: "y" });
+    assert.deepEqual(await code(["reset"], commit), ["outcome_unknown", 0]);
+    assert.deepEqual(await code(["refused"], commit), ["unavailable", 0]);
+    assert.deepEqual(await code(["dns"], commit), ["unavailable", 0]);
+    assert.deepEqual(await code(["reset"], (c) => c.cluster()), ["unavailable", 0]);
+    // A 2xx whose body was cut short: the write took effect.
+    assert.deepEqual(await code([{ status: 200, body: '{"remote_id": "y"' }], commit), ["outcome_unknown", 200]);
+    assert.deepEqual(await code([{ status: 200, body: '{"records": [' }], (c) => c.list("t")), ["unavailable", 200]);
+    // One attempt that may have been applied makes the call's end outcome_unknown, however the last failed.
+    assert.deepEqual(await code(["reset", "refused", "refused"], commit), ["outcome_unknown", 0]);
+    assert.deepEqual(await code([err("outcome_unknown", 503), err("unavailable", 503)], commit), ["outcome_unknown", 503]);
+    assert.deepEqual(await code(["refused", err("unavailable", 503), "refused"], commit), ["unavailable", 0]);
+    // Retried all the same, with the same body.
+    const { fetch, sent } = scripted(["reset", "reset", { status: 200, body: executed }]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    assert.equal((await c.reserve(reserveReq)).fence, 7);
+    assert.equal(new Set(sent.map((s) => JSON.stringify(s.body))).size, 1);
   });
 
   it("a release whose first answer was lost reads not_found as released", async () => {

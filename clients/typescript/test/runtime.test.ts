@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import {
-  ApiError, Client, ConflictError, defaultEffect, fingerprint, fingerprintJSON, idempotent, MemoryStore, NotExecutedError, operation, OutcomeUnknownError, passthrough,
+  ApiError, Client, ConflictError, defaultEffect, fingerprint, fingerprintJSON, idempotent, MemoryStore, notExecuted, NotExecutedError, operation, OutcomeUnknownError, passthrough,
   resultOmitted, run, StoredFailureError, StoreUnavailableError, type Outcome, type Receipt, type Store,
 } from "../src/index.js";
 import { freePort, killAll, repoRoot, startNode, type IdemkvNode } from "./harness.js";
@@ -154,6 +154,41 @@ describe("the effect as JSON text (Op.effectJSON)", () => {
     assert.equal((await client.get(TENANT, key)).effect_fingerprint, fingerprintJSON('{"amount":1e21}'));
     assert.throws(() => idempotent(async (x: string) => x, { client, tenant: TENANT, tool: "pay", effect: (x) => x, effectJSON: (x) => x }), TypeError);
     assert.throws(() => idempotent(async (x: string) => x, { client, tenant: TENANT, tool: "pay", sideEffect: "read_only", effectJSON: (x) => x }), TypeError);
+  });
+});
+
+describe("writes whose answers were lost (outcome_unknown)", () => {
+  it("the loop retries them as before: the tool runs once and the receipt is stored", async () => {
+    // The first answer of every write path is lost after the node applied the write.
+    const lostOnce = new Set<string>();
+    const f = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
+      const res = await fetch(input, init);
+      const path = new URL(String(input)).pathname;
+      if (init?.method === "POST" && !lostOnce.has(path)) {
+        lostOnce.add(path);
+        await res.text();
+        throw new TypeError("fetch failed", { cause: Object.assign(new Error("read ECONNRESET"), { code: "ECONNRESET" }) });
+      }
+      return res;
+    };
+    const c = new Client({ endpoints: [node.httpAddr], fetch: f as typeof fetch, backoffMinMs: 5, backoffMaxMs: 20 });
+    const key = newKey("lost");
+    let runs = 0;
+    const out = await run(c, { tenant: TENANT, key, tool: "send", effect: { n: 1 } }, async () => {
+      runs++;
+      return { remoteSystem: "mail", remoteId: "m1" };
+    });
+    assert.deepEqual([runs, out.replayed, out.receipt.remote_id], [1, false, "m1"]);
+    assert.deepEqual([...lostOnce].sort(), ["/v1/commit", "/v1/reserve"]);
+    const rec = await client.get(TENANT, key);
+    assert.deepEqual([rec.status, rec.receipt?.remote_id], ["committed", "m1"]);
+    // A notExecuted tool's release, its answer lost, still releases.
+    lostOnce.clear();
+    const key2 = newKey("lost-release");
+    await assert.rejects(run(c, { tenant: TENANT, key: key2, tool: "send", effect: { n: 2 } }, async () => { throw notExecuted(new Error("refused downstream")); }),
+      NotExecutedError);
+    assert.ok(lostOnce.has("/v1/release"));
+    await assert.rejects(client.get(TENANT, key2), (err: unknown) => err instanceof ApiError && err.code === "not_found");
   });
 });
 
