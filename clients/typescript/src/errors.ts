@@ -29,6 +29,11 @@ export const WIRE_CODES = {
 
 export type WireCode = keyof typeof WIRE_CODES;
 
+/** The error body's details (docs/protocol.md, "Errors"). */
+export interface ApiErrorDetails {
+  released?: Tombstone;
+}
+
 /**
  * An error answer of idemkv to one call, or a failure to get any answer. A transport
  * failure has code "outcome_unknown" when a write may have been sent (a reset, a timeout,
@@ -37,11 +42,6 @@ export type WireCode = keyof typeof WIRE_CODES;
  * not resolve, a read, a proxy's 502/503/504). Both are retried: every idemkv request is
  * safe to repeat. A call one of whose attempts was outcome_unknown ends outcome_unknown.
  */
-/** The error body's details (docs/protocol.md, "Errors"). */
-export interface ApiErrorDetails {
-  released?: Tombstone;
-}
-
 export class ApiError extends Error {
   /** The wire code ("fenced", "unavailable", ...). */
   readonly code: WireCode;
