@@ -72,6 +72,12 @@ const (
 	// in a later derive window would ask, and could be granted, a second approval of
 	// the same effect, so none is asked and nothing ran (approval.go).
 	CodeApprovalDerivedKey = "approval_with_derived_key"
+	// CodeApprovalEffectSubset: idemkv asks approval of a call whose effect the
+	// gateway's policy limits to some of its arguments (tools.X.effect, an admin's
+	// approval rule of the tenant and tool); the approver would see those alone and
+	// the call would run with every argument, so none is asked and nothing ran
+	// (approval.go).
+	CodeApprovalEffectSubset = "approval_with_effect_subset"
 	// CodeInternal: anything else.
 	CodeInternal = "internal"
 )

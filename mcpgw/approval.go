@@ -1,6 +1,7 @@
 package mcpgw
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"sort"
 	"strings"
 	"time"
@@ -19,13 +21,17 @@ import (
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/fingerprint"
 )
 
 // Approvals bound to the effect (docs/protocol.md "Approvals"), as the gateway asks
 // for them. A tool whose policy says approval: required reserves with the ask; a tool
 // an admin's rule holds on the server is answered needs_approval all the same, so
 // every mutating reserve carries the effect and a summary, but for a key the gateway
-// derives (key: derive): no approval is ever asked under one (heldDerived).
+// derives (key: derive) or a tool whose policy names an effect subset: no approval
+// is ever asked of those (heldUnasked). What an approver is shown, and an approval
+// binds, is every argument the call runs with but the policy's volatile ones, which
+// the in-band question names as not shown and not bound.
 //
 // A waiting approval is decided out of band (idemkv approvals approve, the API), or,
 // when the policy lets it (approval_in_band) and the gateway holds a Decider, in
@@ -70,7 +76,8 @@ const approvalInput = MetaPrefix + "approval"
 const (
 	maxSummaryArg = 256
 	minSummaryArg = 8
-	// maxMessageEffect bounds the effect an in-band question shows.
+	// maxMessageEffect bounds the effect an in-band question shows: one that does
+	// not fit is not asked in band (unshowable).
 	maxMessageEffect = 4 << 10
 )
 
@@ -93,6 +100,15 @@ func compileApproval(c *compiled) error {
 		// approve too, and the tool then runs twice.
 		return fmt.Errorf("approval: %s cannot take key: %s: a retry in a later derive window would ask for, and could be granted, a second approval of the same effect; give the tool a key template", ApprovalRequired, KeyDerive)
 	}
+	if tp.Approval == ApprovalRequired && len(tp.Effect) > 0 {
+		// The approver is shown, and the approval binds, the effect: with a subset,
+		// a call whose other arguments (an amount, an account) they never saw would
+		// run under it, and a retry could change those after the approval.
+		return fmt.Errorf("approval: %s cannot take effect: %s: the approver would see, and the approval bind, those arguments alone, "+
+			"while the call runs with all of them (any other argument, such as an amount or an account, unseen and free to change after the approval); "+
+			"remove effect, so that the effect is every argument, and list the arguments that may differ between retries of one operation "+
+			"(trace ids, timestamps) under volatile", ApprovalRequired, flowList(tp.Effect))
+	}
 	if d := tp.ApprovalTTL; d != 0 && (d < idemkv.MinApprovalTTL || d > idemkv.MaxApprovalTTL) {
 		return fmt.Errorf("approval_ttl %s outside [%s, %s]", d, idemkv.MinApprovalTTL, idemkv.MaxApprovalTTL)
 	}
@@ -113,28 +129,71 @@ func compileApproval(c *compiled) error {
 	if n > idemkv.MaxSummaryLen/2 {
 		return fmt.Errorf("approval_summary: its text is %d bytes; at most %d, leaving room for the arguments", n, idemkv.MaxSummaryLen/2)
 	}
+	for _, p := range t.parts {
+		if p.name == "" || p.name == "tenant" || p.name == "tool" {
+			continue
+		}
+		for _, v := range tp.Volatile {
+			if overlaps(strings.TrimPrefix(p.name, "arguments."), v) {
+				// The approver would read a value the approval does not bind.
+				return fmt.Errorf("approval_summary: {%s} shows what volatile drops (%s): the approver would read a value the approval "+
+					"does not bind, which may differ when the call runs; name only arguments the effect keeps", p.name, v)
+			}
+		}
+	}
 	c.summary = t
 	return nil
 }
 
-// heldDerived answers a call under a derived key that idemkv would hold for a
-// person's approval, or nil when err is not that.
+// overlaps reports whether the argument at path shows anything under the volatile
+// path v or is itself under it: one is a prefix of the other, segment by segment, a
+// "*" of v matching any segment.
+func overlaps(path, v string) bool {
+	a, b := strings.Split(path, "."), strings.Split(v, ".")
+	for i := range min(len(a), len(b)) {
+		if b[i] != "*" && a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// flowList writes paths as a YAML flow sequence, as a policy would.
+func flowList(paths []string) string {
+	return "[" + strings.Join(paths, ", ") + "]"
+}
+
+// unasked reports whether the call's reserve must carry the effect's fingerprint
+// alone, so that no approval can be asked of it (heldUnasked): its key is derived,
+// or its policy fingerprints only some of its arguments (tools.X.effect).
+func unasked(r *rule, c *call) bool {
+	return c.derived || len(r.policy.Effect) > 0
+}
+
+// heldUnasked answers a call that idemkv would hold for a person's approval but
+// that the gateway lets no approval be asked of (unasked), or nil when err is not
+// that.
 //
 // A derived key changes with its window, so an approval asked under it would be
 // asked again by the same call retried in a later window, and a person could grant
 // both: the effect would run twice (compileApproval refuses approval: required with
-// key: derive for this reason). An admin's rule on the server asks it all the same,
-// and idemkv has no way to withdraw a request once asked: a waiting approval stays
-// listed until it is decided or lapses, and once approved, the next reserve of its
-// key runs the tool. So the gateway never lets one be asked. A derived key's
-// reserve carries the effect's fingerprint alone, which a rule that requires
-// approval refuses, on the node and again in the state machine, with 400 naming
-// the effect (docs/protocol.md section 7) before it stores anything: no record, no
-// request, nothing to withdraw. Nothing else names the effect in a refusal of that
-// reserve (the effect was canonicalized when the key was derived, and none was
-// sent). needs_approval itself can only come from a Runner that sent the effect
-// anyway; the request it opened is named, to be denied.
-func (g *Gateway) heldDerived(ctx context.Context, r *rule, c *call, err error) *mcp.CallToolResult {
+// key: derive for this reason). A policy's effect subset (tools.X.effect) is what
+// the approver would be shown and the approval would bind, while the call runs with
+// every argument: an amount or an account the approver never saw, which a retry
+// could change after the approval (compileApproval refuses approval: required with
+// an effect for this reason). An admin's rule on the server asks approval of such a
+// tool all the same, and idemkv has no way to withdraw a request once asked: a
+// waiting approval stays listed until it is decided or lapses, and once approved,
+// the next reserve of its key runs the tool. So the gateway never lets one be
+// asked. The reserve of such a call carries the effect's fingerprint alone, which a
+// rule that requires approval refuses, on the node and again in the state machine,
+// with 400 naming the effect (docs/protocol.md section 7) before it stores
+// anything: no record, no request, nothing to withdraw. Nothing else names the
+// effect in a refusal of that reserve (the gateway checked it could canonicalize
+// the arguments, and sent no effect). needs_approval itself can only come from a
+// Runner that sent the effect anyway, or from a request an earlier gateway opened;
+// the request is named, to be denied.
+func (g *Gateway) heldUnasked(ctx context.Context, r *rule, c *call, err error) *mcp.CallToolResult {
 	var (
 		pending *client.ApprovalPendingError
 		refused *idemkv.Error
@@ -143,14 +202,33 @@ func (g *Gateway) heldDerived(ctx context.Context, r *rule, c *call, err error) 
 	if !isPending && !(errors.As(err, &refused) && refused.Code == idemkv.CodeInvalidArgument && refused.Field == "effect") {
 		return nil
 	}
-	d := map[string]any{"reason": "approval_rule", "tool": r.tool.Name, "tenant": c.tenant, "idempotency_key": c.key,
-		"key": KeyDerive, "derive_window": r.policy.derive.String()}
-	msg := fmt.Sprintf("idemkv gateway: %[1]s was not called: idemkv requires a person's approval of it (an admin's approval rule of tenant %[2]q), "+
-		"and the gateway derives its idempotency keys (key: %[3]s), which change with each derive_window: a retry in a later window would "+
-		"ask for, and could be granted, a second approval of the same effect, and %[1]s would run twice. So no approval is asked under a "+
-		"derived key, and every retry of this call gets this answer. Give %[1]s a key template naming the operation in the gateway's policy "+
-		"(tools.%[1]s.key, over the arguments that identify it), or call it with an idempotency key of your own in _meta[%[4]q].",
-		r.tool.Name, c.tenant, KeyDerive, MetaIdempotencyKey)
+	d := map[string]any{"reason": "approval_rule", "tool": r.tool.Name, "tenant": c.tenant, "idempotency_key": c.key}
+	var code, msg, logMsg string
+	if c.derived {
+		code = CodeApprovalDerivedKey
+		d["key"], d["derive_window"] = KeyDerive, r.policy.derive.String()
+		msg = fmt.Sprintf("idemkv gateway: %[1]s was not called: idemkv requires a person's approval of it (an admin's approval rule of tenant %[2]q), "+
+			"and the gateway derives its idempotency keys (key: %[3]s), which change with each derive_window: a retry in a later window would "+
+			"ask for, and could be granted, a second approval of the same effect, and %[1]s would run twice. So no approval is asked under a "+
+			"derived key, and every retry of this call gets this answer. Give %[1]s a key template naming the operation in the gateway's policy "+
+			"(tools.%[1]s.key, over the arguments that identify it), or call it with an idempotency key of your own in _meta[%[4]q].",
+			r.tool.Name, c.tenant, KeyDerive, MetaIdempotencyKey)
+		logMsg = "idemkv requires approval of a tool whose keys the gateway derives: the call was refused (give the tool a key template in the policy)"
+	} else {
+		code = CodeApprovalEffectSubset
+		msg = fmt.Sprintf("idemkv gateway: %[1]s was not called: idemkv requires a person's approval of it (an admin's approval rule of tenant %[2]q), "+
+			"and the gateway's policy fingerprints only some of its arguments (tools.%[1]s.effect: %[3]s): the approver would be shown, and "+
+			"would approve, those alone, while %[1]s runs with every argument, any other one unseen and free to change after the approval. "+
+			"So no approval is asked of it, and every retry of this call gets this answer.",
+			r.tool.Name, c.tenant, flowList(r.policy.Effect))
+		logMsg = "idemkv requires approval of a tool whose policy limits its effect to some arguments: the call was refused " +
+			"(remove the tool's effect from the policy, listing the arguments that may vary under volatile)"
+	}
+	if len(r.policy.Effect) > 0 {
+		d["effect"] = r.policy.Effect
+		msg += fmt.Sprintf(" Remove tools.%[1]s.effect from the gateway's policy, so that the effect is every argument, and list the arguments "+
+			"that may differ between retries of one operation (trace ids, timestamps) under tools.%[1]s.volatile.", r.tool.Name)
+	}
 	meta := []string{MetaIdempotencyKey, c.key, MetaTenant, c.tenant}
 	attrs := []slog.Attr{slog.String(logKeyTool, r.tool.Name), slog.String("tenant", c.tenant), slog.String(logKeyKey, c.key)}
 	if isPending {
@@ -165,9 +243,8 @@ func (g *Gateway) heldDerived(ctx context.Context, r *rule, c *call, err error) 
 			pending.ApprovalID, shellQuote(c.tenant), shellQuote(c.key), shellQuote(pending.ApprovalID), shellQuote(fp))
 		meta = append(meta, MetaDecision, string(idemkv.DecisionNeedsApproval))
 	}
-	g.log.LogAttrs(ctx, slog.LevelWarn, "idemkv requires approval of a tool whose keys the gateway derives: the call was refused "+
-		"(give the tool a key template in the policy)", attrs...)
-	return annotate(errorResult(CodeApprovalDerivedKey, msg, d), meta...)
+	g.log.LogAttrs(ctx, slog.LevelWarn, logMsg, attrs...)
+	return annotate(errorResult(code, msg, d), meta...)
 }
 
 // approvalAsk is what the call's reserve asks of approvals: always the effect and a
@@ -201,28 +278,7 @@ func summarize(r *rule, c *call) string {
 
 func renderSummary(r *rule, c *call, limit int) string {
 	if r.policy.summary == nil {
-		effect := c.args
-		if args, ok := c.args.(map[string]any); ok && len(r.policy.Volatile) > 0 {
-			// What does not count is no part of what is approved.
-			kept := make(map[string]any, len(args))
-			for k, v := range args {
-				kept[k] = v
-			}
-			for _, p := range r.policy.Volatile {
-				delete(kept, p)
-			}
-			effect = kept
-		}
-		if len(r.policy.Effect) > 0 {
-			obj := map[string]any{}
-			for _, p := range r.policy.Effect {
-				if v, ok := lookupPath(c.args, p); ok {
-					obj[p] = v
-				}
-			}
-			effect = obj
-		}
-		return "Call " + quote(r.tool.Name, limit) + " with " + showValue(effect, limit)
+		return "Call " + quote(r.tool.Name, limit) + " with " + showValue(boundArgs(r, c), limit)
 	}
 	s := scope{tenant: c.tenant, tool: r.tool.Name, args: c.args}
 	var b strings.Builder
@@ -239,6 +295,49 @@ func renderSummary(r *rule, c *call, limit int) string {
 		b.WriteString(showValue(v, limit))
 	}
 	return b.String()
+}
+
+// boundArgs are the call's arguments as its effect keeps them: every one but what
+// the policy's volatile paths drop, exactly as the fingerprint drops them. A tool
+// asked approval of has no effect subset (unasked), so this is what the approver
+// approves. Should the arguments not canonicalize (the reserve then fails
+// anyway), they are shown whole.
+func boundArgs(r *rule, c *call) any {
+	if len(r.policy.Volatile) == 0 {
+		return c.args
+	}
+	b, err := fingerprint.CanonicalizeWithout(c.raw, r.policy.Volatile...)
+	if err != nil {
+		return c.args
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return c.args
+	}
+	return v
+}
+
+// unbound names the policy's volatile paths that drop something from the call's
+// arguments: what the approver is not shown and the approval does not bind. Should
+// the arguments not canonicalize, every volatile path is named.
+func unbound(r *rule, c *call) []string {
+	if len(r.policy.Volatile) == 0 {
+		return nil
+	}
+	whole, err := fingerprint.Canonicalize(c.raw)
+	if err != nil {
+		return r.policy.Volatile
+	}
+	var out []string
+	for _, p := range r.policy.Volatile {
+		// Dropping a member always shortens the canonical form.
+		if kept, err := fingerprint.CanonicalizeWithout(c.raw, p); err != nil || len(kept) != len(whole) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // showValue shows an argument to a person: strings quoted and escaped, numbers and
@@ -415,16 +514,52 @@ func (g *Gateway) mayAskInBand(r *rule, c *call, req *mcp.CallToolRequest) bool 
 	return e.Form != nil || e.URL == nil // neither: form, for backward compatibility
 }
 
-// question is the elicitation that asks the agent's user to decide.
-func question(r *rule, p *client.ApprovalPendingError) *mcp.ElicitParams {
+// unshowable says why the user cannot be asked in band to decide p, or "": the
+// question must show the effect whole, since an approval binds all of it, and a
+// clipped one would have the user approve what they did not read. Such an approval
+// is left to be decided out of band, where the effect is shown whole.
+func unshowable(p *client.ApprovalPendingError) string {
+	where := fmt.Sprintf("decide it out of band, where the effect is shown whole: the record page of idemkv's console (/ui/record?tenant=%s&key=%s), "+
+		"or idemkv approvals ls --tenant %s", url.QueryEscape(p.Tenant), url.QueryEscape(p.Key), shellQuote(p.Tenant))
+	if p.Record == nil || len(p.Record.Effect) == 0 {
+		return "the user was not asked: idemkv answered without the effect to approve, so a question could not show it; " + where
+	}
+	if n := len(escapeUnprintable(string(p.Record.Effect))); n > maxMessageEffect {
+		return fmt.Sprintf("the user was not asked: the effect to approve is %d bytes as shown, more than an in-band question shows (%d), "+
+			"and an approval covers all of it; %s", n, maxMessageEffect, where)
+	}
+	return ""
+}
+
+// question is the elicitation that asks the agent's user to decide: the summary, the
+// tool and the effect whole (unshowable), and the arguments the call carries that
+// the policy's volatile paths drop (unbound), named as not shown and not bound.
+func question(r *rule, p *client.ApprovalPendingError, dropped []string) *mcp.ElicitParams {
 	var b strings.Builder
-	b.WriteString("Approve this call? It runs only once you approve it, and only as shown.\n\n")
+	b.WriteString("Approve this call? It runs only once you approve it, and only with the effect shown below")
+	if len(dropped) > 0 {
+		b.WriteString(": every argument but those named as not shown")
+	}
+	b.WriteString(".\n")
+	if len(dropped) > 0 {
+		quoted := make([]string, len(dropped))
+		for i, d := range dropped {
+			quoted[i] = escapeUnprintable(d)
+		}
+		b.WriteString("Not shown, not bound: " + strings.Join(quoted, ", ") +
+			" (the gateway's policy declares them volatile: meaningless to what the call does, and free to differ when it runs).\n")
+	}
+	if p.Record != nil && len(p.Record.EffectMask) > 0 {
+		b.WriteString("Masked by the tenant's approval rule (bound, but shown as \"***\"): " + escapeUnprintable(strings.Join(p.Record.EffectMask, ", ")) + ".\n")
+	}
+	b.WriteString("\n")
 	if p.Approval != nil && p.Approval.Summary != "" {
 		b.WriteString(p.Approval.Summary + "\n\n")
 	}
 	b.WriteString("Tool: " + escapeUnprintable(r.tool.Name) + "\n")
 	if p.Record != nil && len(p.Record.Effect) > 0 {
-		b.WriteString("Effect: " + clipNote(escapeUnprintable(string(p.Record.Effect)), maxMessageEffect) + "\n")
+		// Whole: a question is not asked of an effect that does not fit (unshowable).
+		b.WriteString("Effect: " + escapeUnprintable(string(p.Record.Effect)) + "\n")
 	}
 	fmt.Fprintf(&b, "Approval %s, tenant %s, key %s", p.ApprovalID, p.Tenant, quote(p.Key, idemkv.MaxKeyLen))
 	if p.Approval != nil {
@@ -555,7 +690,7 @@ func askAgain(ans *inBandAnswer, p *client.ApprovalPendingError) bool {
 
 // inputRequired is the 2026-07-28 answer that asks the agent's client for its user's
 // decision, carrying the sealed state the re-issued call must echo.
-func (g *Gateway) inputRequired(r *rule, p *client.ApprovalPendingError) *mcp.CallToolResult {
+func (g *Gateway) inputRequired(r *rule, c *call, p *client.ApprovalPendingError) *mcp.CallToolResult {
 	st := approvalState{Tenant: p.Tenant, Key: p.Key, ApprovalID: p.ApprovalID}
 	if p.Record != nil {
 		st.Fingerprint = p.Record.Fingerprint
@@ -564,7 +699,7 @@ func (g *Gateway) inputRequired(r *rule, p *client.ApprovalPendingError) *mcp.Ca
 		st.Expires = p.Approval.ExpiresAt.Time().UnixMilli()
 	}
 	return annotate(&mcp.CallToolResult{
-		InputRequests: mcp.InputRequestMap{approvalInput: question(r, p)},
+		InputRequests: mcp.InputRequestMap{approvalInput: question(r, p, unbound(r, c))},
 		RequestState:  g.sealState(st),
 	}, MetaIdempotencyKey, p.Key, MetaTenant, p.Tenant, MetaFingerprint, st.Fingerprint, MetaDecision, string(idemkv.DecisionNeedsApproval))
 }
@@ -572,7 +707,7 @@ func (g *Gateway) inputRequired(r *rule, p *client.ApprovalPendingError) *mcp.Ca
 // elicit asks a 2025-11-25 client's user on its session (elicitation/create), and
 // records the answer.
 func (g *Gateway) elicit(ctx context.Context, r *rule, c *call, req *mcp.CallToolRequest, p *client.ApprovalPendingError) *inBandAnswer {
-	er, err := req.Session.Elicit(ctx, question(r, p))
+	er, err := req.Session.Elicit(ctx, question(r, p, unbound(r, c)))
 	if err != nil {
 		g.log.LogAttrs(ctx, slog.LevelInfo, "the client did not answer the approval question", slog.String(logKeyTool, r.tool.Name), slog.Any(logKeyErr, err))
 		return &inBandAnswer{approvalID: p.ApprovalID, cancelled: true, note: "the client did not answer the question: " + err.Error()}

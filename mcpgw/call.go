@@ -367,7 +367,7 @@ type call struct {
 	raw    json.RawMessage // the arguments as sent
 	args   any             // the arguments, decoded with json.Number
 	// derived: the key was derived (key: derive), not sent or templated; no
-	// approval may be asked under it (heldDerived).
+	// approval may be asked under it (heldUnasked).
 	derived bool
 }
 
@@ -388,12 +388,13 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 		return errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil), nil
 	}
 	op.Effect, op.Drop = effect, r.policy.Volatile
-	if !c.derived {
+	noAsk := unasked(r, c)
+	if !noAsk {
 		op.Approval = g.approvalAsk(r, c)
 	}
-	// A derived key's reserve carries the fingerprint alone: an admin's rule that
-	// asks approval of the tool then refuses it before anything is stored
-	// (heldDerived).
+	// The reserve of a derived key, or of a tool whose policy names an effect
+	// subset, carries the fingerprint alone: an admin's rule that asks approval of
+	// the tool then refuses it before anything is stored (heldUnasked).
 	progress := g.progressFor(ctx, req)
 	var w *waiter // of the Do in progress
 	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
@@ -447,22 +448,29 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	// A re-issued 2026-07-28 call may carry its user's answer to the gateway's
 	// question (approval.go): it is recorded before the reserve that acts on it.
 	var ans *inBandAnswer
-	if !c.derived {
+	if !noAsk {
 		ans = g.answerOf(ctx, r, c, req)
 	}
 	out, err := do()
-	if c.derived && upstream == nil {
-		if res := g.heldDerived(ctx, r, c, err); res != nil {
+	if noAsk && upstream == nil {
+		if res := g.heldUnasked(ctx, r, c, err); res != nil {
 			return res, nil
 		}
 	}
 	var pending *client.ApprovalPendingError
 	if errors.As(err, &pending) && askAgain(ans, pending) && g.mayAskInBand(r, c, req) {
-		if modernRequest(req) {
-			return g.inputRequired(r, pending), nil
-		}
-		if ans = g.elicit(ctx, r, c, req, pending); ans.decided {
-			out, err = do()
+		switch why := unshowable(pending); {
+		case why != "":
+			// The user would approve an effect they could not read whole.
+			ans = &inBandAnswer{approvalID: pending.ApprovalID, note: why}
+			g.log.LogAttrs(ctx, slog.LevelInfo, "an approval was not asked in band: a question could not show its effect whole",
+				slog.String(logKeyTool, r.tool.Name), slog.String(logKeyKey, c.key), slog.String("approval_id", pending.ApprovalID))
+		case modernRequest(req):
+			return g.inputRequired(r, c, pending), nil
+		default:
+			if ans = g.elicit(ctx, r, c, req, pending); ans.decided {
+				out, err = do()
+			}
 		}
 	}
 	if errors.As(err, &pending) {
@@ -593,7 +601,11 @@ func actorOf(req *mcp.CallToolRequest) string {
 }
 
 // effectOf is the object idemkv fingerprints: the policy's effect fields, or every
-// argument (the volatile ones are dropped by the fingerprint itself).
+// argument (the volatile ones are dropped by the fingerprint itself). A tool asked
+// approval of has no effect fields: compileApproval refuses them with approval:
+// required, and a rule's approval is never asked of a tool that has them
+// (heldUnasked), so what an approver sees is every argument the call runs with,
+// but the volatile ones.
 func effectOf(r *rule, c *call) (json.RawMessage, error) {
 	if len(r.policy.Effect) == 0 {
 		return c.raw, nil
