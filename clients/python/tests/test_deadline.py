@@ -573,13 +573,13 @@ class CallersTimeout(Base):
                 real = a._attempt
                 caller: list[asyncio.Task[Any]] = []
 
-                async def attempt(base: str, call: Any, body: Optional[bytes]) -> Any:
+                async def attempt(base: str, call: Any, body: Optional[bytes], *rest: Any) -> Any:
                     if len(caller) == 1:
                         caller.pop().cancel()
                         if fails:
                             raise ConnectionResetError("reset as the caller gave up")
                         return dict(EXECUTE)  # the answer, in the same turn
-                    return await real(base, call, body)
+                    return await real(base, call, body, *rest)
 
                 a._attempt = attempt  # type: ignore[method-assign]
 

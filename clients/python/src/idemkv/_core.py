@@ -259,14 +259,16 @@ def headers(config: Config, body: Optional[bytes], extra: Optional[Mapping[str, 
     return h
 
 
-def read_answer(status: int, data: bytes) -> Any:
+def read_answer(status: int, data: bytes, method: str = "GET") -> Any:
     """The decoded body of a 2xx answer; otherwise raises the APIError it carries."""
     if 200 <= status < 300:
         try:
             return json.loads(data)
         except ValueError as e:
-            # A body cut short is a transport failure like any other.
-            raise APIError("unavailable", f"reading the answer: {e}", status=status) from e
+            # A body cut short is a transport failure like any other, after the server
+            # answered: a write it answered 2xx took effect.
+            code = "unavailable" if method == "GET" else "outcome_unknown"
+            raise APIError(code, f"reading the answer: {e}", status=status) from e
     try:
         err = json.loads(data)["error"]
         if isinstance(err, dict) and err.get("code"):
@@ -279,6 +281,62 @@ def read_answer(status: int, data: bytes) -> Any:
     # mean "try another"; anything else is not ours to read.
     code = "unavailable" if status in (502, 503, 504) else "internal"
     raise APIError(code, f"HTTP {status}: {data[:200].decode('utf-8', 'replace').strip()}", status=status)
+
+
+class Sent:
+    """Whether an attempt wrote its request whole: a write whose answer then never
+    came back may have been applied (the Go client's httptrace WroteRequest)."""
+
+    __slots__ = ("written",)
+
+    def __init__(self) -> None:
+        self.written = False
+
+
+def lost_answer(call: Call, base: str, e: BaseException, sent: Sent) -> APIError:
+    """The error of an attempt that got no answer. Every idemkv request is safe to
+    repeat, so either way it is tried again; but unavailable says the request certainly
+    was not applied (docs/protocol.md section 2), and a write that was sent whole may
+    have been: that is outcome_unknown (a denial that took effect was reported as not
+    taken)."""
+    if sent.written and call.method != "GET":
+        err = APIError("outcome_unknown", f"{call.method} {base}: sent, and no answer came back: it may have been "
+                                          f"applied: {e!r}")
+    else:
+        err = APIError("unavailable", f"{call.method} {base}: {e!r}")
+    err.__cause__ = e
+    return err
+
+
+def store_wait_spent(call: Call, wait_for: float, n: int, last: APIError,
+                     unknown: Optional[APIError]) -> Exception:
+    """The error of a call whose every attempt failed, safe to repeat, until its bound:
+    StoreUnavailableError, which the tool-call loop turns into its kind by where it
+    stands (before the tool ran, or after), as the Go client's Do does. When an attempt
+    may have been applied (unknown: sent, and its answer never came back; or the
+    server's own outcome_unknown), it carries the error a low-level call raises instead
+    (low_level_error)."""
+    from .errors import StoreUnavailableError
+
+    what = f"{call.method} {call.route}: no node answered within {wait_for:g}s ({n} attempts; last: {last})"
+    err = StoreUnavailableError(f"idemkv: {what}", cause=last)
+    if unknown is not None:
+        maybe = APIError("outcome_unknown", f"{what}; an attempt was sent and its answer never came back, so it may "
+                                            f"have been applied (sending it again is safe): {unknown}",
+                         status=unknown.status)
+        maybe.retried = True  # type: ignore[attr-defined]
+        maybe.__cause__ = unknown
+        err.outcome_unknown = maybe  # type: ignore[attr-defined]
+    return err
+
+
+def low_level_error(e: BaseException) -> BaseException:
+    """What a low-level call raises for e, the error of its send: a call whose bound ran
+    out after an attempt that may have been applied is APIError outcome_unknown, as the
+    Go client's calls return idemkv.ErrOutcomeUnknown then, even if later attempts
+    reached nobody: StoreUnavailableError would say it certainly was not applied."""
+    maybe = getattr(e, "outcome_unknown", None)
+    return maybe if isinstance(maybe, APIError) else e
 
 
 def _key_path(tenant: str, key: str) -> str:
@@ -458,12 +516,44 @@ def decide_approval_call(tenant: str, key: str, approval_id: str, fingerprint: s
     return Call("POST", "/v1/approvals/{tenant}/{key}", path, body=body)
 
 
+# The server's bound on a recorded approver, in UTF-8 bytes (idemkv.MaxApproverLen).
+MAX_APPROVER_LEN = 128
+_VIA = " via "
+
+
+def approver_named(recorded: str, named: str) -> bool:
+    """Whether recorded, the approver a decision recorded, is what the server makes of
+    a body naming named under some token (Go's idemkv.ApproverNamed, rule for rule):
+    named itself without authentication; the token's identity alone, "ana (approver)",
+    when named is the token's holder; else "named via <token identity>", named clipped to
+    fit MAX_APPROVER_LEN bytes. The client does not know its token's name, so any token
+    matches; the approval id, verdict and reason compared besides make the decision its
+    own."""
+    if recorded == named or recorded.startswith(named + " ("):
+        return True
+    i = 0
+    while True:
+        j = recorded.find(_VIA, i)
+        if j < 0:
+            return False
+        # The name before " via " may have been clipped to make room for the token, and
+        # then the whole is within a rune (4 bytes) of the limit.
+        left = recorded[:j]
+        if left == named or (left != "" and len(recorded.encode("utf-8")) > MAX_APPROVER_LEN - 4
+                             and named.startswith(left)):
+            return True
+        i = j + len(_VIA)
+
+
 def decided_as(rec: Optional[Mapping[str, Any]], call: Call) -> bool:
     """Whether rec holds exactly the decision call carries: a decision retried after its
-    answer was lost meets not_pending, its own doing (the Go DecideApproval)."""
+    answer was lost meets not_pending, its own doing (the Go DecideApproval). Under
+    tokens the record names the token besides the person (approver_named)."""
     a = (rec or {}).get("approval") or {}
     b = call.body or {}
-    return (a.get("id") == b.get("approval_id") and a.get("approver") == b.get("approver")
+    recorded = a.get("approver")
+    return (a.get("id") == b.get("approval_id") and isinstance(recorded, str)
+            and approver_named(recorded, str(b.get("approver", "")))
             and (a.get("reason") or None) == b.get("reason") and a.get("state") == VERDICTS[b["decision"]])
 
 

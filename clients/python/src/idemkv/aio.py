@@ -101,12 +101,16 @@ async def _read_line(r: asyncio.StreamReader) -> bytes:
     return line.rstrip(b"\r\n")
 
 
-async def _exchange(conn: _Conn, host: str, call: Call, body: Optional[bytes], hdrs: dict[str, str]) -> _Answer:
+async def _exchange(conn: _Conn, host: str, call: Call, body: Optional[bytes], hdrs: dict[str, str],
+                    sent: _core.Sent) -> _Answer:
     lines = [f"{call.method} {call.target()} HTTP/1.1", f"Host: {host}", "Connection: keep-alive"]
     lines += [f"{k}: {v}" for k, v in hdrs.items()]
     lines.append(f"Content-Length: {len(body) if body is not None else 0}")
     conn.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b""))
     await conn.writer.drain()
+    # Written whole: from here on a write may have been applied, answer or not. (On a
+    # reused connection too: the server may have taken it before closing.)
+    sent.written = True
 
     r = conn.reader
     status_line = (await _read_line(r)).decode("latin-1")
@@ -214,13 +218,13 @@ class AsyncClient:
     def aio(self) -> "AsyncClient":
         return self
 
-    async def _attempt(self, base: str, call: Call, body: Optional[bytes]) -> Any:
+    async def _attempt(self, base: str, call: Call, body: Optional[bytes], sent: _core.Sent) -> Any:
         hdrs = _core.headers(self.config, body, _otel.inject())
         host = urlsplit(base).netloc
         conn = self._pool.get(base)
         if conn is not None:
             try:
-                ans = await _exchange(conn, host, call, body, hdrs)
+                ans = await _exchange(conn, host, call, body, hdrs, sent)
             except _TRANSPORT_ERRORS:
                 # An idle connection the server had closed: try once on a new one.
                 conn.close()
@@ -231,7 +235,7 @@ class AsyncClient:
         if conn is None:
             conn = await self._pool.new(base)
             try:
-                ans = await _exchange(conn, host, call, body, hdrs)
+                ans = await _exchange(conn, host, call, body, hdrs, sent)
             except BaseException:
                 conn.close()
                 raise
@@ -240,7 +244,7 @@ class AsyncClient:
             self._pool.put(base, conn)
         else:
             conn.close()
-        return _core.read_answer(ans.status, ans.body)
+        return _core.read_answer(ans.status, ans.body, call.method)
 
     async def _send(self, call: Call, bound: Optional[float] = None,
                     connect_wait: Optional[float] = None, once: bool = False) -> tuple[Any, bool]:
@@ -261,14 +265,18 @@ class AsyncClient:
         # answer too: it may hold the key, and the loop names the attempt).
         task = asyncio.current_task()
         cancels = _cancelling(task)
+        # An attempt that may have been applied (outcome_unknown): the call's error
+        # says so even if a later attempt reached nobody.
+        unknown: Optional[APIError] = None
         n = 0
         while True:
             n += 1
             base = self._router.target()
             timeout = max(min(cfg.timeout, wait_for - used), 0.05) + call.wait
             start = time.monotonic()
+            sent = _core.Sent()
             try:
-                answer = await _within(self._attempt(base, call, body), timeout)
+                answer = await _within(self._attempt(base, call, body, sent), timeout)
                 if _cancelling(task) > cancels:
                     raise asyncio.CancelledError()
                 return answer, retried
@@ -276,12 +284,14 @@ class AsyncClient:
                 if e.code not in _core.RETRY_CODES:
                     e.retried = retried  # type: ignore[attr-defined]
                     raise
-                last: Exception = e
+                last = e
                 only_refused = False
             except _TRANSPORT_ERRORS as e:
-                last = APIError("unavailable", f"{call.method} {base}: {e!r}")
-                last.__cause__ = e
+                # A timeout too: _within cancelled the attempt, which may have sent.
+                last = _core.lost_answer(call, base, e, sent)
                 only_refused = only_refused and _core.refused(e)
+            if last.code == "outcome_unknown" and call.method != "GET":
+                unknown = last
             if _cancelling(task) > cancels:
                 raise asyncio.CancelledError() from last
             used += max(time.monotonic() - start - call.wait, 0.0)
@@ -295,18 +305,22 @@ class AsyncClient:
                     raise _core.nobody_listens(call, n, used, last)
                 left = min(left, connect_wait - used)
             if left <= 0:
-                raise StoreUnavailableError(
-                    f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
-                    f"({n} attempts; last: {last})",
-                    cause=last,
-                )
+                raise _core.store_wait_spent(call, wait_for, n, last, unknown)
             # The last pause ends at the bound, and one more attempt is made there.
             pause = min(_core.backoff(n, cfg.backoff_min, cfg.backoff_max), left)
             await asyncio.sleep(pause)
             used += pause
 
     async def _call(self, call: Call) -> Any:
-        return (await self._send(call))[0]
+        """A low-level call: the answer, or its error (APIError outcome_unknown when an
+        attempt may have been applied and the bound ran out)."""
+        try:
+            return (await self._send(call))[0]
+        except StoreUnavailableError as e:
+            err = _core.low_level_error(e)
+            if err is e:
+                raise
+            raise err from err.__cause__
 
     async def reserve(self, tenant: str, key: str, tool: str, **kw: Any) -> dict[str, Any]:
         return await self._call(_core.reserve_call(tenant, key, tool, **kw))  # type: ignore[no-any-return]
@@ -388,7 +402,13 @@ class AsyncClient:
             return await self._call(call)  # type: ignore[no-any-return]
         except APIError as e:
             if e.code == "not_pending" and getattr(e, "retried", False):
-                rec = await self.get(tenant, key)
+                # A retry met a decision: this call's own, whose answer was lost? A read
+                # that fails leaves the not_pending as it is, as in the Go client (the
+                # store's error would say the decision certainly was not taken).
+                try:
+                    rec = await self.get(tenant, key)
+                except (APIError, StoreUnavailableError):
+                    rec = None
                 if _core.decided_as(rec, call):
                     return rec  # type: ignore[return-value]
             raise _core.decision_error(e) from e.__cause__

@@ -39,9 +39,12 @@ def _callers(e: BaseException, start: float, timeout: float) -> bool:
 
 
 def _exchange(
-    conn: http.client.HTTPConnection, call: Call, body: Optional[bytes], hdrs: dict[str, str]
+    conn: http.client.HTTPConnection, call: Call, body: Optional[bytes], hdrs: dict[str, str], sent: _core.Sent
 ) -> tuple[http.client.HTTPResponse, bytes]:
     conn.request(call.method, call.target(), body=body, headers=hdrs)
+    # Written whole: from here on a write may have been applied, answer or not. (On a
+    # reused connection too: the server may have taken it before closing.)
+    sent.written = True
     resp = conn.getresponse()
     return resp, resp.read()
 
@@ -92,8 +95,10 @@ class Client:
 
     ``Client("10.0.0.1:7420", token=..., ca_file=...)`` or ``Client(config=Config(...))``;
     see :class:`Config` for every option. Low-level calls return the server's JSON
-    answers as dicts; errors are :class:`APIError` (a wire code) or
-    :class:`StoreUnavailableError` (no node answered within ``store_wait``).
+    answers as dicts; errors are :class:`APIError` (a wire code; ``outcome_unknown`` for a
+    write sent whose answer never came back within ``store_wait``: it may have been
+    applied) or :class:`StoreUnavailableError` (no node answered within ``store_wait``: not
+    applied).
     """
 
     def __init__(self, endpoints: Any = None, *, config: Optional[Config] = None, **kw: Any) -> None:
@@ -133,12 +138,12 @@ class Client:
 
     # Sending.
 
-    def _attempt(self, base: str, call: Call, body: Optional[bytes], timeout: float) -> Any:
+    def _attempt(self, base: str, call: Call, body: Optional[bytes], timeout: float, sent: _core.Sent) -> Any:
         hdrs = _core.headers(self.config, body, _otel.inject())
         start = time.monotonic()
         conn, reused = self._pool.get(base, timeout)
         try:
-            resp, data = _exchange(conn, call, body, hdrs)
+            resp, data = _exchange(conn, call, body, hdrs, sent)
         except _TRANSPORT_ERRORS as e:
             conn.close()
             if not reused or _callers(e, start, timeout):
@@ -147,7 +152,7 @@ class Client:
             # counting this as a failed attempt.
             conn = self._pool.new(base, timeout)
             try:
-                resp, data = _exchange(conn, call, body, hdrs)
+                resp, data = _exchange(conn, call, body, hdrs, sent)
             except BaseException:
                 conn.close()
                 raise
@@ -159,7 +164,7 @@ class Client:
             conn.close()
         else:
             self._pool.put(base, conn)
-        return _core.read_answer(resp.status, data)
+        return _core.read_answer(resp.status, data, call.method)
 
     def _send(self, call: Call, bound: Optional[float] = None,
               connect_wait: Optional[float] = None, once: bool = False) -> tuple[Any, bool]:
@@ -178,26 +183,31 @@ class Client:
         # connect_wait, when given, bounds the time while no endpoint even accepts a
         # connection: nobody listens, and waiting out store_wait would not help.
         only_refused = True
+        # An attempt that may have been applied (outcome_unknown): the call's error
+        # says so even if a later attempt reached nobody.
+        unknown: Optional[APIError] = None
         n = 0
         while True:
             n += 1
             base = self._router.target()
             timeout = max(min(cfg.timeout, wait_for - used), 0.05) + call.wait
             start = time.monotonic()
+            sent = _core.Sent()
             try:
-                return self._attempt(base, call, body, timeout), retried
+                return self._attempt(base, call, body, timeout, sent), retried
             except APIError as e:
                 if e.code not in RETRY_CODES:
                     e.retried = retried  # type: ignore[attr-defined]
                     raise
-                last: Exception = e
+                last = e
                 only_refused = False
             except _TRANSPORT_ERRORS as e:
                 if _callers(e, start, timeout):
                     raise
-                last = APIError("unavailable", f"{call.method} {base}: {e!r}")
-                last.__cause__ = e
+                last = _core.lost_answer(call, base, e, sent)
                 only_refused = only_refused and _core.refused(e)
+            if last.code == "outcome_unknown" and call.method != "GET":
+                unknown = last
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
             self._router.demote(base)
@@ -209,18 +219,22 @@ class Client:
                     raise _core.nobody_listens(call, n, used, last)
                 left = min(left, connect_wait - used)
             if left <= 0:
-                raise StoreUnavailableError(
-                    f"idemkv: {call.method} {call.route}: no node answered within {wait_for:g}s "
-                    f"({n} attempts; last: {last})",
-                    cause=last,
-                )
+                raise _core.store_wait_spent(call, wait_for, n, last, unknown)
             # The last pause ends at the bound, and one more attempt is made there.
             pause = min(_core.backoff(n, cfg.backoff_min, cfg.backoff_max), left)
             time.sleep(pause)
             used += pause
 
     def _call(self, call: Call) -> Any:
-        return self._send(call)[0]
+        """A low-level call: the answer, or its error (APIError outcome_unknown when an
+        attempt may have been applied and the bound ran out)."""
+        try:
+            return self._send(call)[0]
+        except StoreUnavailableError as e:
+            err = _core.low_level_error(e)
+            if err is e:
+                raise
+            raise err from err.__cause__
 
     # Low-level calls: the server's answers as dicts (docs/protocol.md, "HTTP API").
 
@@ -328,7 +342,13 @@ class Client:
             return self._call(call)  # type: ignore[no-any-return]
         except APIError as e:
             if e.code == "not_pending" and getattr(e, "retried", False):
-                rec = self.get(tenant, key)
+                # A retry met a decision: this call's own, whose answer was lost? A read
+                # that fails leaves the not_pending as it is, as in the Go client (the
+                # store's error would say the decision certainly was not taken).
+                try:
+                    rec = self.get(tenant, key)
+                except (APIError, StoreUnavailableError):
+                    rec = None
                 if _core.decided_as(rec, call):
                     return rec  # type: ignore[return-value]
             raise _core.decision_error(e) from e.__cause__

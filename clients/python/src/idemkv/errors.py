@@ -25,7 +25,10 @@ A denied approval is a stored failure: :class:`ApprovalDeniedError`, a
 
 The low-level calls raise :class:`APIError` for an answer with a wire code (its
 ``.code`` is the server's: ``fenced``, ``not_pending``, ...), and
-:class:`StoreUnavailableError` when no node answered within the bound. A decision on an
+:class:`StoreUnavailableError` when no node answered within the bound: the request
+certainly was not applied. A write that was sent whole and whose answer never came back
+(on any attempt, even if later ones reached nobody) raises :class:`APIError` with code
+``outcome_unknown`` instead: it may have been applied, and sending it again is safe. A decision on an
 approval that is no longer waiting raises :class:`ApprovalNotPendingError`, one naming
 another request or effect :class:`ApprovalMismatchError` (both APIErrors).
 """
