@@ -257,7 +257,11 @@ func (n *Node) checkPromotion(ctx context.Context, cfg raft.Configuration, id ra
 			voters = append(voters, s.ID)
 		}
 	}
-	if reach, quorum := n.reachQuorum(ctx, voters); reach < quorum {
+	reach, quorum, err := n.reachQuorum(ctx, voters)
+	if err != nil {
+		return err
+	}
+	if reach < quorum {
 		return idemkv.Errorf(idemkv.ErrUnavailable, "promoting %s would make %d voters, of which this leader reaches %d, short of their quorum of %d: the cluster could commit nothing. Bring the others back first; a learner that joined with serve --join asks again", id, len(voters), reach, quorum)
 	}
 	return nil
@@ -291,7 +295,11 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 	if !found {
 		return nil, idemkv.Errorf(idemkv.ErrNotFound, "no member with id %q (a removal retried after an outcome_unknown answer may already have happened)", req.ID)
 	}
-	if reach, quorum := n.reachQuorum(ctx, left); reach < quorum && !req.Force {
+	if req.Force {
+		n.log.Warn("removing a member by force: the voters left are not checked", "id", req.ID)
+	} else if reach, quorum, err := n.reachQuorum(ctx, left); err != nil {
+		return nil, err
+	} else if reach < quorum {
 		// Raft commits the removal, and everything after it, with a quorum of the
 		// voters left: removing a live follower while another was down left the
 		// leader a candidate for good.
@@ -310,32 +318,30 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 	return n.Cluster(ctx)
 }
 
-// reachable counts the servers of ids this leader reaches (reaches).
-func (n *Node) reachable(ids []raft.ServerID) int {
-	count, now := 0, time.Now()
-	for _, id := range ids {
-		if _, ok := n.reaches(id, now); ok {
-			count++
-		}
-	}
-	return count
-}
-
-// reachQuorum reports how many of voters this leader reaches and their quorum. Short
-// of it, it listens for up to a reach window before it says so: a leader elected a
-// moment ago, or a follower whose answer is a little late on a loaded machine, is not
-// yet a lost quorum.
-func (n *Node) reachQuorum(ctx context.Context, voters []raft.ServerID) (reach, quorum int) {
+// reachQuorum reports how many of voters this leader reaches and their quorum,
+// counting itself and each peer that answers after the question was asked: a peer
+// heard a second ago may have stopped since (paused, cut off by the same event that
+// made the operator remove another), and a recent answer counted it then. Heartbeats
+// go every tenth of a heartbeat timeout, so live peers answer within a moment; it waits
+// up to a reach window for them. An ended ctx is an error, not a lost quorum.
+func (n *Node) reachQuorum(ctx context.Context, voters []raft.ServerID) (reach, quorum int, err error) {
 	quorum = len(voters)/2 + 1
-	deadline := time.Now().Add(n.reachWindow())
+	asked := time.Now()
+	deadline := asked.Add(n.reachWindow())
 	for {
-		if reach = n.reachable(voters); reach >= quorum || !time.Now().Before(deadline) {
-			return reach, quorum
+		reach = 0
+		for _, id := range voters {
+			if string(id) == n.cfg.ID || n.peers.lastAnswer(id).After(asked) {
+				reach++
+			}
+		}
+		if reach >= quorum || !time.Now().Before(deadline) {
+			return reach, quorum, nil
 		}
 		select {
 		case <-ctx.Done():
-			return reach, quorum
-		case <-time.After(n.cfg.HeartbeatTimeout / 10):
+			return reach, quorum, idemkv.Errorf(idemkv.ErrUnavailable, "gave up waiting to hear from the voters (%v): nothing was changed", context.Cause(ctx))
+		case <-time.After(n.cfg.HeartbeatTimeout / 20):
 		}
 	}
 }

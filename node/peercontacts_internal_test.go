@@ -1,8 +1,13 @@
 package node
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/idemkv/idemkv"
 )
 
 // A peer counts as reached only on an answer within the reach window: never heard,
@@ -23,5 +28,44 @@ func TestReachesNeedsARecentAnswer(t *testing.T) {
 	n.peers.answered("n2", now.Add(-3*time.Second))
 	if last, ok := n.reaches("n2", now); ok || !last.Equal(now.Add(-3*time.Second)) {
 		t.Errorf("a peer last heard 3 s ago (window %s): reached %v, last %v", n.reachWindow(), ok, last)
+	}
+}
+
+// A change of the membership counts a peer only on an answer after it asked: a voter
+// that went silent a moment ago was still within the window of reaches, and removing the
+// other follower left {leader, silent voter}, which commits nothing. An answer that
+// comes while it waits counts; an ended wait is an error, not a lost quorum.
+func TestReachQuorumNeedsAFreshAnswer(t *testing.T) {
+	n := &Node{cfg: Config{ID: "n1", HeartbeatTimeout: 100 * time.Millisecond}}
+	n.peers.answered("n3", time.Now().Add(-50*time.Millisecond))
+	if _, ok := n.reaches("n3", time.Now()); !ok {
+		t.Fatal("n3, heard 50 ms ago, is not reached for the status")
+	}
+	reach, quorum, err := n.reachQuorum(context.Background(), []raft.ServerID{"n1", "n3"})
+	if err != nil || reach >= quorum {
+		t.Fatalf("n3 silent since it was asked: reach %d of quorum %d, %v", reach, quorum, err)
+	}
+	go func() {
+		time.Sleep(30 * time.Millisecond)
+		n.peers.answered("n3", time.Now())
+	}()
+	if reach, quorum, err := n.reachQuorum(context.Background(), []raft.ServerID{"n1", "n3"}); err != nil || reach < quorum {
+		t.Fatalf("n3 answering while asked: reach %d of quorum %d, %v", reach, quorum, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := n.reachQuorum(ctx, []raft.ServerID{"n1", "n2", "n3"}); idemkv.CodeOf(err) != idemkv.CodeUnavailable {
+		t.Fatalf("an ended wait: %v, want unavailable", err)
+	}
+}
+
+// Answers are timed on the monotonic clock: a reading earlier than the last answer (a
+// wall clock stepped back, as it reads) never makes a peer reached.
+func TestReachesIgnoresAnswersFromTheFuture(t *testing.T) {
+	n := &Node{cfg: Config{ID: "n1", HeartbeatTimeout: time.Second}}
+	now := time.Now()
+	n.peers.answered("n2", now)
+	if _, ok := n.reaches("n2", now.Add(-time.Hour+5*time.Second)); ok {
+		t.Fatal("an answer after now counts as reached")
 	}
 }

@@ -17,25 +17,30 @@ import (
 // Meanwhile the removal guard counted such a peer as reachable and allowed a removal
 // that left the cluster without a quorum.
 type peerContacts struct {
-	last sync.Map // raft.ServerID → *atomic.Int64, the Unix nanoseconds of the last answer
+	last sync.Map // raft.ServerID → *atomic.Int64: the last answer, in nanoseconds since contactBase
 }
 
-// answered records that id answered an RPC at t.
+// contactBase is what answers are timed from, on the monotonic clock: a wall clock
+// stepped back an hour made every answer before the step look an hour young, and a
+// dead peer reached.
+var contactBase = time.Now()
+
+// answered records that id answered an RPC at t, a time.Now() reading.
 func (p *peerContacts) answered(id raft.ServerID, t time.Time) {
 	v, ok := p.last.Load(id)
 	if !ok {
 		v, _ = p.last.LoadOrStore(id, new(atomic.Int64))
 	}
-	v.(*atomic.Int64).Store(t.UnixNano())
+	v.(*atomic.Int64).Store(int64(t.Sub(contactBase)) + 1) // 0 stays "never"
 }
 
-// lastAnswer is when id last answered, zero if never.
+// lastAnswer is when id last answered, zero if never; it carries the monotonic reading.
 func (p *peerContacts) lastAnswer(id raft.ServerID) time.Time {
 	v, ok := p.last.Load(id)
 	if !ok {
 		return time.Time{}
 	}
-	return time.Unix(0, v.(*atomic.Int64).Load())
+	return contactBase.Add(time.Duration(v.(*atomic.Int64).Load() - 1))
 }
 
 // reachWindow is how recently a peer must have answered to count as reached: twice
@@ -44,14 +49,16 @@ func (p *peerContacts) lastAnswer(id raft.ServerID) time.Time {
 // heard for a whole timeout starts an election of its own.
 func (n *Node) reachWindow() time.Duration { return 2 * n.cfg.HeartbeatTimeout }
 
-// reaches reports whether this node reaches id: itself, or a peer that answered within
-// reachWindow, and when id last answered.
+// reaches reports whether this node reaches id, as /v1/cluster shows it: itself, or a
+// peer that answered within reachWindow, and when id last answered. (A change of the
+// membership asks afresh: reachQuorum.)
 func (n *Node) reaches(id raft.ServerID, now time.Time) (last time.Time, ok bool) {
 	if string(id) == n.cfg.ID {
 		return now, true
 	}
 	last = n.peers.lastAnswer(id)
-	return last, !last.IsZero() && now.Sub(last) <= n.reachWindow()
+	age := now.Sub(last)
+	return last, !last.IsZero() && age >= 0 && age <= n.reachWindow()
 }
 
 // AppendEntries sends an append (or a heartbeat: Raft sends both through here) and
