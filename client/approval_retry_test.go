@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -109,5 +110,38 @@ func TestDecisionAnswersLostUnderTokens(t *testing.T) {
 	}
 	if errors.Is(err, idemkv.ErrUnavailable) || !errors.Is(err, idemkv.ErrOutcomeUnknown) {
 		t.Errorf("a denial that took effect, every answer lost: %v, want outcome_unknown and not unavailable", err)
+	}
+}
+
+// A call whose caller gives up after an attempt that may have been applied says so,
+// whatever the attempts after it met: the first node took the decision and lost the
+// answer, the second said unavailable, and the caller's context ended in the backoff;
+// the error was the second's unavailable, certainly not applied.
+func TestGivingUpKeepsAnUnknownAttempt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close() // received, perhaps applied, never answered
+	}))
+	defer a.Close()
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"code":"unavailable","message":"no leader"}`))
+		time.AfterFunc(50*time.Millisecond, cancel)
+	}))
+	defer b.Close()
+	c, err := client.New(client.Config{Endpoints: []string{a.URL, b.URL}, MaxAttempts: 3,
+		BackoffMin: 300 * time.Millisecond, BackoffMax: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.DecideApproval(ctx, &idemkv.DecideApprovalRequest{Tenant: "t", Key: "k", ApprovalID: "apr_1",
+		Fingerprint: "sha256:" + strings.Repeat("0", 64), Decision: idemkv.VerdictDeny, Approver: "ana"})
+	if errors.Is(err, idemkv.ErrUnavailable) || !errors.Is(err, idemkv.ErrOutcomeUnknown) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("an attempt may have been applied, then the caller gave up: %v (code %s)", err, idemkv.CodeOf(err))
 	}
 }

@@ -367,6 +367,11 @@ func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err er
 	for attempt := 0; attempt < c.cfg.MaxAttempts; attempt++ {
 		if attempt > 0 {
 			if err := sleep(ctx, backoff(attempt, c.cfg.BackoffMin, c.cfg.BackoffMax)); err != nil {
+				if unknown != nil {
+					// An earlier attempt may have been applied: not the last one's
+					// unavailable.
+					return retried, fmt.Errorf("client: %s %s: %w (after: %w)", cl.method, cl.route, err, unknown)
+				}
 				return retried, fmt.Errorf("client: %s %s: %w (after: %w)", cl.method, cl.route, err, last)
 			}
 		}
@@ -376,6 +381,12 @@ func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err er
 			return retried, nil
 		}
 		if ctx.Err() != nil {
+			if errors.Is(err, idemkv.ErrOutcomeUnknown) {
+				unknown = err
+			}
+			if unknown != nil {
+				return retried, fmt.Errorf("client: %s %s: %w (after: %w)", cl.method, cl.route, context.Cause(ctx), unknown)
+			}
 			return retried, fmt.Errorf("client: %s %s: %w", cl.method, cl.route, context.Cause(ctx))
 		}
 		// outcome_unknown is repeated too: the body is the same, so the same attempt

@@ -359,7 +359,7 @@ func (p *parser) number() (*value, error) {
 		return nil, &SyntaxError{Offset: start, Msg: fmt.Sprintf(
 			"number %s is 2^53 or more in magnitude, where a float64 holds only some integers: decoded into one "+
 				"(json.Unmarshal into any), two different identifiers read alike and would share a fingerprint; "+
-				"send it as a string, or the arguments as json.RawMessage", lit)}
+				"send it as a string, or the whole effect as JSON text (Op.Effect a json.RawMessage)", lit)}
 	}
 	text := formatNumber(f)
 	if !sameDecimal(lit, text) {
