@@ -184,6 +184,40 @@ class Approvals(unittest.TestCase):
         self.assertLess(took, 6.0)
         self.assertEqual(self.ran, [])
 
+    def test_an_approved_grant_answered_past_the_deadline_uses_the_approval(self) -> None:
+        # The reserve that consumes the approval is answered past deadline=: releasing
+        # the key (as for a grant without one) would delete the record and the
+        # person's approval with it, and the next reserve would ask anew. The tool
+        # runs, as the Go client runs it once it holds the grant. Before the fix the
+        # call raised StoreUnavailableError and the record was gone.
+        key = f"{self.order}:late"
+        effect = {"order": self.order, "amount": 7}
+        req = idemkv.ApprovalRequirement(ttl=3600, summary="Refund 7 EUR")
+
+        def tool() -> dict[str, Any]:
+            self.ran.append((self.order, 7))
+            return {"id": "re_late"}
+
+        with self.assertRaises(idemkv.ApprovalPendingError) as cm:
+            self.agent.do(tool, key=key, tool="refund", effect=effect, approval=req, remote_system="payments")
+        p = cm.exception
+        self.approver.approve(TENANT, key, approval_id=p.approval_id, fingerprint=p.fingerprint, approver="ana")
+        send = self.agent._send
+
+        def late(call: Any, *a: Any, **kw: Any) -> Any:
+            answer = send(call, *a, **kw)
+            if call.route == "/v1/reserve":
+                time.sleep(0.4)  # answered past the deadline
+            return answer
+
+        self.agent._send = late  # type: ignore[method-assign]
+        out = self.agent.do(tool, key=key, tool="refund", effect=effect, approval=req, remote_system="payments",
+                            deadline=0.2)
+        self.assertEqual((out.decision, out.receipt["remote_id"]), ("execute", "re_late"))
+        self.assertEqual(self.ran, [(self.order, 7)])
+        rec = self.agent.get(TENANT, key)
+        self.assertEqual((rec["status"], rec["approval"]["state"]), ("committed", "approved"))
+
     def test_bad_requirements_are_refused_before_anything_runs(self) -> None:
         with self.assertRaises(idemkv.NotExecutedError):
             self.agent.do(lambda: None, key=self.order, tool="refund", fingerprint=idemkv.fingerprint(1),

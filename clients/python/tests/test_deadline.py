@@ -262,6 +262,24 @@ class InDoubtDeadline(Base):
         self.assertEqual(self.settles(s), ["reserve", "release"] * 2)
         self.assertEqual([b["fence"] for b in s.bodies if kind_of_settle(b) == "release"], [8, 8])
 
+    def test_a_probe_that_finds_nothing_past_the_deadline_keeps_an_approval(self) -> None:
+        # The recovered record carries an approval that was given: a release would
+        # delete it (docs/protocol.md section 7) and the next reserve would ask anew.
+        # The tool runs instead, as the Go client runs it after its probe.
+        approved = {**RECOVER, "record": {**RECOVER["record"], "approval": {"id": "apr_1", "state": "approved"}}}
+        s = self.serve(lambda kind, body: (200, {}, approved) if kind == "reserve" else (200, {}, RECEIPT))
+        ran: list[int] = []
+
+        def probe() -> Any:
+            time.sleep(0.6)
+            return None
+
+        for err, took in self.both(s, lambda: ran.append(1) or {"id": "LIN-1"}, key="k", tool="t", effect={"a": 1},
+                                   probe=probe, deadline=0.3):
+            self.assertIsNone(err)
+        self.assertEqual(ran, [1, 1])
+        self.assertEqual(self.settles(s), ["reserve", "commit"] * 2)
+
     def test_a_sync_probe_past_the_deadline_settles_what_it_found(self) -> None:
         # Found: the receipt is stored (commit_grace past the deadline), as Go's resolve.
         # Not found: the key is released, and the reserve after it is not sent (Go's

@@ -499,7 +499,7 @@ class _Loop:
                 continue
             g = _Grant(decision, int(res.get("fence") or 0), record)
             if decision == "execute":
-                if self.past_deadline():
+                if self.past_deadline() and not _approved(record):
                     # Answered after the deadline (a reserve may take a moment past it):
                     # the tool does not run for a caller that has given up. The key
                     # this attempt holds is let go, and the error is that of a reserve
@@ -507,6 +507,9 @@ class _Loop:
                     late = self.deadline_passed(reserve)
                     yield from self.let_go(g, late)
                     raise late
+                # A grant that consumed an approval runs the tool even past the
+                # deadline, as the Go client runs it once it holds the grant: a release
+                # would delete the record and the person's approval with it (section 7).
                 return (yield from self.execute(g))
             if decision == "recover" and g.fence:
                 return (yield from self.recover(g))
@@ -596,7 +599,7 @@ class _Loop:
                                       record=g.record, cause=ran.error) from ran.error
         if ran.value is None:
             self.span.add_event("probe", {"found": False})
-            if self.past_deadline():
+            if self.past_deadline() and not _approved(g.record):
                 # The effect did not happen, and the tool does not run past the
                 # deadline: the key is released (as a NotExecuted tool's), so that the
                 # next attempt runs it at once.
@@ -604,6 +607,8 @@ class _Loop:
                 yield from self.release(g, cause)
                 raise NotExecutedError(f"idemkv: {op.key!r} not executed: {cause}", decision=g.decision,
                                        record=g.record, cause=cause) from cause
+            # (With an approval the tool runs, as the Go client runs it: a release would
+            # delete the record, and the next reserve would ask for a new approval.)
             return (yield from self.execute(g))
         self.span.add_event("probe", {"found": True})
         found = self.as_result(ran.value)
@@ -879,6 +884,13 @@ def _receipt_of(rec: Optional[dict[str, Any]]) -> dict[str, Any]:
     if rec.get("error"):
         out["error"] = rec["error"]
     return out
+
+
+def _approved(record: Optional[dict[str, Any]]) -> bool:
+    """Whether record carries an approval that was given (and which a grant consumes):
+    releasing its key would delete the record and the approval with it."""
+    a = (record or {}).get("approval") or {}
+    return isinstance(a, dict) and a.get("state") == "approved"
 
 
 def _stored_failure(key: str, receipt: dict[str, Any], replayed: bool, decision: str,
