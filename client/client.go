@@ -502,21 +502,28 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		}
 		return nil
 	}
-	return decodeError(resp)
+	return decodeError(resp, cl.method != http.MethodGet)
 }
 
 // decodeError turns an error answer back into the *idemkv.Error the server sent, so
 // that errors.Is finds the same sentinel on both sides of the wire.
-func decodeError(resp *http.Response) error {
+func decodeError(resp *http.Response, write bool) error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if e := idemkv.ParseErrorBody(data); e != nil {
 		return e
 	}
 	// Not idemkv's answer: a proxy or a load balancer in between. Gateways that
 	// could not reach a node mean "try another"; anything else is not ours to read.
+	// A 502 (the node's answer broke off) or a 504 (no answer in time) may come after
+	// the proxy forwarded a write, which may then have been applied.
 	code := idemkv.CodeInternal
 	switch resp.StatusCode {
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
+		code = idemkv.CodeUnavailable
+		if write {
+			code = idemkv.CodeOutcomeUnknown
+		}
+	case http.StatusServiceUnavailable:
 		code = idemkv.CodeUnavailable
 	}
 	msg := strings.TrimSpace(string(data))

@@ -608,3 +608,39 @@ func TestClientIgnoresUndialableLeader(t *testing.T) {
 		t.Errorf("leader %q", l)
 	}
 }
+
+// A proxy's 502 or 504 to a write may come after it forwarded the write, which may
+// then have been applied: outcome_unknown, retried as before. Its 503, and any of them
+// to a read, is unavailable.
+func TestProxyGatewayErrorsOnWrites(t *testing.T) {
+	n := startNode(t, newMemStore())
+	var status atomic.Int32
+	n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+		http.Error(w, "<html>upstream</html>", int(status.Load()))
+		return true
+	})
+	c := newClient(t, Config{Endpoints: []string{n.addr()}, MaxAttempts: 2})
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		status int
+		write  bool
+		want   error
+	}{
+		{http.StatusBadGateway, true, idemkv.ErrOutcomeUnknown},
+		{http.StatusGatewayTimeout, true, idemkv.ErrOutcomeUnknown},
+		{http.StatusServiceUnavailable, true, idemkv.ErrUnavailable},
+		{http.StatusBadGateway, false, idemkv.ErrUnavailable},
+		{http.StatusGatewayTimeout, false, idemkv.ErrUnavailable},
+	} {
+		status.Store(int32(tc.status))
+		var err error
+		if tc.write {
+			_, err = c.Release(ctx, &idemkv.ReleaseRequest{Tenant: "t1", Key: "k", Fingerprint: "sha256:" + strings.Repeat("0", 64), Fence: 1})
+		} else {
+			_, err = c.Get(ctx, &idemkv.GetRequest{Tenant: "t1", Key: "k"})
+		}
+		if !errors.Is(err, tc.want) || (tc.want == idemkv.ErrUnavailable && errors.Is(err, idemkv.ErrOutcomeUnknown)) {
+			t.Errorf("HTTP %d to a write (%v): %v, want %v", tc.status, tc.write, err, tc.want)
+		}
+	}
+}
