@@ -177,6 +177,18 @@ class PythonValues(unittest.TestCase):
         self.assertEqual(idemkv.canonicalize({"a": [idemkv.RawJSON('{"trace":1,"x":2}')]}, drop=["a.*.trace"]),
                          b'{"a":[{"x":2}]}')
 
+    def test_what_drop_removes_is_checked_as_the_rest(self) -> None:
+        # Go parses and checks the whole effect before dropping fields: a number no
+        # double keeps, or a float of 2**53 or more, is refused under a dropped member
+        # too (these three were fingerprinted).
+        for effect in (idemkv.RawJSON(b'{"a":1,"t":9007199254740993}'), idemkv.RawJSON(b'{"a":1,"t":1e400}'),
+                       {"a": 1, "t": 2.0**60}, {"a": 1, "t": {"x": [idemkv.RawJSON(b"9007199254740993")]}},
+                       {"a": 1, "t": {1: "x"}}, {"a": 1, "t": object()}):
+            with self.assertRaises(idemkv.FingerprintError, msg=repr(effect)):
+                idemkv.fingerprint(effect, ["t"])
+        self.assertEqual(idemkv.fingerprint(idemkv.RawJSON(b'{"a":1,"t":9007199254740992}'), ["t"]),
+                         idemkv.fingerprint({"a": 1}))
+
     def test_deep_nesting_is_a_fingerprint_error(self) -> None:
         v: list[Any] = []
         for _ in range(5000):

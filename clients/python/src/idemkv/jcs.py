@@ -334,21 +334,6 @@ def _write(v: Any, out: list[str]) -> None:
             return
 
 
-def _depth_check(v: Any) -> None:
-    """Refuse v when it nests more than _MAX_DEPTH arrays and objects, counting into
-    JSON text inside it. Go parses the whole effect before dropping fields, so a
-    part that drop= removes counts too."""
-    stack: list[tuple[Any, int]] = [(v, 0)]
-    while stack:
-        x, depth = stack.pop()
-        if isinstance(x, RawJSON):
-            x = _parse(x.text)
-        if isinstance(x, (dict, list, tuple)):
-            if depth >= _MAX_DEPTH:
-                raise _too_deep()
-            stack.extend((y, depth + 1) for y in (x.values() if isinstance(x, dict) else x))
-
-
 # json's own string scanner (C where it is built): it does not recurse, refuses control
 # characters and bad escapes, and joins escaped surrogate pairs.
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder, "scanstring")
@@ -532,7 +517,11 @@ def _prepare(effect: Any, drop: Iterable[str]) -> Any:
     if isinstance(effect, RawJSON):
         effect = _parse(effect.text)
     if paths:
-        _depth_check(effect)
+        # Go parses the whole effect before dropping fields, checking every number
+        # (a round trip through a double; on the value path a float's magnitude), the
+        # depth, the member names and the values: a part that drop= removes is
+        # refused as the rest would be (2**53 + 1 under a dropped "t" included).
+        _write(effect, [])
     for p in paths:
         effect = _drop(effect, p)
     return effect
