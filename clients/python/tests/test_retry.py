@@ -91,6 +91,43 @@ class Retries(unittest.TestCase):
             c2.commit("t", "k", "sha256:" + "a" * 64, 7, "s", "id")
         self.assertEqual((cm.exception.code, len(s2.bodies)), ("fenced", 1))
 
+    def test_a_proxys_502_or_504_to_a_write_may_have_been_applied(self) -> None:
+        # A proxy answers 504 when the node took the write and did not answer in time,
+        # 502 when its answer broke off: the write may have been applied, so a call
+        # that ends on it is outcome_unknown (retried as before). A proxy's 503, and a
+        # read's 502 or 504, stay unavailable; idemkv's own error body is read as is.
+        from idemkv import _core
+
+        for status in (502, 504):
+            self.assertEqual(self.code_of(lambda: _core.read_answer(status, b"bad gateway", "POST")),
+                             "outcome_unknown")
+            self.assertEqual(self.code_of(lambda: _core.read_answer(status, b"bad gateway", "GET")), "unavailable")
+            self.assertEqual(self.code_of(lambda: _core.read_answer(
+                status, b'{"error":{"code":"unavailable","message":"m"}}', "POST")), "unavailable")
+        self.assertEqual(self.code_of(lambda: _core.read_answer(503, b"busy", "POST")), "unavailable")
+
+        # Retried as before, with the same attempt; a call whose bound runs out on one
+        # says outcome_unknown.
+        s = self.serve(lambda n, b: (504, {}, b"gateway timeout") if n < 3 else (200, {}, EXECUTE))
+        c = idemkv.Client(s.addr, backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c.close)
+        self.assertEqual(c.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)["fence"], 7)
+        self.assertEqual((len(s.bodies), len({b["attempt_id"] for b in s.bodies})), (3, 1))
+        s2 = self.serve(lambda n, b: (502, {}, b"bad gateway"))
+        c2 = idemkv.Client(s2.addr, store_wait=0.2, backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c2.close)
+        with self.assertRaises(idemkv.APIError) as cm:
+            c2.commit("t", "k", "sha256:" + "a" * 64, 7, "s", "id")
+        self.assertEqual(cm.exception.code, "outcome_unknown")
+        self.assertGreater(len(s2.bodies), 1)
+
+    def code_of(self, f: Callable[[], Any]) -> str:
+        try:
+            f()
+        except idemkv.APIError as e:
+            return e.code
+        self.fail("no APIError")
+
     def test_a_retried_release_that_finds_nothing_was_ours(self) -> None:
         s = self.serve(lambda n, b: error("unavailable", 503) if n == 1 else error("not_found", 404))
         c = idemkv.Client(s.addr, backoff_min=0.001, backoff_max=0.01)

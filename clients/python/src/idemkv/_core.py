@@ -278,8 +278,12 @@ def read_answer(status: int, data: bytes, method: str = "GET") -> Any:
     except (ValueError, KeyError, TypeError):
         pass
     # Not idemkv's answer: a proxy in between. Gateways that could not reach a node
-    # mean "try another"; anything else is not ours to read.
+    # mean "try another"; anything else is not ours to read. A 502 (the node's answer
+    # broke off) or a 504 (no answer in time) may come after the proxy forwarded a
+    # write, which may then have been applied (the Go client's decodeError).
     code = "unavailable" if status in (502, 503, 504) else "internal"
+    if status in (502, 504) and method != "GET":
+        code = "outcome_unknown"
     raise APIError(code, f"HTTP {status}: {data[:200].decode('utf-8', 'replace').strip()}", status=status)
 
 
