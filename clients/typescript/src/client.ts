@@ -349,7 +349,7 @@ export class Client {
           throw new ApiError("unavailable", `idemkv: ${c.method} ${base}${c.path}: unreadable answer`, { status: res.status, cause: err });
         }
       }
-      throw decodeError(res.status, res.body);
+      throw decodeError(res.status, res.body, c.method !== "GET");
     } catch (err) {
       if (span !== undefined) failSpan(span, err);
       throw err;
@@ -659,7 +659,7 @@ function describe(err: unknown): string {
 }
 
 /** Turns an error answer into the ApiError the server meant. */
-function decodeError(status: number, text: string): ApiError {
+function decodeError(status: number, text: string, write: boolean): ApiError {
   try {
     const body = JSON.parse(text) as { error?: { code?: string; message?: string; field?: string; details?: unknown } };
     const e = body.error;
@@ -674,7 +674,10 @@ function decodeError(status: number, text: string): ApiError {
     // not idemkv's answer
   }
   // A proxy or load balancer in between: a gateway that could not reach a node means
-  // "try another"; anything else is not ours to read.
-  const code: WireCode = status === 502 || status === 503 || status === 504 ? "unavailable" : "internal";
+  // "try another"; anything else is not ours to read. A 502 (the node's answer broke
+  // off) or a 504 (no answer in time) may come after the proxy forwarded a write, which
+  // may then have been applied (the Go client's decodeError).
+  let code: WireCode = status === 502 || status === 503 || status === 504 ? "unavailable" : "internal";
+  if (write && (status === 502 || status === 504)) code = "outcome_unknown";
   return new ApiError(code, `idemkv: HTTP ${status}: ${text.trim().slice(0, 200)}`, { status });
 }

@@ -39,7 +39,9 @@ export interface ApiErrorDetails {
  * failure has code "outcome_unknown" when a write may have been sent (a reset, a timeout,
  * a closed connection, a 2xx answer cut short: it may have been applied) and
  * "unavailable" when it certainly was not applied (a refused connection, a name that does
- * not resolve, a read, a proxy's 502/503/504). Both are retried: every idemkv request is
+ * not resolve, a read, a proxy's 503). A proxy's 502 or 504 (not idemkv's own error) to a
+ * write is "outcome_unknown": the proxy may have forwarded it; to a read, "unavailable".
+ * Both are retried: every idemkv request is
  * safe to repeat. A call one of whose attempts was outcome_unknown ends outcome_unknown.
  */
 export class ApiError extends Error {

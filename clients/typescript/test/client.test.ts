@@ -88,6 +88,31 @@ describe("client", () => {
     assert.equal(sent.length, 3);
   });
 
+  it("a proxy's 502 or 504 to a write is outcome_unknown and retried; a 503, a read's, or idemkv's own body is not", async () => {
+    const code = async (answers: Answer[], call: (c: Client) => Promise<unknown>) => {
+      const n = answers.length;
+      const { fetch, sent } = scripted(answers);
+      const c = new Client({ endpoints: ["a:1"], fetch, maxAttempts: n, backoffMinMs: 1, backoffMaxMs: 2 });
+      const e = await call(c).then(() => undefined, (x: unknown) => x);
+      assert.ok(e instanceof ApiError, String(e));
+      assert.equal(sent.length, n);
+      return [e.code, e.status];
+    };
+    const commit = (c: Client) => c.commit({ ...reserveReq, fence: 3, remote_system: "x", remote_id: "y" });
+    for (const status of [502, 504]) {
+      // The proxy may have forwarded the write, which the node may have applied.
+      assert.deepEqual(await code([{ status, body: "<html>gateway</html>" }, { status, body: "x" }], commit), ["outcome_unknown", status]);
+      assert.deepEqual(await code([{ status, body: "<html>gateway</html>" }], (c) => c.cluster()), ["unavailable", status]);
+      assert.deepEqual(await code([err("unavailable", status)], commit), ["unavailable", status]);
+    }
+    assert.deepEqual(await code([{ status: 503, body: "busy" }], commit), ["unavailable", 503]);
+    // Retried as before, with the same attempt.
+    const { fetch, sent } = scripted([{ status: 504, body: "timeout" }, { status: 502, body: "x" }, { status: 200, body: executed }]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    assert.equal((await c.reserve(reserveReq)).fence, 7);
+    assert.equal(new Set(sent.map((s) => JSON.stringify(s.body))).size, 1);
+  });
+
   it("a write sent whose answer never came back is outcome_unknown; a refused connection, or a read, unavailable", async () => {
     const code = async (answers: Answer[], call: (c: Client) => Promise<unknown>) => {
       const maxAttempts = answers.length;
