@@ -481,6 +481,37 @@ class CallersTimeout(Base):
         assert su is not None, "the timeout names no attempt to retry as"
         self.assertEqual(su.attempt_id, s.bodies[0]["attempt_id"])
 
+    def test_sync_signal_timeout_in_the_tool_is_not_the_tools_error(self) -> None:
+        # The caller's alarm cuts the tool short, which may have had its effect: even
+        # with TimeoutError in not_executed_on the key is not released (that said "not
+        # executed" and let the next call run it again); the timeout goes on, caused by
+        # OutcomeUnknownError, as an interrupt does. A TimeoutError the tool raises
+        # itself is still classified.
+        s = self.serve(lambda kind, body: (200, {}, EXECUTE) if kind == "reserve" else (200, {}, {"released": True}))
+        c = idemkv.Client(s.addr, tenant=TENANT)
+        self.addCleanup(c.close)
+
+        def tool() -> Any:
+            time.sleep(1.5)
+            return {"id": "LIN-1"}
+
+        self.alarm(0.3)
+        start = time.monotonic()
+        with self.assertRaises(TimeoutError) as cm:
+            c.do(tool, key="k", tool="t", effect={"a": 1}, not_executed_on=(TimeoutError,))
+        self.assertLess(time.monotonic() - start, 1.2)
+        self.assertNotIsInstance(cm.exception, idemkv.NotExecutedError)
+        self.assertIsNotNone(idemkv.find_cause(cm.exception, idemkv.OutcomeUnknownError))
+        self.assertEqual([kind_of_settle(b) for b in s.bodies], ["reserve"])
+
+        def own() -> Any:
+            raise TimeoutError("connect timed out")
+
+        s.bodies.clear()
+        with self.assertRaises(idemkv.NotExecutedError):
+            c.do(own, key="k", tool="t", effect={"a": 1}, not_executed_on=(TimeoutError,))
+        self.assertEqual([kind_of_settle(b) for b in s.bodies], ["reserve", "release"])
+
     def test_sync_signal_timeout_in_the_commit(self) -> None:
         def script(kind: str, body: dict[str, Any]) -> Answer:
             if kind == "commit":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
+import signal
 import sys
 import threading
 import time
@@ -80,6 +82,32 @@ def _heartbeat_thread(client: Any, op: Op, lease: Lease, stop: threading.Event) 
             nxt = max(every / 6, 0.05)
 
 
+def _signal_timeout(e: BaseException) -> bool:
+    """Whether e is a TimeoutError a signal handler raised (the caller's own timeout,
+    signal.alarm or setitimer, cutting the tool short): raised in a frame of a function
+    installed as a handler of some signal now. Not the tool's error to classify through
+    not_executed_on (its effect may have happened): it goes on, as an interrupt does."""
+    if not isinstance(e, TimeoutError) or e.errno is not None:
+        return False
+    codes = set()
+    for sig in signal.valid_signals():
+        try:
+            h: Any = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        while isinstance(h, functools.partial):
+            h = h.func
+        code = getattr(getattr(h, "__func__", h), "__code__", None)
+        if code is not None:
+            codes.add(code)
+    tb = e.__traceback__
+    while tb is not None and codes:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _run_sync(client: Any, op: Op, fn: Callable[[], Any], eff: _Run) -> _Ran:
     f = fn if eff.which == "tool" else op.probe
     assert f is not None
@@ -87,6 +115,8 @@ def _run_sync(client: Any, op: Op, fn: Callable[[], Any], eff: _Run) -> _Ran:
         try:
             return _Ran(value=f())
         except Exception as e:
+            if _signal_timeout(e):
+                raise
             return _Ran(error=e)
     lease = Lease(eff.fence)
     stop = threading.Event()
@@ -98,6 +128,8 @@ def _run_sync(client: Any, op: Op, fn: Callable[[], Any], eff: _Run) -> _Ran:
         try:
             ran = _Ran(value=f())
         except Exception as e:
+            if _signal_timeout(e):
+                raise  # the loop says that the tool may have had its effect
             ran = _Ran(error=e)
     finally:
         _lease.reset(token)
