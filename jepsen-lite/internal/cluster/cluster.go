@@ -547,13 +547,13 @@ func (c *Cluster) index(id string) int {
 }
 
 // Remove takes node id out of the cluster, asking the live nodes in turn.
-func (c *Cluster) Remove(ctx context.Context, id string) error {
+func (c *Cluster) Remove(ctx context.Context, id string, force bool) error {
 	var errs []error
 	for i := range c.nodes {
 		if c.nodes[i].ID == id || !c.Running(i) || c.Paused(i) {
 			continue
 		}
-		err := c.call(ctx, i, http.MethodPost, "/v1/cluster/remove", idemkv.RemoveRequest{ID: id}, nil)
+		err := c.call(ctx, i, http.MethodPost, "/v1/cluster/remove", idemkv.RemoveRequest{ID: id, Force: force}, nil)
 		if err == nil || errors.Is(err, idemkv.ErrNotFound) {
 			return nil
 		}

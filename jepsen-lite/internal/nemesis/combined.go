@@ -17,8 +17,9 @@ import (
 //   - partition+kill: the leader is isolated, and while it is, a node of the majority
 //     is killed and restarted, so the majority side has no quorum until it is back;
 //   - pause+membership: the leader is stopped, and once the others have elected a new
-//     leader, a follower is removed, wiped and added back; on three nodes the new
-//     configuration has no quorum until the paused node continues;
+//     leader, a follower is removed by force (the new leader refuses it otherwise),
+//     wiped and added back; on three nodes the new configuration has no quorum until
+//     the paused node continues;
 //   - partition+clock: the leader's clock is offset while the cluster is split in
 //     halves, so the stamps come from whichever side leads.
 func (n *Nemesis) combined(ctx, heal context.Context, kind string, hold time.Duration) (string, error) {
@@ -75,7 +76,10 @@ func (n *Nemesis) combined(ctx, heal context.Context, kind string, hold time.Dur
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			note(n.membership(ctx, heal, l))
+			// Forced: the leader refuses a removal that leaves the voters it reaches
+			// short of a quorum, as this one does while the old leader is paused;
+			// the fault is that window, which an operator's --force opens.
+			note(n.membership(ctx, heal, l, true))
 		}()
 		sleep(ctx, hold)
 		note("SIGCONT "+n.id(l), n.c.Resume(l))

@@ -383,7 +383,7 @@ func (n *Nemesis) apply(ctx, heal context.Context, kind string, hold time.Durati
 		return "SIGSTOP " + n.id(l), errors.Join(stopped, n.c.Resume(l))
 
 	case "membership":
-		return n.membership(ctx, heal, -1)
+		return n.membership(ctx, heal, -1, false)
 
 	case "partition+kill", "pause+membership", "partition+clock":
 		return n.combined(ctx, heal, kind, hold)
@@ -435,8 +435,9 @@ func (n *Nemesis) resetClocks(ctx context.Context) error {
 }
 
 // membership removes a node, wipes it, and adds it back as a new member. It never
-// picks node spare (-1: any node may go).
-func (n *Nemesis) membership(ctx, heal context.Context, spare int) (string, error) {
+// picks node spare (-1: any node may go). force forces the removal past the leader's
+// check that the voters left that it reaches make a quorum.
+func (n *Nemesis) membership(ctx, heal context.Context, spare int, force bool) (string, error) {
 	l, err := n.leader(heal)
 	if err != nil {
 		return "", err
@@ -453,7 +454,7 @@ func (n *Nemesis) membership(ctx, heal context.Context, spare int) (string, erro
 	id := n.id(victim)
 	rctx, cancel := context.WithTimeout(heal, 20*time.Second)
 	defer cancel()
-	if err := n.c.Remove(rctx, id); err != nil {
+	if err := n.c.Remove(rctx, id, force); err != nil {
 		// The answer may be lost while the removal went through (removing the
 		// leader ends its leadership). Wiping a node that is still a voter would let
 		// it vote twice in a term, which no real failure does; so go on only once the
