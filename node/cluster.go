@@ -218,8 +218,8 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	id, addr := raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr)
 	switch {
 	case !member && req.Stage == idemkv.JoinLearner:
-		if err := n.raft.AddNonvoter(id, addr, 0, n.timeout(ctx)).Error(); err != nil {
-			return nil, n.raftError(err)
+		if err := n.waitMembership(ctx, "adding learner "+req.ID, n.raft.AddNonvoter(id, addr, 0, n.timeout(ctx))); err != nil {
+			return nil, err
 		}
 		n.log.Info("added nonvoter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr)
 	case !member, member && !voter && req.Stage == idemkv.JoinPromote:
@@ -228,8 +228,8 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 				return nil, err
 			}
 		}
-		if err := n.raft.AddVoter(id, addr, 0, n.timeout(ctx)).Error(); err != nil {
-			return nil, n.raftError(err)
+		if err := n.waitMembership(ctx, "adding voter "+req.ID, n.raft.AddVoter(id, addr, 0, n.timeout(ctx))); err != nil {
+			return nil, err
 		}
 		n.log.Info("added voter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr, "promoted", member)
 	}
@@ -305,8 +305,8 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 		// leader a candidate for good.
 		return nil, idemkv.Invalid("id", "removing %s would leave %d voters, of which this leader reaches %d, short of their quorum of %d: the cluster could commit nothing, the removal included. Bring the others back first, or force it", req.ID, len(left), reach, quorum)
 	}
-	if err := n.raft.RemoveServer(raft.ServerID(req.ID), 0, n.timeout(ctx)).Error(); err != nil {
-		return nil, n.raftError(err)
+	if err := n.waitMembership(ctx, "removing "+req.ID, n.raft.RemoveServer(raft.ServerID(req.ID), 0, n.timeout(ctx))); err != nil {
+		return nil, err
 	}
 	n.log.Info("removed member", "id", req.ID)
 	ni := idemkv.NodeInfo{ID: req.ID}
@@ -319,19 +319,34 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 }
 
 // reachQuorum reports how many of voters this leader reaches and their quorum,
-// counting itself and each peer that answers after the question was asked: a peer
-// heard a second ago may have stopped since (paused, cut off by the same event that
-// made the operator remove another), and a recent answer counted it then. Heartbeats
-// go every tenth of a heartbeat timeout, so live peers answer within a moment; it waits
-// up to a reach window for them. An ended ctx is an error, not a lost quorum.
+// counting itself and each peer that stores an entry appended after the question was
+// asked. A peer heard a second ago may have stopped since (paused, cut off by the same
+// event that made the operator remove another), and a recent answer counted it then; a
+// peer whose disk stopped completing writes still answers heartbeats, and counting any
+// answer counted it. So the leader appends a barrier, which every voter is sent at
+// once, and waits up to a reach window for them to store it. The barrier is not waited
+// on: it commits only with a quorum of the voters as they are, and this asks about the
+// voters as they would be. (It never reaches the state machine; caughtUp looks past
+// such entries.) An ended ctx is an error, not a lost quorum.
 func (n *Node) reachQuorum(ctx context.Context, voters []raft.ServerID) (reach, quorum int, err error) {
+	asked, after := time.Now(), n.raft.LastIndex()
+	n.raft.Barrier(n.reachWindow())
+	reach, quorum, err = n.awaitStored(ctx, voters, asked, after)
+	if err == nil && reach < quorum && n.raft.State() != raft.Leader {
+		return reach, quorum, idemkv.ErrNotLeader
+	}
+	return reach, quorum, err
+}
+
+// awaitStored counts this node and each of voters that, since asked, stored an entry
+// past index after, waiting up to a reach window for a quorum of them.
+func (n *Node) awaitStored(ctx context.Context, voters []raft.ServerID, asked time.Time, after uint64) (reach, quorum int, err error) {
 	quorum = len(voters)/2 + 1
-	asked := time.Now()
 	deadline := asked.Add(n.reachWindow())
 	for {
 		reach = 0
 		for _, id := range voters {
-			if string(id) == n.cfg.ID || n.peers.lastAnswer(id).After(asked) {
+			if string(id) == n.cfg.ID || n.peers.storedAfter(id, asked, after) {
 				reach++
 			}
 		}
@@ -343,6 +358,29 @@ func (n *Node) reachQuorum(ctx context.Context, voters []raft.ServerID) (reach, 
 			return reach, quorum, idemkv.Errorf(idemkv.ErrUnavailable, "gave up waiting to hear from the voters (%v): nothing was changed", context.Cause(ctx))
 		case <-time.After(n.cfg.HeartbeatTimeout / 20):
 		}
+	}
+}
+
+// waitMembership waits for a membership change handed to Raft. Raft's timeout bounds
+// only its enqueueing: a change whose voters cannot commit it (a forced removal that
+// left no quorum) held the request for good. It waits for ctx, or ApplyTimeout when ctx
+// has no deadline; after that the change may still take effect.
+func (n *Node) waitMembership(ctx context.Context, what string, f raft.Future) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
+		defer cancel()
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return n.raftError(err)
+		}
+		return nil
+	case <-ctx.Done():
+		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "gave up waiting for %s to commit (%v): the voters it leaves may not reach a quorum; it may still take effect, GET /v1/cluster shows whether it did", what, context.Cause(ctx))
 	}
 }
 

@@ -31,30 +31,46 @@ func TestReachesNeedsARecentAnswer(t *testing.T) {
 	}
 }
 
-// A change of the membership counts a peer only on an answer after it asked: a voter
-// that went silent a moment ago was still within the window of reaches, and removing the
-// other follower left {leader, silent voter}, which commits nothing. An answer that
-// comes while it waits counts; an ended wait is an error, not a lost quorum.
-func TestReachQuorumNeedsAFreshAnswer(t *testing.T) {
+// A change of the membership counts a peer only once it stored an entry appended after
+// it asked: a voter that went silent a moment ago was still within the window of
+// reaches, and removing the other follower left {leader, silent voter}, which commits
+// nothing. A heartbeat's answer is not storing (a voter whose disk stopped still
+// answers them), nor is a store from before the question, or of entries it already had.
+// A store that comes while it waits counts; an ended wait is an error, not a lost
+// quorum.
+func TestReachQuorumNeedsAFreshStore(t *testing.T) {
 	n := &Node{cfg: Config{ID: "n1", HeartbeatTimeout: 100 * time.Millisecond}}
+	voters := []raft.ServerID{"n1", "n3"}
 	n.peers.answered("n3", time.Now().Add(-50*time.Millisecond))
+	n.peers.stored("n3", 10, time.Now().Add(-50*time.Millisecond))
 	if _, ok := n.reaches("n3", time.Now()); !ok {
 		t.Fatal("n3, heard 50 ms ago, is not reached for the status")
 	}
-	reach, quorum, err := n.reachQuorum(context.Background(), []raft.ServerID{"n1", "n3"})
+	asked := time.Now()
+	reach, quorum, err := n.awaitStored(context.Background(), voters, asked, 10)
 	if err != nil || reach >= quorum {
 		t.Fatalf("n3 silent since it was asked: reach %d of quorum %d, %v", reach, quorum, err)
 	}
+	asked = time.Now()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		n.peers.answered("n3", time.Now())   // a heartbeat
+		n.peers.stored("n3", 10, time.Now()) // an entry it had before the question
+	}()
+	if reach, quorum, err := n.awaitStored(context.Background(), voters, asked, 10); err != nil || reach >= quorum {
+		t.Fatalf("n3 answering a heartbeat and storing nothing new: reach %d of quorum %d, %v", reach, quorum, err)
+	}
+	asked = time.Now()
 	go func() {
 		time.Sleep(30 * time.Millisecond)
-		n.peers.answered("n3", time.Now())
+		n.peers.stored("n3", 11, time.Now())
 	}()
-	if reach, quorum, err := n.reachQuorum(context.Background(), []raft.ServerID{"n1", "n3"}); err != nil || reach < quorum {
-		t.Fatalf("n3 answering while asked: reach %d of quorum %d, %v", reach, quorum, err)
+	if reach, quorum, err := n.awaitStored(context.Background(), voters, asked, 10); err != nil || reach < quorum {
+		t.Fatalf("n3 storing the new entry while asked: reach %d of quorum %d, %v", reach, quorum, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, _, err := n.reachQuorum(ctx, []raft.ServerID{"n1", "n2", "n3"}); idemkv.CodeOf(err) != idemkv.CodeUnavailable {
+	if _, _, err := n.awaitStored(ctx, []raft.ServerID{"n1", "n2", "n3"}, time.Now(), 11); idemkv.CodeOf(err) != idemkv.CodeUnavailable {
 		t.Fatalf("an ended wait: %v, want unavailable", err)
 	}
 }

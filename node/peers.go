@@ -17,7 +17,16 @@ import (
 // Meanwhile the removal guard counted such a peer as reachable and allowed a removal
 // that left the cluster without a quorum.
 type peerContacts struct {
-	last sync.Map // raft.ServerID → *atomic.Int64: the last answer, in nanoseconds since contactBase
+	last   sync.Map // raft.ServerID → *atomic.Int64: the last answer, in nanoseconds since contactBase
+	stores sync.Map // raft.ServerID → *storeMark: the last append it stored
+}
+
+// storeMark is a peer's last successful answer to an append that carried entries: the
+// index of the last of them, which it had stored before answering, and when.
+type storeMark struct {
+	mu    sync.Mutex
+	index uint64
+	at    time.Time
 }
 
 // contactBase is what answers are timed from, on the monotonic clock: a wall clock
@@ -32,6 +41,33 @@ func (p *peerContacts) answered(id raft.ServerID, t time.Time) {
 		v, _ = p.last.LoadOrStore(id, new(atomic.Int64))
 	}
 	v.(*atomic.Int64).Store(int64(t.Sub(contactBase)) + 1) // 0 stays "never"
+}
+
+// stored records that id answered at t that it stored entries up to index.
+func (p *peerContacts) stored(id raft.ServerID, index uint64, t time.Time) {
+	v, ok := p.stores.Load(id)
+	if !ok {
+		v, _ = p.stores.LoadOrStore(id, new(storeMark))
+	}
+	m := v.(*storeMark)
+	m.mu.Lock()
+	m.index, m.at = index, t
+	m.mu.Unlock()
+}
+
+// storedAfter reports whether id, since asked, answered that it stored an entry past
+// index: a peer whose disk completes writes. (Any answer is not enough: a voter whose
+// disk stopped still answers heartbeats, which Raft handles beside the loop that waits
+// in the append.)
+func (p *peerContacts) storedAfter(id raft.ServerID, asked time.Time, index uint64) bool {
+	v, ok := p.stores.Load(id)
+	if !ok {
+		return false
+	}
+	m := v.(*storeMark)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.at.After(asked) && m.index > index
 }
 
 // lastAnswer is when id last answered, zero if never; it carries the monotonic reading.
@@ -62,11 +98,16 @@ func (n *Node) reaches(id raft.ServerID, now time.Time) (last time.Time, ok bool
 }
 
 // AppendEntries sends an append (or a heartbeat: Raft sends both through here) and
-// records an answer, whatever it says: a refusal still shows the peer is there.
+// records an answer, whatever it says: a refusal still shows the peer is there. A
+// success to an append that carried entries also records what the peer stored.
 func (t *heartbeatTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
 	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
 	if err == nil && t.contacts != nil {
-		t.contacts.answered(id, time.Now())
+		now := time.Now()
+		t.contacts.answered(id, now)
+		if resp.Success && len(args.Entries) > 0 {
+			t.contacts.stored(id, args.Entries[len(args.Entries)-1].Index, now)
+		}
 	}
 	return err
 }

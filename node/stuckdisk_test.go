@@ -1,0 +1,154 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/internal/testcluster"
+	"github.com/idemkv/idemkv/node"
+)
+
+// stallingLog holds every append while stalled, as a disk that stopped completing
+// writes does: the node's Raft loop waits in it, and nothing it is sent is stored.
+type stallingLog struct {
+	raft.LogStore
+	mu      sync.Mutex
+	cond    *sync.Cond
+	stalled bool
+}
+
+func newStallingLog(s raft.LogStore) *stallingLog {
+	l := &stallingLog{LogStore: s}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+func (l *stallingLog) set(stalled bool) {
+	l.mu.Lock()
+	l.stalled = stalled
+	l.mu.Unlock()
+	l.cond.Broadcast()
+}
+
+func (l *stallingLog) wait() {
+	l.mu.Lock()
+	for l.stalled {
+		l.cond.Wait()
+	}
+	l.mu.Unlock()
+}
+
+func (l *stallingLog) StoreLog(e *raft.Log) error {
+	l.wait()
+	return l.LogStore.StoreLog(e)
+}
+
+func (l *stallingLog) StoreLogs(es []*raft.Log) error {
+	l.wait()
+	return l.LogStore.StoreLogs(es)
+}
+
+// TestRemovalGuardSeesAStuckDisk: a voter whose disk stopped completing writes still
+// answers the leader's heartbeats (Raft answers them beside its loop, which waits in
+// the append), so a guard that counted any answer counted it, and removing the one
+// healthy follower left {leader, stuck voter}: the removal itself could not commit, and
+// nothing after it. The guard now counts a voter only once it stored an entry appended
+// after the question, so the removal is refused and the cluster keeps committing; and
+// a removal forced anyway answers outcome_unknown when its wait ends, where it waited
+// for good.
+func TestRemovalGuardSeesAStuckDisk(t *testing.T) {
+	var logs [3]*stallingLog
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
+			logs[i] = newStallingLog(s.Log)
+			s.Log = logs[i]
+			return s
+		}
+	}))
+	t.Cleanup(func() {
+		for _, l := range logs {
+			l.set(false)
+		}
+	})
+	li := c.WaitLeader()
+	leader := c.Node(li)
+	healthy, stuck := (li+1)%3, (li+2)%3
+	ctx := ctxT(t)
+	if _, err := reserveAndCommit(ctx, leader, "before", true); err != nil {
+		t.Fatal(err)
+	}
+
+	logs[stuck].set(true)
+	// The stuck voter stops storing; the healthy follower and the leader still commit.
+	if _, err := reserveAndCommit(ctx, leader, "while-stuck", true); err != nil {
+		t.Fatalf("a write with one voter stuck: %v", err)
+	}
+	// It still answers heartbeats: the status shows it reached.
+	info, err := leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ni := range info.Nodes {
+		if ni.ID == c.ID(stuck) && ni.State != "follower" {
+			t.Fatalf("the stuck voter is %q in the status, want follower (it answers heartbeats): the test shows less than it says", ni.State)
+		}
+	}
+
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = leader.Remove(rctx, &idemkv.RemoveRequest{ID: c.ID(healthy)})
+	if !errors.Is(err, idemkv.ErrInvalidArgument) {
+		t.Fatalf("removing the healthy follower while the other voter's disk is stuck: %v, want invalid_argument (a quorum of the voters left would not store anything)", err)
+	}
+	// Nothing changed: three voters, and the cluster still commits.
+	if _, err := reserveAndCommit(ctx, leader, "after-refusal", true); err != nil {
+		t.Fatalf("a write after the refused removal: %v", err)
+	}
+	info, err = leader.Cluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.Nodes) != 3 {
+		t.Fatalf("%d members after the refused removal, want 3: %+v", len(info.Nodes), info.Nodes)
+	}
+
+	// Forced, the removal is proposed, and the voters it leaves cannot commit it: the
+	// caller is told the outcome is unknown when its wait ends, not held for good (Raft's
+	// timeout bounds only the enqueueing).
+	fctx, fcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer fcancel()
+	start := time.Now()
+	_, err = leader.Remove(fctx, &idemkv.RemoveRequest{ID: c.ID(healthy), Force: true})
+	if !errors.Is(err, idemkv.ErrOutcomeUnknown) {
+		t.Fatalf("a forced removal the voters left cannot commit: %v, want outcome_unknown", err)
+	}
+	if d := time.Since(start); d > 8*time.Second {
+		t.Fatalf("the forced removal answered after %s, its wait was 3 s", d)
+	}
+
+	// Once the disk completes writes again, the removal commits and so do writes.
+	logs[stuck].set(false)
+	if err := testcluster.Eventually(15*time.Second, func() error {
+		info, err := leader.Cluster(ctx)
+		if err != nil {
+			return err
+		}
+		for _, ni := range info.Nodes {
+			if ni.ID == c.ID(healthy) {
+				return errors.New("the removed follower is still a member")
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reserveAndCommit(ctx, leader, "after-removal", true); err != nil {
+		t.Fatalf("a write after the removal: %v", err)
+	}
+}
