@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -234,6 +235,37 @@ func checkRestoreDone(dataDir string, joining bool) (restored bool, err error) {
 	default:
 		return false, fmt.Errorf("node: %w", err)
 	}
+}
+
+// checkRestoredFor refuses to start a restored data dir as any node but the one it
+// was restored for: the configuration in its Raft snapshot (writeRestoreSnapshot)
+// names that node's ID and Raft address, and the data dir has no other. Another ID
+// is not a voter there: it never elects itself, and the new cluster never has a
+// leader. Another address (a --raft-addr that differs, or a host name that the
+// transport, with no --advertise-raft-addr, advertises as the IP it listens on)
+// elects itself, but its registration names the address it advertises, and the
+// nodes that join find no API address for the leader the configuration names: every
+// request through them is unavailable.
+func checkRestoredFor(snaps raft.SnapshotStore, id raft.ServerID, addr raft.ServerAddress, dataDir string) error {
+	list, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("node: list snapshots: %w", err)
+	}
+	if len(list) == 0 {
+		// Its Raft state is gone: open refuses to bootstrap over the store, and says so.
+		return nil
+	}
+	servers := list[0].Configuration.Servers
+	if len(servers) == 1 && servers[0].ID == id && servers[0].Address == addr {
+		return nil
+	}
+	var names []string
+	for _, s := range servers {
+		names = append(names, fmt.Sprintf("%s at %s", s.ID, s.Address))
+	}
+	return fmt.Errorf("node: %s was restored for node %s, and this is node %s at %s: start it with the --id and Raft address "+
+		"given to idemkv restore (with a host name, give it as --advertise-raft-addr to both), or empty it and restore again "+
+		"with this node's", dataDir, strings.Join(names, ", "), id, addr)
 }
 
 // startedRestored notes that a restored data dir's node started as its cluster's
