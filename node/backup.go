@@ -125,15 +125,16 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Refused before the dir is made private (which tightens everything under it): a
+	// restore pointed at the wrong directory changes nothing in it.
+	switch entries, err := os.ReadDir(cfg.DataDir); {
+	case err == nil && len(entries) > 0:
+		return nil, fmt.Errorf("node: restore: data dir %s is not empty; restore only into a new one", cfg.DataDir)
+	case err != nil && !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
 	if err := privateDataDir(cfg.DataDir, cfg.Logger.With("node", cfg.ID)); err != nil {
 		return nil, fmt.Errorf("node: restore: %w", err)
-	}
-	entries, err := os.ReadDir(cfg.DataDir)
-	if err != nil {
-		return nil, fmt.Errorf("node: restore: %w", err)
-	}
-	if len(entries) > 0 {
-		return nil, fmt.Errorf("node: restore: data dir %s is not empty; restore only into a new one", cfg.DataDir)
 	}
 	// First in, last out: a restore that is killed leaves it, and a node refuses to
 	// start on the data dir (checkRestoreDone), which would otherwise serve a part of
