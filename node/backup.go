@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -124,15 +125,16 @@ func Restore(cfg Config, r io.Reader) (info *RestoreInfo, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Refused before the dir is made private (which tightens everything under it): a
+	// restore pointed at the wrong directory changes nothing in it.
+	switch entries, err := os.ReadDir(cfg.DataDir); {
+	case err == nil && len(entries) > 0:
+		return nil, fmt.Errorf("node: restore: data dir %s is not empty; restore only into a new one", cfg.DataDir)
+	case err != nil && !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("node: restore: %w", err)
+	}
 	if err := privateDataDir(cfg.DataDir, cfg.Logger.With("node", cfg.ID)); err != nil {
 		return nil, fmt.Errorf("node: restore: %w", err)
-	}
-	entries, err := os.ReadDir(cfg.DataDir)
-	if err != nil {
-		return nil, fmt.Errorf("node: restore: %w", err)
-	}
-	if len(entries) > 0 {
-		return nil, fmt.Errorf("node: restore: data dir %s is not empty; restore only into a new one", cfg.DataDir)
 	}
 	// First in, last out: a restore that is killed leaves it, and a node refuses to
 	// start on the data dir (checkRestoreDone), which would otherwise serve a part of
@@ -234,6 +236,37 @@ func checkRestoreDone(dataDir string, joining bool) (restored bool, err error) {
 	default:
 		return false, fmt.Errorf("node: %w", err)
 	}
+}
+
+// checkRestoredFor refuses to start a restored data dir as any node but the one it
+// was restored for: the configuration in its Raft snapshot (writeRestoreSnapshot)
+// names that node's ID and Raft address, and the data dir has no other. Another ID
+// is not a voter there: it never elects itself, and the new cluster never has a
+// leader. Another address (a --raft-addr that differs, or a host name that the
+// transport, with no --advertise-raft-addr, advertises as the IP it listens on)
+// elects itself, but its registration names the address it advertises, and the
+// nodes that join find no API address for the leader the configuration names: every
+// request through them is unavailable.
+func checkRestoredFor(snaps raft.SnapshotStore, id raft.ServerID, addr raft.ServerAddress, dataDir string) error {
+	list, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("node: list snapshots: %w", err)
+	}
+	if len(list) == 0 {
+		// Its Raft state is gone: open refuses to bootstrap over the store, and says so.
+		return nil
+	}
+	servers := list[0].Configuration.Servers
+	if len(servers) == 1 && servers[0].ID == id && servers[0].Address == addr {
+		return nil
+	}
+	var names []string
+	for _, s := range servers {
+		names = append(names, fmt.Sprintf("%s at %s", s.ID, s.Address))
+	}
+	return fmt.Errorf("node: %s was restored for node %s, and this is node %s at %s: start it with the --id and Raft address "+
+		"given to idemkv restore (with a host name, give it as --advertise-raft-addr to both), or empty it and restore again "+
+		"with this node's", dataDir, strings.Join(names, ", "), id, addr)
 }
 
 // startedRestored notes that a restored data dir's node started as its cluster's

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
@@ -127,14 +128,17 @@ const snapshotsDir = "snapshots"
 func openSnapshotStore(dataDir string, hlog hclog.Logger) (raft.SnapshotStore, error) {
 	// Raft's store makes its directory with MkdirAll and never syncs the data dir;
 	// makeDir does both first (issue 22, point 5).
-	if err := makeDir(filepath.Join(dataDir, snapshotsDir)); err != nil {
+	dir := filepath.Join(dataDir, snapshotsDir)
+	if err := makeDir(dir); err != nil {
+		return nil, fmt.Errorf("node: snapshot store: %w", err)
+	}
+	if err := removeUnfinishedSnapshots(dir, hlog); err != nil {
 		return nil, fmt.Errorf("node: snapshot store: %w", err)
 	}
 	s, err := raft.NewFileSnapshotStoreWithLogger(dataDir, 2, hlog)
 	if err != nil {
 		return nil, fmt.Errorf("node: snapshot store: %w", err)
 	}
-	dir := filepath.Join(dataDir, snapshotsDir)
 	if err := makePrivate(dir); err != nil {
 		return nil, fmt.Errorf("node: snapshot store: %w", err)
 	}
@@ -163,12 +167,68 @@ func (p *privateSnapshots) Create(version raft.SnapshotVersion, index, term uint
 		return nil, err
 	}
 	// Raft's names: <dir>/<id>.tmp/{meta.json,state.bin} until the sink is closed.
-	tmp := filepath.Join(p.dir, sink.ID()+".tmp")
+	tmp := filepath.Join(p.dir, sink.ID()+unfinishedSnapshotSuffix)
 	if err := makePrivate(tmp, filepath.Join(tmp, "meta.json"), filepath.Join(tmp, "state.bin")); err != nil {
 		return nil, errors.Join(fmt.Errorf("node: snapshot store: %w", err), sink.Cancel())
 	}
 	if err := syncPath(tmp); err != nil {
 		return nil, errors.Join(fmt.Errorf("node: snapshot store: %w", err), sink.Cancel())
 	}
-	return sink, nil
+	return &unfinishedSink{SnapshotSink: sink, tmp: tmp}, nil
+}
+
+// unfinishedSnapshotSuffix ends the name of a snapshot's directory until Raft's sink is
+// closed (Raft's tmpSuffix, which it does not export).
+const unfinishedSnapshotSuffix = ".tmp"
+
+// unfinishedSink is Raft's sink that removes the snapshot's directory whenever the
+// snapshot does not finish. Raft's Cancel flushes its buffer before it removes the
+// directory and returns at the flush's error, so a snapshot cancelled after a write
+// error (a full disk) stayed, a part of a copy of the store, and Raft never lists
+// or reaps a directory whose name ends in .tmp: each retry on a full disk left one
+// more. Raft's Close likewise leaves it when writing meta.json or the rename fails.
+type unfinishedSink struct {
+	raft.SnapshotSink
+	tmp string
+}
+
+func (s *unfinishedSink) Cancel() error {
+	return errors.Join(s.SnapshotSink.Cancel(), os.RemoveAll(s.tmp))
+}
+
+func (s *unfinishedSink) Close() error {
+	err := s.SnapshotSink.Close()
+	if err != nil {
+		// Once renamed (a later step failed), tmp is gone and the snapshot stays.
+		err = errors.Join(err, os.RemoveAll(s.tmp))
+	}
+	return err
+}
+
+// removeUnfinishedSnapshots removes from dir, Raft's snapshots/, the directories of
+// snapshots that never finished: a process killed while it wrote one (its own, or one
+// a leader sent) leaves <id>.tmp with what it wrote of state.bin, up to a copy of the
+// whole store, and Raft ignores it for good. Only the node that holds the data dir
+// (Pebble's lock is taken first) writes snapshots in it, and none is being written
+// before its snapshot store opens.
+func removeUnfinishedSnapshots(dir string, hlog hclog.Logger) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	removed := false
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasSuffix(e.Name(), unfinishedSnapshotSuffix) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+		hlog.Warn("removed a snapshot that never finished (the node was stopped or failed while writing it)", "name", e.Name())
+		removed = true
+	}
+	if removed {
+		return syncPath(dir)
+	}
+	return nil
 }

@@ -436,6 +436,11 @@ func (n *Node) open() error {
 		tcfg.ServerAddressProvider = peers
 	}
 	n.transport = &heartbeatTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(tcfg), contacts: &n.peers}
+	if restored {
+		if err := checkRestoredFor(snaps, raft.ServerID(n.cfg.ID), n.transport.LocalAddr(), n.cfg.DataDir); err != nil {
+			return err
+		}
+	}
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(n.cfg.ID)

@@ -273,9 +273,14 @@ above every restored one. Then join the other nodes to it as usual (--join).
 			if err != nil {
 				return err
 			}
+			// The same addresses, so that the first start, which checks them, accepts it.
+			addrs := "--raft-addr " + cfg.RaftAddr
+			if cfg.RaftAdvertise != "" {
+				addrs += " --advertise-raft-addr " + cfg.RaftAdvertise
+			}
 			_, err = fmt.Fprintf(cmd.OutOrStdout(),
-				"restored %d records into %s at index %d, term %d; new fences start past index %d\nstart it with: idemkv serve --id %s --data-dir %s --raft-addr %s\n",
-				info.Records, cfg.DataDir, info.Index, info.Term, info.ContinuesAt, cfg.ID, cfg.DataDir, cfg.RaftAdvertiseOrAddr())
+				"restored %d records into %s at index %d, term %d; new fences start past index %d\nstart it with: idemkv serve --id %s --data-dir %s %s\n",
+				info.Records, cfg.DataDir, info.Index, info.Term, info.ContinuesAt, cfg.ID, cfg.DataDir, addrs)
 			return err
 		},
 	}
