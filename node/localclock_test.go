@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/node"
@@ -166,5 +168,85 @@ func TestLocalAnswersNeedRecentContact(t *testing.T) {
 	})
 	if err := ask(); err == nil {
 		t.Error("a follower cut off from every leader answered locally")
+	}
+}
+
+// heldLog holds every append of the log store under it while held is set, as a
+// follower that a pause or a stalled disk keeps from taking in entries.
+type heldLog struct {
+	raft.LogStore
+	held *atomic.Bool
+}
+
+func (l heldLog) StoreLog(e *raft.Log) error { return l.StoreLogs([]*raft.Log{e}) }
+
+func (l heldLog) StoreLogs(es []*raft.Log) error {
+	for l.held.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	return l.LogStore.StoreLogs(es)
+}
+
+// TestFollowerThatLagsAnswersByItsWallClock: a follower stops taking in entries and its
+// monotonic clock stops (a VM paused), while the cluster goes on for 3 min: a record it
+// holds expires and its key is committed again with another effect. Its offset and its
+// leader contact still look fresh by its stopped monotonic clock; what keeps it from
+// answering from its old state is its wall clock, set right on resume (docs/protocol.md
+// section 3): the replaced record is within the margin of that clock, so the follower
+// forwards both effects' reserves, and still answers a record kept a day.
+func TestFollowerThatLagsAnswersByItsWallClock(t *testing.T) {
+	base := time.Now()
+	walls := []*testClock{newTestClock(base), newTestClock(base), newTestClock(base)}
+	monos := []*testClock{newTestClock(base), newTestClock(base), newTestClock(base)}
+	var held [3]atomic.Bool
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.Now, cfg.Monotonic = walls[i].Now, monos[i].Elapsed
+		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
+			s.Log = heldLog{LogStore: s.Log, held: &held[i]}
+			return s
+		}
+	}))
+	ctx := ctxT(t)
+	li := c.LeaderIndex(t)
+	fi := (li + 1) % 3
+	leader, f := c.Node(li), c.Node(fi)
+	settle(t, leader, withTTL(reserveReq("k", "a1", fp("A")), 2*time.Minute), idemkv.StatusCommitted)
+	settle(t, leader, reserveReq("kept", "a1", fp("kept")), idemkv.StatusCommitted)
+	want := leader.AppliedIndex()
+	waitFor(t, 10*time.Second, "the follower applies the writes", func() error {
+		if got := f.AppliedIndex(); got < want {
+			return fmt.Errorf("follower at %d, leader at %d", got, want)
+		}
+		return nil
+	})
+	if res, err := f.Reserve(ctx, reserveReq("k", "a2", fp("A"))); err != nil || res.Decision != idemkv.DecisionReplay {
+		t.Fatalf("follower reserve of k before the pause: %+v, %v; want a local replay", res, err)
+	}
+
+	// The pause: the follower takes in nothing and its monotonic clock stands still;
+	// every wall clock, the follower's too (set right on resume), moves 3 min.
+	held[fi].Store(true)
+	t.Cleanup(func() { held[fi].Store(false) })
+	for i := range 3 {
+		walls[i].Advance(3 * time.Minute)
+		if i != fi {
+			monos[i].Advance(3 * time.Minute)
+		}
+	}
+	settle(t, leader, reserveReq("w", "a1", fp("w")), idemkv.StatusCommitted)
+	settle(t, leader, reserveReq("k", "b1", fp("B")), idemkv.StatusCommitted)
+	if f.AppliedIndex() >= leader.AppliedIndex() {
+		t.Fatal("the held follower applied the cluster's later entries: the test lost its premise")
+	}
+	if ci := f.ClockInfo(); !ci.LocalAnswers {
+		t.Fatalf("the paused follower's clock checks refuse already (%+v): the test shows nothing of its wall clock", ci)
+	}
+	for _, e := range []string{"A", "B"} {
+		if res, err := f.Reserve(ctx, reserveReq("k", "x-"+e, fp(e))); !errors.Is(err, idemkv.ErrNotLeader) {
+			t.Errorf("lagging follower reserve of k with effect %s: %+v, %v; want ErrNotLeader (no local answer): k expired and holds B's receipt now", e, res, err)
+		}
+	}
+	if res, err := f.Reserve(ctx, reserveReq("kept", "a2", fp("kept"))); err != nil || res.Decision != idemkv.DecisionReplay {
+		t.Errorf("lagging follower reserve of a record kept a day: %+v, %v; want a local replay", res, err)
 	}
 }
