@@ -2,6 +2,7 @@ package idemkv
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -83,6 +84,10 @@ func (l Limits) WithDefaults() Limits {
 func (l Limits) Validate() error {
 	l = l.WithDefaults()
 	switch {
+	case l.MinLeaseTTL < 0 || l.MaxLeaseTTL < 0 || l.DefaultLeaseTTL < 0 || l.MinTTL < 0 || l.MaxTTL < 0 || l.DefaultTTL < 0:
+		// Zero takes the default; a negative minimum let every request's non-positive
+		// value through to the state machine, which answered "not filled".
+		return errors.New("idemkv: lease TTLs and TTLs must not be negative (zero means the default)")
 	case l.MaxPayloadBytes < 0 || l.MaxPayloadBytes > MaxRequestBytes:
 		return fmt.Errorf("idemkv: max payload must be between 0 and %d bytes", MaxRequestBytes)
 	case l.MinLeaseTTL > l.MaxLeaseTTL:

@@ -123,6 +123,9 @@ func TestLimitsValidate(t *testing.T) {
 		{DefaultTTL: 31 * 24 * time.Hour},
 		{DefaultTTL: 2 * time.Minute, DefaultLeaseTTL: 10 * time.Minute},
 		{MaxPayloadBytes: 2 << 20},
+		{MinLeaseTTL: -time.Second},
+		{MinTTL: -time.Minute},
+		{DefaultLeaseTTL: -time.Second, MinLeaseTTL: -time.Hour},
 	}
 	for _, l := range bad {
 		if err := l.Validate(); err == nil {

@@ -8,6 +8,7 @@ package expiry
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	"time"
@@ -43,6 +44,26 @@ type Config struct {
 	// Disabled turns the sweeper off (records past expires_at stay invisible but
 	// keep their space).
 	Disabled bool
+}
+
+// MaxBatchLimit bounds Config.BatchLimit: every write and linearizable read waits for a
+// sweep entry in flight, and one of this many records takes a few hundred ms. (A limit
+// near the largest int overflowed the state machine's look-ahead, and every sweep
+// deleted nothing.)
+const MaxBatchLimit = 4096
+
+// Validate refuses what withDefaults would not take for a default: a negative field, a
+// batch above MaxBatchLimit, a share above 1.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval < 0:
+		return fmt.Errorf("expiry: the sweep interval must not be negative, not %s", c.Interval)
+	case c.BatchLimit < 0 || c.BatchLimit > MaxBatchLimit:
+		return fmt.Errorf("expiry: the sweep batch must be between 1 and %d (0: the default), not %d", MaxBatchLimit, c.BatchLimit)
+	case c.Share < 0 || c.Share > 1:
+		return fmt.Errorf("expiry: the sweep share must be in (0, 1] (0: the default), not %g", c.Share)
+	}
+	return nil
 }
 
 // DefaultConfig returns the defaults.

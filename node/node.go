@@ -261,6 +261,13 @@ func (c Config) Validate() error {
 		return errors.New("node: the leader lease must not exceed the heartbeat timeout")
 	case c.RaftMaxPending < 0 || c.RaftMaxPendingPerSource < 0 || c.RaftHandshakeTimeout < 0 || c.RaftIdleTimeout < 0:
 		return errors.New("node: the raft listener's bounds must not be negative (zero means the default)")
+	case c.ClockTick > 0 && c.ClockTick < time.Millisecond:
+		// The leader looks every half tick: a tick of a nanosecond made a ticker of
+		// zero, which panics.
+		return fmt.Errorf("node: the clock tick must be at least 1ms (zero: the default, negative: never), not %s", c.ClockTick)
+	}
+	if err := c.Sweep.Validate(); err != nil {
+		return err
 	}
 	if err := checkRaftLog(c.RaftLog, c.RaftWALSegmentBytes); err != nil {
 		return err

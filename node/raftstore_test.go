@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/idemkv/idemkv"
+	"github.com/idemkv/idemkv/expiry"
 	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/node"
 )
@@ -343,5 +345,36 @@ func TestRestoreIntoEachRaftLog(t *testing.T) {
 			}
 			checkRaftLogFiles(t, dir, backend)
 		})
+	}
+}
+
+// A clock tick under a millisecond made the leader's half-tick ticker zero, which
+// panics; a sweep batch past expiry.MaxBatchLimit, up to the largest int, overflowed
+// the state machine's look-ahead. Both are refused before anything opens.
+func TestValidateRefusesATickerOfZeroAndAnEndlessSweep(t *testing.T) {
+	cfg := opsNodeConfig(t, "n1", t.TempDir())
+	for _, tick := range []time.Duration{time.Nanosecond, time.Microsecond} {
+		cfg.ClockTick = tick
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "clock tick") {
+			t.Errorf("clock tick %s: %v", tick, err)
+		}
+	}
+	for _, tick := range []time.Duration{0, -1, time.Millisecond, node.DefaultClockTick} {
+		cfg.ClockTick = tick
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("clock tick %s: %v", tick, err)
+		}
+	}
+	for _, batch := range []int{-1, expiry.MaxBatchLimit + 1, math.MaxInt} {
+		cfg.Sweep.BatchLimit = batch
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "sweep batch") {
+			t.Errorf("sweep batch %d: %v", batch, err)
+		}
+	}
+	for _, batch := range []int{0, 1, expiry.MaxBatchLimit} {
+		cfg.Sweep.BatchLimit = batch
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("sweep batch %d: %v", batch, err)
+		}
 	}
 }

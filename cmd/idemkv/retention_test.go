@@ -134,6 +134,12 @@ func TestServeRefusesContradictoryRetention(t *testing.T) {
 		{"min ttl above max ttl", []string{"--min-ttl", "2h", "--max-ttl", "1h", "--default-ttl", "1h"}, [2]string{}},
 		{"default ttl below the minimum, from the environment", nil, [2]string{"IDEMKV_DEFAULT_TTL", "30s"}},
 		{"no connection allowed", []string{"--max-conns-per-source", "0"}, [2]string{}},
+		// A negative minimum let non-positive leases through to the state machine.
+		{"negative min lease ttl", []string{"--min-lease-ttl", "-1s"}, [2]string{}},
+		{"negative min ttl", []string{"--min-ttl", "-1m"}, [2]string{}},
+		// The largest int overflowed the state machine's look-ahead: sweeps freed nothing.
+		{"a sweep batch past the most", []string{"--sweep-batch", "9223372036854775807"}, [2]string{}},
+		{"a negative sweep batch", []string{"--sweep-batch", "-5"}, [2]string{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.env[0] != "" {
