@@ -212,11 +212,11 @@ func (n *Node) stampNow() idemkv.Timestamp {
 // latest stamp committed: while it has applied no live entry since it started, it
 // first applies every entry of earlier terms (a barrier), then raises its clock to the
 // state machine's. Its first stamp then anchors there (stampClock.stamp).
-func (n *Node) anchorClock() error {
+func (n *Node) anchorClock(ctx context.Context) error {
 	if n.clock.state().Anchored {
 		return nil
 	}
-	if err := n.raft.Barrier(n.cfg.ApplyTimeout).Error(); err != nil {
+	if err := waitFuture(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
 		return err
 	}
 	n.clock.observe(n.fsm.Clock(), 0)

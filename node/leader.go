@@ -76,11 +76,11 @@ func (n *Node) establish(ctx context.Context) bool {
 	self := idemkv.NodeInfo{ID: n.cfg.ID, RaftAddr: string(n.transport.LocalAddr()), APIAddr: n.cfg.APIAddr}
 	for ctx.Err() == nil {
 		term := n.raft.CurrentTerm()
-		err := n.applyEstablish(&self)
+		err := n.applyEstablish(ctx, &self)
 		if err == nil && !n.establishByBarrier() {
 			// Before the leader is ready, so a cluster whose members all read this
 			// build's format writes it from the first request on.
-			err = n.advanceFormat(n.applyDirect)
+			err = n.advanceFormat(func(cmd *fsm.Command) error { return n.applyDirect(ctx, cmd) })
 		}
 		if err == nil && n.raft.State() == raft.Leader && n.raft.CurrentTerm() == term {
 			n.readyTerm.Store(term)
@@ -101,26 +101,41 @@ func (n *Node) establish(ctx context.Context) bool {
 
 // applyEstablish replicates and applies the establishing entry. It goes to Raft
 // directly, not through propose: no sabotage of the test build may answer it early.
-func (n *Node) applyEstablish(self *idemkv.NodeInfo) error {
+func (n *Node) applyEstablish(ctx context.Context, self *idemkv.NodeInfo) error {
 	if n.establishByBarrier() {
-		return n.raft.Barrier(n.cfg.ApplyTimeout).Error()
+		return waitFuture(ctx, n.raft.Barrier(n.cfg.ApplyTimeout))
 	}
-	if err := n.anchorClock(); err != nil {
+	if err := n.anchorClock(ctx); err != nil {
 		return err
 	}
-	return n.applyDirect(&fsm.Command{Op: fsm.OpSetNode, Node: self})
+	return n.applyDirect(ctx, &fsm.Command{Op: fsm.OpSetNode, Node: self})
+}
+
+// waitFuture waits for f, or until ctx ends. Raft's timeouts bound only the
+// enqueueing: an entry that applies after one the state machine is stuck in (a disk
+// that stopped completing writes) is never answered, and a leader's work that waited
+// for it held Close before it shut Raft down, for good.
+func waitFuture(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // applyDirect stamps cmd, replicates it and waits for it to apply, straight through
 // Raft (see applyEstablish).
-func (n *Node) applyDirect(cmd *fsm.Command) error {
+func (n *Node) applyDirect(ctx context.Context, cmd *fsm.Command) error {
 	cmd.Now = n.stampNow()
 	buf, err := cmd.AppendBinary(nil)
 	if err != nil {
 		return fmt.Errorf("node: encode command: %w", err)
 	}
 	f := n.raft.Apply(buf, n.cfg.ApplyTimeout)
-	if err := f.Error(); err != nil {
+	if err := waitFuture(ctx, f); err != nil {
 		return err
 	}
 	if res, ok := f.Response().(*fsm.Result); ok && res.Err != nil {

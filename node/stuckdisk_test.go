@@ -21,6 +21,7 @@ type stallingLog struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	stalled bool
+	waiting int // appends held
 }
 
 func newStallingLog(s raft.LogStore) *stallingLog {
@@ -38,10 +39,20 @@ func (l *stallingLog) set(stalled bool) {
 
 func (l *stallingLog) wait() {
 	l.mu.Lock()
-	for l.stalled {
-		l.cond.Wait()
+	defer l.mu.Unlock()
+	if l.stalled {
+		l.waiting++
+		for l.stalled {
+			l.cond.Wait()
+		}
+		l.waiting--
 	}
-	l.mu.Unlock()
+}
+
+func (l *stallingLog) held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting
 }
 
 func (l *stallingLog) StoreLog(e *raft.Log) error {
