@@ -216,7 +216,7 @@ func (n *Node) anchorClock(ctx context.Context) error {
 	if n.clock.state().Anchored {
 		return nil
 	}
-	if err := waitFuture(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
+	if err := waitEither(ctx, n.raft.Barrier(n.cfg.ApplyTimeout)); err != nil {
 		return err
 	}
 	n.clock.observe(n.fsm.Clock(), 0)

@@ -371,17 +371,14 @@ func (n *Node) waitMembership(ctx context.Context, what string, f raft.Future) e
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
 		defer cancel()
 	}
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return n.raftError(err)
-		}
-		return nil
-	case <-ctx.Done():
-		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "gave up waiting for %s to commit (%v): the voters it leaves may not reach a quorum; it may still take effect, GET /v1/cluster shows whether it did", what, context.Cause(ctx))
+	err, ended := waitFuture(ctx, f)
+	switch {
+	case ended != nil:
+		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "gave up waiting for %s to commit (%v): the voters it leaves may not reach a quorum; it may still take effect, GET /v1/cluster shows whether it did", what, ended)
+	case err != nil:
+		return n.raftError(err)
 	}
+	return nil
 }
 
 // CaughtUpTo reports whether this node's state machine reflects every entry up to

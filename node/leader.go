@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -103,7 +104,7 @@ func (n *Node) establish(ctx context.Context) bool {
 // directly, not through propose: no sabotage of the test build may answer it early.
 func (n *Node) applyEstablish(ctx context.Context, self *idemkv.NodeInfo) error {
 	if n.establishByBarrier() {
-		return waitFuture(ctx, n.raft.Barrier(n.cfg.ApplyTimeout))
+		return waitEither(ctx, n.raft.Barrier(n.cfg.ApplyTimeout))
 	}
 	if err := n.anchorClock(ctx); err != nil {
 		return err
@@ -111,19 +112,26 @@ func (n *Node) applyEstablish(ctx context.Context, self *idemkv.NodeInfo) error 
 	return n.applyDirect(ctx, &fsm.Command{Op: fsm.OpSetNode, Node: self})
 }
 
-// waitFuture waits for f, or until ctx ends. Raft's timeouts bound only the
-// enqueueing: an entry that applies after one the state machine is stuck in (a disk
-// that stopped completing writes) is never answered, and a leader's work that waited
-// for it held Close before it shut Raft down, for good.
-func waitFuture(ctx context.Context, f raft.Future) error {
+// waitFuture waits for f, or until ctx ends: it returns Raft's error, or ctx's cause
+// as ended. Raft's timeouts bound only the enqueueing: an entry that applies after
+// one the state machine is stuck in, or whose append the disk never completes, is
+// never answered, and a leader's work that waited for it held Close before it shut
+// Raft down, for good.
+func waitFuture(ctx context.Context, f raft.Future) (err, ended error) {
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	select {
 	case err := <-done:
-		return err
+		return err, nil
 	case <-ctx.Done():
-		return context.Cause(ctx)
+		return nil, context.Cause(ctx)
 	}
+}
+
+// waitEither is waitFuture for a caller to whom an end of ctx is an error like Raft's.
+func waitEither(ctx context.Context, f raft.Future) error {
+	err, ended := waitFuture(ctx, f)
+	return errors.Join(err, ended)
 }
 
 // applyDirect stamps cmd, replicates it and waits for it to apply, straight through
@@ -135,7 +143,7 @@ func (n *Node) applyDirect(ctx context.Context, cmd *fsm.Command) error {
 		return fmt.Errorf("node: encode command: %w", err)
 	}
 	f := n.raft.Apply(buf, n.cfg.ApplyTimeout)
-	if err := waitFuture(ctx, f); err != nil {
+	if err := waitEither(ctx, f); err != nil {
 		return err
 	}
 	if res, ok := f.Response().(*fsm.Result); ok && res.Err != nil {

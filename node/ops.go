@@ -400,21 +400,18 @@ func (n *Node) proposeFrom(ctx context.Context, begin time.Time, cmd *fsm.Comman
 // write's outcome unknown, unless Raft says it never appended the entry; a caller that
 // gives up waiting gets outcome_unknown too, since the entry may still commit.
 func (n *Node) waitProposed(ctx context.Context, f raft.ApplyFuture) error {
-	// Raft's future has only a blocking Error(), so a goroutine turns it into a channel
-	// to select on beside ctx. One waiter goroutine for every write measured worse
-	// end to end (issue 27, bench/README.md): the park and wake-up, most of this
-	// goroutine's cost, stay either way.
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			return n.raftError(err)
-		}
-		return nil
-	case <-ctx.Done():
+	// Raft's future has only a blocking Error(), so waitFuture's goroutine turns it
+	// into a channel to select on beside ctx. One waiter goroutine for every write
+	// measured worse end to end (issue 27, bench/README.md): the park and wake-up,
+	// most of this goroutine's cost, stay either way.
+	err, ended := waitFuture(ctx, f)
+	switch {
+	case ended != nil:
 		return idemkv.Errorf(idemkv.ErrOutcomeUnknown, "gave up waiting for the write after proposing it (%v); it may still apply, retry with the same attempt_id", ctx.Err())
+	case err != nil:
+		return n.raftError(err)
 	}
+	return nil
 }
 
 // raftError maps Raft's errors about a write to idemkv's: certainly not appended
