@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +47,9 @@ func TestNewFamiliesCatchTheirSabotage(t *testing.T) {
 		// refused, 10 s each) lets idle sockets from a stranger keep the survivors of a
 		// killed leader from reaching each other: no leader while the flood lasts.
 		{testhooks.LegacyListenPolicy, []string{nemesis.FamilyRaftPort}, 25 * time.Second, []string{nemesis.FindingLeaderless}},
+		// A leader whose Raft log holds every append, sabotaged to keep sending
+		// heartbeats from beside its held loop: no follower stands for election.
+		{testhooks.IgnoreDiskStall, []string{nemesis.FamilyStorageStall}, 25 * time.Second, []string{nemesis.FindingStalledLeaderKept}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
@@ -94,5 +98,35 @@ func TestRaftPortFloodIsValid(t *testing.T) {
 	}
 	if floods == 0 {
 		t.Fatalf("no flood in %d faults", len(s.FaultLog))
+	}
+}
+
+// The leader's Raft log stalled without the sabotage: each time another node leads
+// within the limit, the old leader follows once its disk completes the writes, and
+// the run is valid. Not parallel, for the same reason as the flood's.
+func TestRaftLogStallIsValid(t *testing.T) {
+	s, err := runHarness(t, func(cfg *config) {
+		cfg.Families = []string{nemesis.FamilyStorageStall}
+		cfg.Time = 25 * time.Second
+	})
+	if err != nil {
+		t.Fatalf("run: %v (anomalies %v)", err, s.Anomalies)
+	}
+	if s.Verdict != "valid" || len(s.Anomalies) != 0 || !s.Convergence.Converged {
+		t.Fatalf("verdict %q, anomalies %v, converged %v", s.Verdict, s.Anomalies, s.Convergence.Converged)
+	}
+	stalls := 0
+	for _, f := range s.FaultLog {
+		if f.Kind != "raft-log-stall" || strings.Contains(f.Detail, "the run ended") {
+			continue
+		}
+		if !strings.Contains(f.Detail, "a new leader") {
+			t.Fatalf("a stall without a new leader: %s", f.Detail)
+		}
+		stalls++
+		t.Logf("%s", f.Detail)
+	}
+	if stalls == 0 {
+		t.Fatalf("no stall in %d faults", len(s.FaultLog))
 	}
 }

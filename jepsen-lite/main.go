@@ -54,7 +54,8 @@ Nemesis families (--nemesis all, none, or a comma list):
   clock       offset the leader's clock (test build only)
   churn       leadership transfers or leader restarts with every write held back, then
               ready, linearizable reads and replays must be served on every node
-  storage     Pebble disk full, Raft log writes or reads failing, a snapshot install
+  storage     Pebble disk full, Raft log writes or reads failing, the leader's Raft log
+              appends held (another node must lead within 15 s), a snapshot install
               failing midway (test build only; a node the fault stops is restarted)
   clock-jump  one node's clock jumps minutes forward, then minutes back
   clock-restart
@@ -70,7 +71,7 @@ Sabotage modes (--sabotage, to prove the checkers can fail):
   rot-raft-log, drop-late-commits, replay-drops-result, unbounded-forward-clock,
   crashes-alone, short-default-retention, approval-recover-executes,
   local-replay-any-effect, redecide-answers-ok, crossed-replays,
-  in-progress-conflict
+  in-progress-conflict, ignore-disk-stall
 
 Exit status: 0 valid, 1 anomalies found, 2 the harness itself failed (a fault that
 did not apply or showed no effect counts as a harness failure).`,

@@ -118,8 +118,15 @@ func (n *Node) applyEstablish(ctx context.Context, self *idemkv.NodeInfo) error 
 // never answered, and a leader's work that waited for it held Close before it shut
 // Raft down, for good.
 func waitFuture(ctx context.Context, f raft.Future) (err, ended error) {
+	return waitFor(ctx, f.Error)
+}
+
+// waitFor runs call on a goroutine of its own and waits for it, or until ctx ends (see
+// waitFuture): for a Raft call that may itself block, as VerifyLeader does once 64
+// verifications are queued for a leader loop that is stuck.
+func waitFor(ctx context.Context, call func() error) (err, ended error) {
 	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
+	go func() { done <- call() }()
 	select {
 	case err := <-done:
 		return err, nil

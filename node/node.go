@@ -485,7 +485,11 @@ func (n *Node) open() error {
 		// up (votefence.go). One that bootstraps has its own log from the start.
 		n.transport.fence = newVoteFence(rc.LocalID, n.transport.LocalAddr(), n.log)
 	}
-	if n.raft, err = raft.NewRaft(rc, n.raftFSM(), logs, stable, snaps, n.transport); err != nil {
+	// Raft appends through the watch, and the transport sends nothing while an append
+	// is held past the limit (stall.go).
+	watch := newAppendWatch(logs, n.appendStallLimit(), n.log)
+	n.transport.appends = watch
+	if n.raft, err = raft.NewRaft(rc, n.raftFSM(), watch, stable, snaps, n.transport); err != nil {
 		return fmt.Errorf("node: start raft: %w", err)
 	}
 	if f := n.transport.fence; f != nil {

@@ -460,13 +460,33 @@ func (n *Node) readIndex(ctx context.Context) error {
 		}
 	}
 	index := n.raft.CommitIndex()
-	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return n.readError(err)
+	if err := n.verifyLeader(ctx); err != nil {
+		return err
 	}
 	if n.raft.CurrentTerm() != term {
 		return idemkv.ErrNotLeader
 	}
 	return n.waitApplied(ctx, index)
+}
+
+// verifyLeader confirms with a quorum that this node still leads. Raft answers it on
+// the leader's loop, which a disk that stopped completing writes holds in an append
+// for good, and every read waited with it; it waits for ctx, or ApplyTimeout without
+// a deadline. Nothing is written, so a wait that ends is unavailable.
+func (n *Node) verifyLeader(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
+		defer cancel()
+	}
+	err, ended := waitFor(ctx, func() error { return n.raft.VerifyLeader().Error() })
+	switch {
+	case ended != nil:
+		return idemkv.Errorf(idemkv.ErrUnavailable, "could not confirm this node still leads (%v): nothing was read", ended)
+	case err != nil:
+		return n.readError(err)
+	}
+	return nil
 }
 
 func (n *Node) waitReady(ctx context.Context, term uint64) error {

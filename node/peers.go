@@ -101,6 +101,9 @@ func (n *Node) reaches(id raft.ServerID, now time.Time) (last time.Time, ok bool
 // records an answer, whatever it says: a refusal still shows the peer is there. A
 // success to an append that carried entries also records what the peer stored.
 func (t *heartbeatTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	if t.appends != nil && t.appends.held() {
+		return errOwnDiskStalled
+	}
 	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
 	if err == nil && t.contacts != nil {
 		now := time.Now()
@@ -114,6 +117,9 @@ func (t *heartbeatTransport) AppendEntries(id raft.ServerID, target raft.ServerA
 
 // InstallSnapshot sends a snapshot and records an answer, as AppendEntries does.
 func (t *heartbeatTransport) InstallSnapshot(id raft.ServerID, target raft.ServerAddress, args *raft.InstallSnapshotRequest, resp *raft.InstallSnapshotResponse, data io.Reader) error {
+	if t.appends != nil && t.appends.held() {
+		return errOwnDiskStalled
+	}
 	err := t.NetworkTransport.InstallSnapshot(id, target, args, resp, data)
 	if err == nil && t.contacts != nil {
 		t.contacts.answered(id, time.Now())

@@ -57,3 +57,7 @@ func (g *guardedListener) admitLegacy(net.Conn) (admitted, handled bool) { retur
 
 // legacyHandshake returns the listener's handshake bound unchanged here.
 func legacyHandshake(d time.Duration) time.Duration { return d }
+
+// ignoreDiskStall is always false here: a node whose own log append is held past the
+// stall limit sends nothing (stall.go).
+func ignoreDiskStall() bool { return false }

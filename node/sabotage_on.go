@@ -397,3 +397,7 @@ func legacyHandshake(d time.Duration) time.Duration {
 	}
 	return d
 }
+
+// ignoreDiskStall is the IgnoreDiskStall sabotage: the node keeps sending appends and
+// heartbeats while its own log append is held.
+func ignoreDiskStall() bool { return testhooks.Sabotaged(testhooks.IgnoreDiskStall) }

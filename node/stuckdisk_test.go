@@ -163,3 +163,123 @@ func TestRemovalGuardSeesAStuckDisk(t *testing.T) {
 		t.Fatalf("a write after the removal: %v", err)
 	}
 }
+
+// TestLeaderWithAStuckDiskGivesWay: a leader whose disk stopped completing writes
+// waits in its append for good, and hashicorp/raft's heartbeats, sent beside that
+// loop, kept telling the followers it was there: no follower stood for election, and
+// the cluster committed nothing until the disk came back. The leader now sends no
+// heartbeat or append while one of its own appends has been held past the stall
+// limit, so the others elect a leader among themselves and commit; once the disk
+// completes the write, the old leader learns the newer term and follows.
+func TestLeaderWithAStuckDiskGivesWay(t *testing.T) {
+	var logs [3]*stallingLog
+	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
+			logs[i] = newStallingLog(s.Log)
+			s.Log = logs[i]
+			return s
+		}
+	}))
+	t.Cleanup(func() {
+		for _, l := range logs {
+			l.set(false)
+		}
+	})
+	li := c.WaitLeader()
+	ctx := ctxT(t)
+	if _, err := reserveAndCommit(ctx, c.Node(li), "before", true); err != nil {
+		t.Fatal(err)
+	}
+
+	logs[li].set(true)
+	// A write on the stuck leader: its append is held.
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_, _ = reserveAndCommit(wctx, c.Node(li), "on-the-stuck-leader", true)
+	}()
+	if err := testcluster.Eventually(5*time.Second, func() error {
+		if logs[li].held() == 0 {
+			return errors.New("no append held yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var other int
+	if err := testcluster.Eventually(20*time.Second, func() error {
+		for i := range 3 {
+			if i != li && c.Node(i).IsLeader() {
+				other = i
+				return nil
+			}
+		}
+		return errors.New("no other node leads")
+	}); err != nil {
+		t.Fatalf("20 s after the leader's disk stopped completing writes: %v", err)
+	}
+	if _, err := reserveAndCommit(ctx, c.Node(other), "after-the-new-leader", true); err != nil {
+		t.Fatalf("a write on the new leader %s: %v", c.ID(other), err)
+	}
+	// The old leader, its loop held in the append, learnt the new term from the new
+	// leader's heartbeat: a linearizable read there is refused at once.
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Node(li).Get(rctx, &idemkv.GetRequest{Tenant: "acme", Key: "before"})
+	if d := time.Since(start); err == nil || d > 5*time.Second {
+		t.Fatalf("a linearizable read on the stuck old leader: %v after %s, want an error within its 2 s", err, d)
+	}
+
+	logs[li].set(false)
+	if err := testcluster.Eventually(20*time.Second, func() error {
+		if c.Node(li).IsLeader() {
+			return errors.New("the old leader still leads")
+		}
+		return c.Converged(time.Second)
+	}); err != nil {
+		t.Fatalf("once the old leader's disk works: %v", err)
+	}
+}
+
+// TestReadOnAStuckLeaderEnds: a linearizable read confirms leadership through Raft's
+// loop, which a disk that stopped completing writes holds in an append; with no other
+// node to take over (a single node), the read waited for good, and every read after
+// it. It now ends with its context, unavailable: nothing was read.
+func TestReadOnAStuckLeaderEnds(t *testing.T) {
+	var log *stallingLog
+	c := testcluster.Start(t, 1, testcluster.WithConfig(func(_ int, cfg *node.Config) {
+		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
+			log = newStallingLog(s.Log)
+			s.Log = log
+			return s
+		}
+	}))
+	t.Cleanup(func() { log.set(false) })
+	n := c.Node(c.WaitLeader())
+	ctx := ctxT(t)
+	if _, err := reserveAndCommit(ctx, n, "before", true); err != nil {
+		t.Fatal(err)
+	}
+	log.set(true)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		_, _ = reserveAndCommit(wctx, n, "held", true)
+	}()
+	if err := testcluster.Eventually(5*time.Second, func() error {
+		if log.held() == 0 {
+			return errors.New("no append held yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := n.Get(rctx, &idemkv.GetRequest{Tenant: "acme", Key: "before"})
+	if d := time.Since(start); !errors.Is(err, idemkv.ErrUnavailable) || d > 4*time.Second {
+		t.Fatalf("a linearizable read on a leader held in its append: %v after %s, want unavailable within its 1 s", err, d)
+	}
+}

@@ -163,6 +163,7 @@ type heartbeatTransport struct {
 
 	fence       *voteFence    // nil: votes as Raft decides
 	contacts    *peerContacts // nil: answers go unrecorded
+	appends     *appendWatch  // nil: sends whatever its own disk does
 	consumeOnce sync.Once
 	consumed    chan raft.RPC
 	done        chan struct{}

@@ -20,13 +20,16 @@ const (
 	// FaultRaftLogRead makes reading Raft log entries from the log store fail (the log
 	// cache in front still answers the newest 1024).
 	FaultRaftLogRead = "raft-log-read"
+	// FaultRaftLogStall holds every append of Raft log entries until it is switched
+	// off: a disk that stopped completing writes, neither failing nor finishing them.
+	FaultRaftLogStall = "raft-log-stall"
 	// FaultSnapshotRestore cuts every snapshot read from the snapshot store midway:
 	// a snapshot install on a follower, or a restore at start, fails part-way through.
 	FaultSnapshotRestore = "snapshot-restore"
 )
 
 // StorageFaults lists every storage fault in a stable order.
-var StorageFaults = []string{FaultPebbleFull, FaultPebbleRead, FaultRaftLogWrite, FaultRaftLogRead, FaultSnapshotRestore}
+var StorageFaults = []string{FaultPebbleFull, FaultPebbleRead, FaultRaftLogWrite, FaultRaftLogRead, FaultRaftLogStall, FaultSnapshotRestore}
 
 // Paths of the fault endpoints (test build only).
 const (

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
@@ -90,7 +91,8 @@ func PebbleFS() vfs.FS {
 	}))
 }
 
-// WrapLogStore puts FaultRaftLogWrite and FaultRaftLogRead in front of Raft's log.
+// WrapLogStore puts FaultRaftLogWrite, FaultRaftLogRead and FaultRaftLogStall in front of
+// Raft's log.
 func WrapLogStore(s raft.LogStore) raft.LogStore { return &faultyLog{LogStore: s} }
 
 type faultyLog struct{ raft.LogStore }
@@ -107,6 +109,11 @@ func (l *faultyLog) GetLog(index uint64, out *raft.Log) error {
 func (l *faultyLog) StoreLog(e *raft.Log) error { return l.StoreLogs([]*raft.Log{e}) }
 
 func (l *faultyLog) StoreLogs(es []*raft.Log) error {
+	if fire(FaultRaftLogStall) {
+		for faults[FaultRaftLogStall].on.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	if fire(FaultRaftLogWrite) {
 		return errInjectedWrite
 	}

@@ -146,6 +146,12 @@ const (
 	// effect owns the key and gives up. jepsen-lite's agent checks must catch it
 	// (wrong-conflict).
 	InProgressConflict
+	// IgnoreDiskStall restores the node before its watch on its own log appends: a
+	// leader whose disk stopped completing writes goes on sending heartbeats from
+	// beside its held loop, no follower stands for election, and the cluster commits
+	// nothing until the disk comes back. jepsen-lite's raft-log-stall fault must catch
+	// it (stalled-leader-kept).
+	IgnoreDiskStall
 )
 
 // CrashAfter is how many entries node n2 applies, from its process's start, before
@@ -185,6 +191,7 @@ var modeNames = []struct {
 	{RedecideAnswersOK, "redecide-answers-ok"},
 	{CrossedReplays, "crossed-replays"},
 	{InProgressConflict, "in-progress-conflict"},
+	{IgnoreDiskStall, "ignore-disk-stall"},
 }
 
 // Environment variables read once at start by a binary built with the tag.
@@ -274,7 +281,7 @@ func ParseModes(names ...string) (Mode, error) {
 
 // AllModes is every sabotage mode.
 const AllModes = StaleReads | IgnoreFences | EarlyAck | FailWrites | InternalErrors | EarlyRecover | OrphanEffects | SkipFailedRestore | WedgeGap | UnboundedClock | LocalPending | UnanchoredStamps | LegacyListenPolicy | UnboundApproval | RotRaftLog | DropLateCommits | ReplayDropsResult | UnboundedForwardClock | CrashesAlone |
-	ShortDefaultRetention | ApprovalRecoverExecutes | LocalReplayAnyEffect | RedecideAnswersOK | CrossedReplays | InProgressConflict
+	ShortDefaultRetention | ApprovalRecoverExecutes | LocalReplayAnyEffect | RedecideAnswersOK | CrossedReplays | InProgressConflict | IgnoreDiskStall
 
 // ParseClockOffset parses a clock offset as a Go duration; empty means zero.
 func ParseClockOffset(s string) (time.Duration, error) {

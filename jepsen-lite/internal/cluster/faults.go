@@ -34,6 +34,15 @@ func (c *Cluster) SetFaults(ctx context.Context, i int, faults []string) (*testh
 	return &s, nil
 }
 
+// Faults reports the storage faults in force on node i and what each has failed.
+func (c *Cluster) Faults(ctx context.Context, i int) (*testhooks.FaultState, error) {
+	var s testhooks.FaultState
+	if err := c.call(ctx, i, http.MethodGet, testhooks.PathFaults, nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
 // Call does one request against node i and decodes a 200 answer into out (an error
 // answer is an error naming its code).
 func (c *Cluster) Call(ctx context.Context, i int, method, path string, body, out any) error {

@@ -21,6 +21,7 @@ const (
 
 	FamilyStorageSnapshot = "storage-snapshot"
 	FamilyStorageDiskFull = "storage-disk-full"
+	FamilyStorageStall    = "storage-stall"
 	FamilyChurnTransfer   = "churn-transfer"
 )
 
@@ -29,6 +30,9 @@ const (
 	// FindingWedged: after leader churn without writes, a node did not serve ready,
 	// a linearizable read or a replay within churnProbeLimit.
 	FindingWedged = "wedged-after-churn"
+	// FindingStalledLeaderKept: while the leader's Raft log held every append (a disk
+	// that stopped completing writes), no other node led within stallElectionLimit.
+	FindingStalledLeaderKept = "stalled-leader-kept"
 	// FindingTimeFrozen: after a clock jump was undone, a short lease did not run out
 	// within timeProbeLimit of its end.
 	FindingTimeFrozen = "time-frozen"
@@ -69,12 +73,13 @@ type WriteGate interface {
 func init() {
 	Families = append(Families, FamilyChurn, FamilyStorage, FamilyClockJump)
 	kinds[FamilyChurn] = []string{"churn-transfer", "churn-restart"}
-	kinds[FamilyStorage] = []string{"disk-full", "raft-log-write", "raft-log-read", "snapshot-install-fails"}
+	kinds[FamilyStorage] = []string{"disk-full", "raft-log-write", "raft-log-read", "raft-log-stall", "snapshot-install-fails"}
 	kinds[FamilyClockJump] = []string{"clock-jump"}
 	// One kind each, for tests that need a given fault to happen in a short run; not
 	// part of "all".
 	kinds[FamilyStorageSnapshot] = []string{"snapshot-install-fails"}
 	kinds[FamilyStorageDiskFull] = []string{"disk-full"}
+	kinds[FamilyStorageStall] = []string{"raft-log-stall"}
 	kinds[FamilyChurnTransfer] = []string{"churn-transfer"}
 }
 
@@ -89,6 +94,7 @@ var moreKinds = map[string]func(n *Nemesis, ctx, heal context.Context, hold time
 	"disk-full":              storageFault(testhooks.FaultPebbleFull),
 	"raft-log-write":         storageFault(testhooks.FaultRaftLogWrite),
 	"raft-log-read":          storageFault(testhooks.FaultRaftLogRead),
+	"raft-log-stall":         (*Nemesis).raftLogStall,
 	"snapshot-install-fails": (*Nemesis).snapshotInstallFails,
 	"clock-jump":             (*Nemesis).clockJump,
 }
@@ -344,6 +350,59 @@ func (n *Nemesis) clearFault(ctx context.Context, i int, fault string, cutShort 
 	}
 	detail := fmt.Sprintf("%s on %s stopped the node; started again", fault, n.id(i))
 	return detail, n.c.StartNode(i)
+}
+
+// stallElectionLimit is how long after the leader's first held append another node
+// must lead: the node's stall limit (five election timeouts, 5 s with jepsen-lite's
+// nodes) and an election, with room for a loaded machine.
+const stallElectionLimit = 15 * time.Second
+
+// raftLogStall holds every Raft log append of the leader, as a disk that stopped
+// completing writes, and requires another node to lead within stallElectionLimit of
+// the first held append: the held leader must stop telling the followers it is there.
+// Then the disk completes the writes again, and the old leader must follow.
+func (n *Nemesis) raftLogStall(ctx, heal context.Context, hold time.Duration) (string, error) {
+	l, err := n.leader(heal)
+	if err != nil {
+		return "", err
+	}
+	fault := testhooks.FaultRaftLogStall
+	if _, err := n.c.SetFaults(heal, l, []string{fault}); err != nil {
+		return "", err
+	}
+	start := time.Now()
+	// The workload's writes reach the leader's log at once; wait for one to be held.
+	held := false
+	for !held && time.Since(start) < 10*time.Second && ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(heal, time.Second)
+		st, err := n.c.Faults(cctx, l)
+		cancel()
+		held = err == nil && st.Injected[fault] > 0
+		if !held {
+			sleep(ctx, 50*time.Millisecond)
+		}
+	}
+	detail := "raft-log-stall on the leader " + n.id(l)
+	var elected time.Duration
+	ok := false
+	if held {
+		elected, ok = n.awaitLeaderOtherThan(ctx, l, stallElectionLimit)
+	}
+	switch {
+	case !held:
+		detail += ": no append held"
+	case ok:
+		detail += fmt.Sprintf(": a new leader %s after the first held append", elected.Round(10*time.Millisecond))
+	case ctx.Err() != nil:
+		detail += ": the run ended before another node led"
+	default:
+		n.find(FindingStalledLeaderKept, "no other node led within %s of the first held Raft log append of the leader %s",
+			stallElectionLimit, n.id(l))
+		detail += ": no other node led"
+	}
+	sleep(ctx, max(0, hold-time.Since(start)))
+	d, err := n.clearFault(heal, l, fault, ctx.Err() != nil)
+	return detail + "; " + d, err
 }
 
 // snapshotInstallFails cuts a follower off until it needs a snapshot, with every
