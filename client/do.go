@@ -658,6 +658,16 @@ func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 // being released (a release means the effect certainly did not happen, and frees the
 // key for other arguments).
 func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) (*Outcome, error) {
+	if ctx.Err() != nil {
+		// The caller gave up after the grant and before the tool ran: this call did
+		// nothing, so the key is released (it would otherwise wait out the lease and
+		// then be in doubt), unless an earlier attempt may have had the effect.
+		cause := fmt.Errorf("the context ended before the tool ran: %w", context.Cause(ctx))
+		if earlier {
+			return nil, x.outcomeUnknown(g, cause)
+		}
+		return nil, x.release(ctx, g, cause)
+	}
 	res, ferr, lost := x.underLease(ctx, g.fence, fn)
 	if lost != nil {
 		// A newer attempt owns the key; it decides the outcome (and probes for ours).
