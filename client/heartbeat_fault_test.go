@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemkv/idemkv"
 	"github.com/idemkv/idemkv/client"
+	"github.com/idemkv/idemkv/internal/testcluster"
 	"github.com/idemkv/idemkv/internal/testlog"
 )
 
@@ -107,5 +109,43 @@ func TestHeartbeatsFailingPastTheLeaseStopTheTool(t *testing.T) {
 	}
 	if c, _ := cause.Load().(error); !errors.Is(c, client.ErrLeaseExpired) {
 		t.Fatalf("the tool's context cause %v, want ErrLeaseExpired", c)
+	}
+}
+
+// A Do that waits for an approval while the node stops answering reads (the long-poll
+// hangs until the client's attempt timeout) returns within the approval's Wait plus
+// StoreWait, as every wait for an unresponsive store is bounded, not after the HTTP
+// client's every attempt has waited the whole long-poll again.
+func TestApprovalWaitOnAHangingStoreIsBoundedByStoreWait(t *testing.T) {
+	var hang atomic.Bool
+	c := testcluster.Start(t, 1, testcluster.WithAPIMiddleware(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hang.Load() && r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/records/") {
+				<-r.Context().Done()
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}))
+	const wait, storeWait = time.Second, time.Second
+	agent, err := client.New(client.Config{
+		Endpoints: c.Endpoints(),
+		Timeout:   200 * time.Millisecond,
+		StoreWait: storeWait,
+		Logger:    testlog.New(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { agent.Close() })
+	hang.Store(true)
+	start := time.Now()
+	_, err = agent.Do(timeout(t, time.Minute), refundOp("order_17:refund:hang", 40, wait), mustNotRun(t))
+	took := time.Since(start)
+	if !errors.Is(err, client.ErrStoreUnavailable) {
+		t.Fatalf("Do: %v (kind %q), want store_unavailable", err, client.KindOf(err))
+	}
+	if limit := wait + storeWait + time.Second; took > limit {
+		t.Fatalf("Do returned after %s, beyond the approval wait plus StoreWait (%s)", took.Round(time.Millisecond), limit)
 	}
 }
