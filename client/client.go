@@ -300,7 +300,9 @@ func (c *Client) Leader() string {
 
 func (c *Client) setLeader(apiAddr string) {
 	u, err := baseURL(apiAddr, c.scheme == "https")
-	if err != nil {
+	if err != nil || !strings.HasPrefix(u, c.scheme+"://") {
+		// Another scheme than the endpoints' is not followed: from https to http it
+		// would send the token and every request in plain text.
 		return
 	}
 	// A node bound to a wildcard address advertises nothing a client can dial;

@@ -644,3 +644,32 @@ func TestProxyGatewayErrorsOnWrites(t *testing.T) {
 		}
 	}
 }
+
+// A leader address that names another scheme than the client's own is not followed:
+// a client that reaches its cluster over TLS with a token must not send the next
+// request, token and all, in plain text because an answer named an http:// leader.
+func TestClientKeepsItsSchemeWhenFollowingTheLeader(t *testing.T) {
+	mem := newMemStore()
+	plain := startNode(t, mem)
+	store := &apiStore{memStore: mem}
+	srv := httptest.NewTLSServer(api.New(api.Config{Store: store, Logger: testlog.New(t)}).Handler())
+	t.Cleanup(srv.Close)
+	store.self = strings.TrimPrefix(srv.URL, "https://")
+	store.leaderAddr = plain.srv.URL // "http://127.0.0.1:…"
+	c := newClient(t, Config{Endpoints: []string{srv.URL}, Token: "s3cret", HTTPClient: srv.Client()})
+	ctx := ctxT(t)
+	for range 3 {
+		if _, err := c.Get(ctx, &idemkv.GetRequest{Tenant: "t1", Key: "k", Consistency: idemkv.Stale}); !errors.Is(err, idemkv.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range plain.requests() {
+		if r.Header.Get(api.HeaderForwarded) == "" {
+			t.Fatalf("the client followed an http:// leader from a TLS endpoint: %s %s with authorization %q in plain text",
+				r.Method, r.URL, r.Header.Get("Authorization"))
+		}
+	}
+	if l := c.Leader(); strings.HasPrefix(l, "http://") {
+		t.Fatalf("leader %q adopted", l)
+	}
+}
