@@ -151,6 +151,14 @@ class Retries(unittest.TestCase):
         c2.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)
         self.assertEqual(c2.leader, "")
 
+        # Nor is another scheme than the endpoints': from https to http it would send
+        # the token and every request in plain text.
+        other = self.serve(lambda n, b: (200, {"Idemkv-Leader": "https://" + leader.addr}, EXECUTE))
+        c3 = idemkv.Client([other.addr])
+        self.addCleanup(c3.close)
+        c3.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(c3.leader, "")
+
     def test_async_same_attempt_and_leader(self) -> None:
         leader = self.serve(lambda n, b: error("outcome_unknown", 503) if n == 1 else (200, {}, EXECUTE))
         # The follower cannot reach a leader but names it: the retry goes there.

@@ -236,6 +236,9 @@ export class Client {
     } catch {
       return;
     }
+    // Another scheme than the endpoints' is not followed: from https to http it would
+    // send the token and every request in plain text.
+    if (!u.startsWith(`${this.scheme}://`)) return;
     // A node bound to a wildcard address advertises nothing a client can dial.
     const host = new URL(u).hostname;
     if (host === "" || host === "0.0.0.0" || host === "[::]") return;

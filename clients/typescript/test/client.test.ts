@@ -73,6 +73,19 @@ describe("client", () => {
     assert.equal(c.leader, "");
   });
 
+  it("does not follow a leader of another scheme than the endpoints'", async () => {
+    // From https to http it would send the token and every request in plain text.
+    const { fetch, sent } = scripted([
+      { status: 200, body: { records: [] }, leader: "http://c:3" },
+      { status: 200, body: { records: [] } },
+    ]);
+    const c = new Client({ endpoints: ["https://a:1"], fetch, token: "tok", backoffMinMs: 1, backoffMaxMs: 2 });
+    await c.list("t");
+    await c.list("t");
+    assert.equal(c.leader, "");
+    assert.deepEqual(sent.map((s) => new URL(s.url).origin), ["https://a:1", "https://a:1"]);
+  });
+
   it("does not retry an answer that is not about availability", async () => {
     const { fetch, sent } = scripted([err("fenced", 409)]);
     const c = new Client({ endpoints: ["a:1"], fetch });

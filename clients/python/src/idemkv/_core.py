@@ -237,6 +237,10 @@ class Router:
             u = base_url(api_addr if "://" in api_addr else f"{self.scheme}://{api_addr}", self.scheme == "https")
         except ValueError:
             return
+        if not u.startswith(self.scheme + "://"):
+            # Another scheme than the endpoints' is not followed: from https to http it
+            # would send the token and every request in plain text.
+            return
         host = urlsplit(u).hostname or ""
         # A node bound to a wildcard address advertises nothing a client can dial.
         try:
