@@ -254,7 +254,7 @@ func (c *Client) Approvals(ctx context.Context, req *idemkv.ApprovalsRequest) (*
 	pageQuery(q, req.Limit, req.After, req.Consistency)
 	var out idemkv.ApprovalsResult
 	cl := call{method: http.MethodGet, route: "/v1/approvals", path: "/v1/approvals", query: q,
-		attrs: []attribute.KeyValue{semconv.Tenant.String(req.Tenant)}}
+		attrs: []attribute.KeyValue{semconv.Tenant.String(req.Tenant)}, listing: true}
 	if _, err := c.do(ctx, cl, &out); err != nil {
 		return nil, err
 	}

@@ -84,6 +84,14 @@ import (
 // (idemkv.HeaderLeader, the one definition server and client share).
 const HeaderLeader = idemkv.HeaderLeader
 
+// maxAnswerBytes bounds what the client reads of one JSON answer that holds at most
+// one record: a record is at most its effect and its result or error (each within the
+// payload limit, at most idemkv.MaxRequestBytes), a summary and a short history, so
+// 16 MiB leaves room for any escaping while a node, or anything posing as one, that
+// answers without end cannot make the client read until it runs out of memory.
+// Listings, which hold up to idemkv.MaxListLimit records, are not bounded by it.
+const maxAnswerBytes = 16 << 20
+
 // ScopeName is the instrumentation scope of the client's spans.
 const ScopeName = "github.com/idemkv/idemkv/client"
 
@@ -352,6 +360,8 @@ type call struct {
 	attrs  []attribute.KeyValue
 	// stream, when set, takes a 2xx answer's body instead of JSON decoding (Backup).
 	stream *stream
+	// listing: the answer is a page of records, not bounded by maxAnswerBytes.
+	listing bool
 }
 
 // do sends cl, retrying on another endpoint after failures that leave the request
@@ -494,7 +504,11 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		if cl.stream != nil {
 			return cl.stream.read(base, resp)
 		}
-		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		var body io.Reader = resp.Body
+		if !cl.listing {
+			body = &boundedReader{r: resp.Body, left: maxAnswerBytes}
+		}
+		if err := json.NewDecoder(body).Decode(out); err != nil {
 			// A body cut short is a transport failure like any other, after the server
 			// answered: a write it answered 2xx took effect.
 			if cl.method != http.MethodGet {
@@ -505,6 +519,25 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		return nil
 	}
 	return decodeError(resp, cl.method != http.MethodGet)
+}
+
+// boundedReader reads at most left bytes of r, and then fails rather than end the
+// answer early as if it were whole.
+type boundedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, fmt.Errorf("the answer is larger than the %d bytes any record takes", maxAnswerBytes)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // decodeError turns an error answer back into the *idemkv.Error the server sent, so

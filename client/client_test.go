@@ -673,3 +673,39 @@ func TestClientKeepsItsSchemeWhenFollowingTheLeader(t *testing.T) {
 		t.Fatalf("leader %q adopted", l)
 	}
 }
+
+// A node (or anything posing as one) that answers a record read with an endless body
+// does not make the client read it all: an answer past what any record can be is
+// refused, as a transport failure, once that much is read.
+func TestClientBoundsWhatItReadsOfAnAnswer(t *testing.T) {
+	n := startNode(t, newMemStore())
+	const endless = 96 << 20
+	var written atomic.Int64
+	n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		chunk := bytes.Repeat([]byte("a"), 64<<10)
+		if _, err := w.Write([]byte(`{"tenant":"`)); err != nil {
+			return true
+		}
+		for written.Load() < endless {
+			m, err := w.Write(chunk)
+			written.Add(int64(m))
+			if err != nil {
+				return true
+			}
+		}
+		return true
+	})
+	c := newClient(t, Config{Endpoints: []string{n.addr()}, MaxAttempts: 1})
+	_, err := c.Get(ctxT(t), &idemkv.GetRequest{Tenant: "t1", Key: "k"})
+	if !errors.Is(err, idemkv.ErrUnavailable) {
+		t.Fatalf("Get: %v, want unavailable", err)
+	}
+	waitFor(t, func() bool { return n.count.Load() == 1 })
+	// The server stops writing once the client has closed the connection; what the
+	// socket buffers took on top of the bound is a few MiB.
+	if w := written.Load(); w > maxAnswerBytes+16<<20 {
+		t.Fatalf("the client read %d MiB of one answer (bound %d MiB)", w>>20, maxAnswerBytes>>20)
+	}
+}
