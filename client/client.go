@@ -245,10 +245,13 @@ type Client struct {
 	preferred atomic.Uint32
 	leaderMu  sync.Mutex
 	leader    string // base URL of the leader, "" if unknown
-	tracer    trace.Tracer
-	prop      propagation.TextMapPropagator
-	log       *slog.Logger
-	runner    *Runner
+	// failed holds leaders that failed an attempt, until when they are not followed
+	// again (leaderShun).
+	failed map[string]time.Time
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	log    *slog.Logger
+	runner *Runner
 }
 
 var _ Store = (*Client)(nil)
@@ -323,15 +326,34 @@ func (c *Client) setLeader(apiAddr string) {
 		u = c.scheme + "://" + apiAddr
 	}
 	c.leaderMu.Lock()
-	c.leader = u
+	if until, ok := c.failed[u]; !ok || !time.Now().Before(until) {
+		c.leader = u
+	}
 	c.leaderMu.Unlock()
 }
+
+// leaderShun is how long a leader address that failed an attempt is not followed
+// again. A node names the leader's advertised address, which a client outside the
+// cluster's network (behind a load balancer) may never reach: followed on every
+// answer, it cost every call a failed attempt, up to the whole Timeout, and every
+// heartbeat too. Meanwhile the endpoints serve, a follower forwarding to the leader.
+const leaderShun = 10 * time.Second
 
 // demote forgets base as leader and as preferred endpoint after it failed.
 func (c *Client) demote(base string) {
 	c.leaderMu.Lock()
 	if c.leader == base {
 		c.leader = ""
+		now := time.Now()
+		for u, until := range c.failed {
+			if !now.Before(until) {
+				delete(c.failed, u)
+			}
+		}
+		if c.failed == nil {
+			c.failed = map[string]time.Time{}
+		}
+		c.failed[base] = now.Add(leaderShun)
 	}
 	c.leaderMu.Unlock()
 	p := c.preferred.Load()

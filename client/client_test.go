@@ -709,3 +709,43 @@ func TestClientBoundsWhatItReadsOfAnAnswer(t *testing.T) {
 		t.Fatalf("the client read %d MiB of one answer (bound %d MiB)", w>>20, maxAnswerBytes>>20)
 	}
 }
+
+// A node that names a leader this client cannot reach (an address inside a cluster's
+// network, behind the load balancer the client uses) is not followed again and again:
+// once that leader failed, the client keeps to its endpoints for a while instead of
+// paying a timeout on every call, and on every heartbeat, which a short lease cannot
+// afford.
+func TestClientDoesNotChaseAnUnreachableLeader(t *testing.T) {
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns atomic.Int32
+	var held sync.WaitGroup
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); hole.Close(); held.Wait() })
+	go func() {
+		for {
+			conn, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			held.Add(1)
+			go func() { defer held.Done(); <-done; conn.Close() }()
+		}
+	}()
+	n := startNode(t, newMemStore())
+	n.store.leaderAddr = hole.Addr().String()
+	c := newClient(t, Config{Endpoints: []string{n.addr()}, Timeout: 300 * time.Millisecond})
+	ctx := ctxT(t)
+	start := time.Now()
+	for range 5 {
+		if _, err := c.Get(ctx, &idemkv.GetRequest{Tenant: "t1", Key: "k", Consistency: idemkv.Stale}); !errors.Is(err, idemkv.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	if got := conns.Load(); got > 1 {
+		t.Fatalf("the unreachable leader was tried %d times in 5 calls (%s)", got, time.Since(start).Round(time.Millisecond))
+	}
+}
