@@ -643,6 +643,18 @@ class _Loop:
             found = self.as_result(ran.value)
             value = ran.value if not isinstance(ran.value, Result) else found.result
         try:
+            seen = g.record
+            if seen is not None:
+                # The probe answers for the doubt it looked at (the Go client's
+                # settleInDoubt). Should the key have been settled and marked in doubt
+                # anew while it looked (another caller released it, ran the tool and
+                # died), its "not found" says nothing of that run, and a resolve by key
+                # would release the key after an effect: reserve and look again.
+                cur = yield self.stored(_core.get_call(op.tenant, op.key))
+                if (cur.get("status") != "pending" or not cur.get("in_doubt")
+                        or cur.get("fence") != seen.get("fence")):
+                    self.span.add_event("doubt_changed")
+                    return None
             if found is not None:
                 self.span.add_event("probe", {"found": True})
                 res = found
