@@ -70,12 +70,13 @@ type Result struct {
 type Func func(ctx context.Context) (*Result, error)
 
 // ErrLeaseExpired is the cause of a tool's (or probe's) context cancelled because its
-// lease ran out by the worker's own clock without a renewal (heartbeats failed, say,
-// with idemkv unreachable): a newer attempt may own the key by now and run the tool
-// itself, so this one should stop before any step it cannot undo. Do still tries to
-// commit what the tool returns: if nobody took the key over, the fence is current and
-// the commit lands.
-var ErrLeaseExpired = errors.New("idemkv: lease ran out without a renewal")
+// lease is running out by the worker's own clock without a renewal (heartbeats failed,
+// say, with idemkv unreachable): a sixth of the lease before it ends, so that the tool
+// hears it before another worker may recover the key and run the tool itself. The
+// tool should stop before any step it cannot undo. Do still tries to commit what the
+// tool returns: if nobody took the key over, the fence is current and the commit
+// lands.
+var ErrLeaseExpired = errors.New("idemkv: lease running out without a renewal")
 
 // ProbeFunc looks the effect up downstream (by an external id derived from the key,
 // say) after an attempt died with an unknown outcome. It returns the receipt when the
@@ -728,39 +729,39 @@ func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result
 // or settled) cancels the tool with that cause and is returned. A lease that runs out
 // by this worker's clock, counted from the start of the call that last granted or
 // renewed it (earlier than the leader's stamp, so never later than the lease itself),
-// cancels the tool with ErrLeaseExpired once a heartbeat has failed to renew it:
-// another worker may recover the key from then on, and a tool that went on would run
-// beside it. The heartbeat goes on trying, and what the tool returns is still
-// committed: if nobody took the key over, the commit lands.
+// cancels the tool with ErrLeaseExpired a sixth of the lease before its end (a margin
+// for the tool to hear it and stop) once a heartbeat has failed to renew it: another
+// worker may recover the key from the end on, and a tool that went on would run beside
+// it. The heartbeat goes on trying, and what the tool returns is still committed: if
+// nobody took the key over, the commit lands.
 func (x *run) heartbeat(ctx context.Context, fence uint64, from time.Time, cancel context.CancelCauseFunc) (lost error, renewed time.Time) {
-	ttl := x.op.LeaseTTL
-	every := ttl / 3
+	every := x.op.LeaseTTL / 3
+	tell := x.op.LeaseTTL - x.op.LeaseTTL/6 // after from, when the tool is told
 	next := every
-	if time.Until(from.Add(ttl)) < every {
+	if time.Until(from.Add(tell)) < every {
 		// The grant took long to arrive (retries inside the reserve call): renew at
 		// once rather than judge the lease by that call's start.
 		next = 0
 	}
 	expired, tried := false, false
-	req := &idemkv.HeartbeatRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fence: fence, LeaseTTLMs: ttl.Milliseconds()}
+	req := &idemkv.HeartbeatRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fence: fence, LeaseTTLMs: x.op.LeaseTTL.Milliseconds()}
 	for {
 		wait := next
 		if !expired && tried {
-			wait = max(min(wait, time.Until(from.Add(ttl))), 0)
+			wait = max(min(wait, time.Until(from.Add(tell))), 0)
 		}
 		if sleep(ctx, wait) != nil {
 			return nil, from
 		}
-		left := time.Until(from.Add(ttl))
+		left := time.Until(from.Add(tell))
 		if !expired && tried && left <= 0 {
 			expired = true
 			x.span.AddEvent("lease_expired")
-			x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv lease ran out without a renewal, the tool was told to stop",
+			x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv lease running out without a renewal, the tool was told to stop",
 				slog.String(logKeyKey, x.op.Key), slog.Uint64(logKeyFence, fence))
-			cancel(fmt.Errorf("%w: no heartbeat of %q renewed it within %s", ErrLeaseExpired, x.op.Key, ttl))
+			cancel(fmt.Errorf("%w: no heartbeat of %q renewed it within %s of its %s", ErrLeaseExpired, x.op.Key, tell, x.op.LeaseTTL))
 		}
-		// A renewal still in flight when the lease runs out is cut short there, so
-		// that the tool hears of it in time.
+		// A renewal still in flight when the tool is to be told is cut short there.
 		d := every
 		if !expired && left > 0 && left < d {
 			d = left
