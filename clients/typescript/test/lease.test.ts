@@ -6,7 +6,7 @@
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import {
-  ApprovalPendingError, Client, IdemkvError, NotExecutedError, OutcomeUnknownError, run, StoreUnavailableError, type ToolFn,
+  ApprovalPendingError, Client, IdemkvError, LeaseExpired, NotExecutedError, OutcomeUnknownError, run, StoreUnavailableError, type ToolFn,
 } from "../src/index.js";
 import { eventually, killAll, startNode, type IdemkvNode } from "./harness.js";
 import { logOutcome as log } from "./tickets.js";
@@ -118,6 +118,48 @@ describe("the lease lasts as long as the tool", () => {
       assert.equal(next.decision, "recover");
       log(t, `${how}: the next attempt`, next);
     }
+  });
+});
+
+describe("heartbeats that fail for a whole lease", () => {
+  it("stop the tool: a worker that recovered the key meanwhile runs alone", async (t) => {
+    // The first worker's heartbeats all fail (unavailable, not fenced); past its lease a
+    // second worker recovers, probes (nothing yet) and creates the ticket. The first
+    // tool checks its signal before its step that cannot be undone.
+    const key = newKey("heartbeats-fail");
+    let tickets = 0;
+    const probe = async () => (tickets > 0 ? { remoteSystem: "tickets", remoteId: "TCK-1" } : null);
+    const cut = watched((path) => path === "/v1/heartbeat" ? Promise.resolve(errorAnswer(503, "unavailable", "partitioned")) : undefined);
+    const c = new Client({ endpoints: [node.httpAddr], fetch: cut.fetch, backoffMinMs: 5, backoffMaxMs: 50 });
+    const op = { tenant: TENANT, key, tool: "create_ticket", fingerprint: FP, leaseTtl: 1000, probe };
+    let started!: () => void;
+    const running = new Promise<void>((r) => (started = r));
+    let proceed!: () => void;
+    const go = new Promise<void>((r) => (proceed = r));
+    let reason: unknown;
+    const first = run(c, op, async (ctx) => {
+      started();
+      await Promise.race([go, new Promise<void>((r) => ctx.signal.addEventListener("abort", () => r(), { once: true }))]);
+      if (ctx.signal.aborted) {
+        reason = ctx.signal.reason;
+        throw ctx.signal.reason;
+      }
+      tickets++;
+      return { remoteSystem: "tickets", remoteId: `TCK-${tickets}` };
+    }).catch((e: unknown) => e);
+    await running;
+    const second = await run(client, op, async () => {
+      tickets++;
+      return { remoteSystem: "tickets", remoteId: `TCK-${tickets}` };
+    });
+    assert.equal(second.decision, "recover");
+    proceed();
+    const err = await first;
+    log(t, "the first worker", err);
+    assert.equal(tickets, 1, `${tickets} tickets for one operation: the first tool ran on after its lease ran out (${String(reason)})`);
+    assert.ok(err instanceof OutcomeUnknownError, String(err));
+    assert.ok(reason instanceof LeaseExpired, String(reason));
+    assert.ok(cut.count("/v1/heartbeat") > 0);
   });
 });
 
