@@ -69,3 +69,40 @@ func TestCallerGivingUpBeforeTheToolRunsReleasesTheKey(t *testing.T) {
 		t.Fatalf("retry: %+v, %v; %d tickets", out, err, api.count(key))
 	}
 }
+
+// The same caller with an approved grant: the key is not released, since a release
+// deletes the record and the person's approval with it (docs/protocol.md section 7);
+// the tool gets the ended context and decides, and the record stays pending, approved.
+func TestCallerGivingUpBeforeAnApprovedToolRunsKeepsTheApproval(t *testing.T) {
+	c := testcluster.Start(t, 1)
+	n := c.Node(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r, err := client.NewRunner(cancelAfterReserve{n, func() {}}, client.RunConfig{Logger: testlog.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := refundOp("order-17:refund:gave-up", 40, 0)
+	_, err = r.Do(ctx, op, mustNotRun(t))
+	var pending *client.ApprovalPendingError
+	if !errors.As(err, &pending) {
+		t.Fatalf("Do: %v, want approval pending", err)
+	}
+	fp := fingerprintOf(t, op)
+	if _, err := n.DecideApproval(timeout(t, 5*time.Second), &idemkv.DecideApprovalRequest{Tenant: op.Tenant, Key: op.Key,
+		ApprovalID: pending.ApprovalID, Fingerprint: fp, Decision: idemkv.VerdictApprove, Approver: "ana"}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = client.NewRunner(cancelAfterReserve{n, cancel}, client.RunConfig{Logger: testlog.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Do(ctx, op, func(ctx context.Context) (*client.Result, error) { return nil, ctx.Err() })
+	if !errors.Is(err, client.ErrOutcomeUnknown) {
+		t.Fatalf("Do: %v (kind %q), want outcome_unknown", err, client.KindOf(err))
+	}
+	rec, err := n.Get(timeout(t, 5*time.Second), &idemkv.GetRequest{Tenant: op.Tenant, Key: op.Key})
+	if err != nil || rec.Status != idemkv.StatusPending || rec.Approval == nil || rec.Approval.State != idemkv.ApprovalApproved {
+		t.Fatalf("record %+v, %v: want it pending with its approval", rec, err)
+	}
+}

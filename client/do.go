@@ -659,10 +659,13 @@ func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 // being released (a release means the effect certainly did not happen, and frees the
 // key for other arguments).
 func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) (*Outcome, error) {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && !approved(g.record) {
 		// The caller gave up after the grant and before the tool ran: this call did
 		// nothing, so the key is released (it would otherwise wait out the lease and
-		// then be in doubt), unless an earlier attempt may have had the effect.
+		// then be in doubt), unless an earlier attempt may have had the effect. A grant
+		// that consumed an approval is not released (that would delete the record and
+		// the person's approval with it, docs/protocol.md section 7): the tool gets the
+		// ended context and decides.
 		cause := fmt.Errorf("the context ended before the tool ran: %w", context.Cause(ctx))
 		if earlier {
 			return nil, x.outcomeUnknown(g, cause)
@@ -692,6 +695,12 @@ func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) 
 	default:
 		return nil, x.outcomeUnknown(g, ferr)
 	}
+}
+
+// approved reports whether rec carries an approval that was given, which the grant
+// consumed.
+func approved(rec *idemkv.Record) bool {
+	return rec != nil && rec.Approval != nil && rec.Approval.State == idemkv.ApprovalApproved
 }
 
 // underLease runs f while a heartbeat keeps the lease alive. lost is set when the
