@@ -6,7 +6,7 @@
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import {
-  ApprovalPendingError, Client, IdemkvError, LeaseExpired, NotExecutedError, OutcomeUnknownError, run, StoreUnavailableError, type ToolFn,
+  ApiError, ApprovalPendingError, Client, IdemkvError, LeaseExpired, NotExecutedError, OutcomeUnknownError, run, StoreUnavailableError, type ToolFn,
 } from "../src/index.js";
 import { eventually, killAll, startNode, type IdemkvNode } from "./harness.js";
 import { logOutcome as log } from "./tickets.js";
@@ -164,6 +164,39 @@ describe("heartbeats that fail for a whole lease", () => {
 });
 
 describe("a caller that gives up", () => {
+  it("after the grant and before the tool runs gets not_executed, and the key is released", async () => {
+    // Left pending, the key would wait out the lease and then be in doubt for a tool
+    // that never ran (the Go client's TestCallerGivingUpBeforeTheToolRunsReleasesTheKey).
+    const key = newKey("gave-up-granted");
+    const caller = new AbortController();
+    const store = new Proxy(client, {
+      get(target, prop) {
+        if (prop === "reserve") {
+          return async (...args: Parameters<Client["reserve"]>) => {
+            const res = await target.reserve(...args);
+            caller.abort(new Error("the user gave up"));
+            return res;
+          };
+        }
+        const v = Reflect.get(target, prop, target) as unknown;
+        return typeof v === "function" ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
+    let runs = 0;
+    const op = { tenant: TENANT, key, tool: "create_ticket", fingerprint: FP };
+    const err = await run(store, op, async (ctx) => {
+      if (ctx.signal.aborted) throw ctx.signal.reason;
+      runs++;
+      return { remoteSystem: "tickets", remoteId: "TCK-1" };
+    }, { signal: caller.signal }).catch((e: unknown) => e);
+    assert.equal(runs, 0);
+    assert.ok(err instanceof NotExecutedError, `want not_executed, got ${String(err)} (kind ${(err as IdemkvError).kind})`);
+    const gone = await client.get(TENANT, key).then(() => undefined, (e: unknown) => e);
+    assert.ok(gone instanceof ApiError && gone.code === "not_found", `the key is still held: ${String(gone)}`);
+    const out = await run(client, op, async () => ({ remoteSystem: "tickets", remoteId: "TCK-1" }));
+    assert.equal(out.decision, "execute");
+  });
+
   it("during its first reserve gets store_unavailable naming the attempt, and the retry as that attempt runs at once", async (t) => {
     const key = newKey("first-reserve");
     const caller = new AbortController();
