@@ -718,7 +718,7 @@ func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		lost, x.leaseFrom = x.heartbeat(hctx, fence, x.leaseFrom, cancel)
+		x.leaseFrom, lost = x.heartbeat(hctx, fence, x.leaseFrom, cancel)
 	}()
 	defer func() {
 		stop()
@@ -734,7 +734,7 @@ func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result
 }
 
 // heartbeat renews the lease every third of it until ctx ends, and returns when the
-// last renewal was sent. A lease lost to a newer attempt (fenced, or the record gone
+// last renewal was sent (renewed). A lease lost to a newer attempt (fenced, or the record gone
 // or settled) cancels the tool with that cause and is returned. A lease that runs out
 // by this worker's clock, counted from the start of the call that last granted or
 // renewed it (earlier than the leader's stamp, so never later than the lease itself),
@@ -743,7 +743,7 @@ func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result
 // worker may recover the key from the end on, and a tool that went on would run beside
 // it. The heartbeat goes on trying, and what the tool returns is still committed: if
 // nobody took the key over, the commit lands.
-func (x *run) heartbeat(ctx context.Context, fence uint64, from time.Time, cancel context.CancelCauseFunc) (lost error, renewed time.Time) {
+func (x *run) heartbeat(ctx context.Context, fence uint64, from time.Time, cancel context.CancelCauseFunc) (renewed time.Time, lost error) {
 	every := x.op.LeaseTTL / 3
 	tell := x.op.LeaseTTL - x.op.LeaseTTL/6 // after from, when the tool is told
 	next := every
@@ -760,7 +760,7 @@ func (x *run) heartbeat(ctx context.Context, fence uint64, from time.Time, cance
 			wait = max(min(wait, time.Until(from.Add(tell))), 0)
 		}
 		if sleep(ctx, wait) != nil {
-			return nil, from
+			return from, nil
 		}
 		left := time.Until(from.Add(tell))
 		if !expired && tried && left <= 0 {
@@ -787,10 +787,10 @@ func (x *run) heartbeat(ctx context.Context, fence uint64, from time.Time, cance
 			lost := fmt.Errorf("idemkv: lease on %q lost, the tool was stopped: %w", x.op.Key, err)
 			x.span.AddEvent("lease_lost")
 			cancel(lost)
-			return lost, from
+			return from, lost
 		default:
 			if ctx.Err() != nil {
-				return nil, from
+				return from, nil
 			}
 			// Try again soon: the lease may still have time to run.
 			x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv heartbeat failed", slog.String(logKeyKey, x.op.Key), slog.Any(logKeyErr, err))
