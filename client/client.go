@@ -339,11 +339,11 @@ func (c *Client) setLeader(apiAddr string) {
 // heartbeat too. Meanwhile the endpoints serve, a follower forwarding to the leader.
 const leaderShun = 10 * time.Second
 
-// demote forgets base as leader and as preferred endpoint after it failed.
-func (c *Client) demote(base string) {
+// demote forgets base as leader and as preferred endpoint after it failed; a leader
+// that did not answer at all (unreached) is not followed again for leaderShun.
+func (c *Client) demote(base string, unreached bool) {
 	c.leaderMu.Lock()
-	if c.leader == base {
-		c.leader = ""
+	if c.leader == base && unreached {
 		now := time.Now()
 		for u, until := range c.failed {
 			if !now.Before(until) {
@@ -354,6 +354,9 @@ func (c *Client) demote(base string) {
 			c.failed = map[string]time.Time{}
 		}
 		c.failed[base] = now.Add(leaderShun)
+	}
+	if c.leader == base {
+		c.leader = ""
 	}
 	c.leaderMu.Unlock()
 	p := c.preferred.Load()
@@ -433,7 +436,10 @@ func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err er
 		if errors.Is(err, idemkv.ErrOutcomeUnknown) {
 			unknown = err
 		}
-		c.demote(base)
+		// An answer (idemkv's error, a proxy's page) says the address is reachable;
+		// only one that gave none is not followed again for a while.
+		var answer *idemkv.Error
+		c.demote(base, !errors.As(err, &answer))
 		c.log.LogAttrs(ctx, slog.LevelDebug, "idemkv call failed, retrying",
 			slog.String("route", cl.route), slog.String("endpoint", base),
 			slog.Int("attempt", attempt+1), slog.Any("err", err))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -747,5 +748,37 @@ func TestClientDoesNotChaseAnUnreachableLeader(t *testing.T) {
 	}
 	if got := conns.Load(); got > 1 {
 		t.Fatalf("the unreachable leader was tried %d times in 5 calls (%s)", got, time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// A leader that answered, even 503 unavailable (an election), is reachable: it is
+// followed again as soon as a node names it, not kept away as one that never answers.
+func TestClientFollowsALeaderThatAnsweredAnError(t *testing.T) {
+	mem := newMemStore()
+	leader := startNode(t, mem)
+	follower := startNode(t, mem)
+	follower.store.leaderAddr = leader.addr()
+	var direct atomic.Int32
+	leader.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+		if r.Header.Get(api.HeaderForwarded) != "" {
+			return false
+		}
+		if direct.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"error":{"code":"unavailable","message":"electing"}}`))
+			return true
+		}
+		return false
+	})
+	c := newClient(t, Config{Endpoints: []string{follower.addr()}})
+	ctx := ctxT(t)
+	for i := range 3 {
+		if _, err := c.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "t1", Key: fmt.Sprintf("k%d", i), Tool: "x", Fingerprint: "sha256:aa"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := direct.Load(); n != 2 || c.Leader() != leader.srv.URL {
+		t.Fatalf("the leader saw %d direct requests (want 2: the 503, then the third call), leader %q", n, c.Leader())
 	}
 }
