@@ -73,6 +73,39 @@ describe("client", () => {
     assert.equal(c.leader, "");
   });
 
+  it("does not follow again, for a while, a leader that gave no answer at all", async () => {
+    // A node behind a load balancer names its in-cluster address, which this client
+    // cannot reach: followed on every answer, every call paid a failed attempt first.
+    const { fetch, sent } = scripted([
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      "refused",
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      { status: 200, body: { records: [] } },
+    ]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    await c.list("t");
+    await c.list("t"); // c:3 refuses; a:1 answers, naming c:3 again
+    await c.list("t");
+    await c.list("t");
+    assert.deepEqual(sent.map((s) => new URL(s.url).host), ["a:1", "c:3", "a:1", "a:1", "a:1"]);
+    assert.equal(c.leader, "");
+  });
+
+  it("follows again a leader that answered an error (a 503 during an election)", async () => {
+    const { fetch, sent } = scripted([
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      err("unavailable", 503),
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      { status: 200, body: { records: [] } },
+    ]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    await c.list("t");
+    await c.list("t"); // c:3 answers 503; a:1 answers, naming c:3 again
+    await c.list("t");
+    assert.deepEqual(sent.map((s) => new URL(s.url).host), ["a:1", "c:3", "a:1", "c:3"]);
+  });
+
   it("does not follow a leader of another scheme than the endpoints'", async () => {
     // From https to http it would send the token and every request in plain text.
     const { fetch, sent } = scripted([
