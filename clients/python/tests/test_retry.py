@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -158,6 +159,32 @@ class Retries(unittest.TestCase):
         self.addCleanup(c3.close)
         c3.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)
         self.assertEqual(c3.leader, "")
+
+    def test_a_leader_that_gave_no_answer_is_not_followed_again_for_a_while(self) -> None:
+        # A node behind a load balancer names its in-cluster address, which this client
+        # cannot reach: followed on every answer, every call paid a failed attempt first.
+        dead = socket.socket()
+        dead.bind(("127.0.0.1", 0))
+        dead_addr = "127.0.0.1:%d" % dead.getsockname()[1]
+        dead.close()
+        follower = self.serve(lambda n, b: (200, {"Idemkv-Leader": dead_addr}, EXECUTE))
+        c = idemkv.Client([follower.addr], backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c.close)
+        c.reserve("t", "k1", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(c.leader, "http://" + dead_addr)
+        c.reserve("t", "k2", "tool", fingerprint="sha256:" + "a" * 64)  # refused, then the follower
+        self.assertEqual(c.leader, "")
+        c.reserve("t", "k3", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(len(follower.bodies), 3)
+
+        # A leader that answered, even 503 during an election, is followed again.
+        leader = self.serve(lambda n, b: error("unavailable", 503) if n == 1 else (200, {}, EXECUTE))
+        f2 = self.serve(lambda n, b: (200, {"Idemkv-Leader": leader.addr}, EXECUTE))
+        c2 = idemkv.Client([f2.addr], backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c2.close)
+        for k in ("k1", "k2", "k3"):
+            c2.reserve("t", k, "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual((len(f2.bodies), len(leader.bodies), c2.leader), (2, 2, "http://" + leader.addr))
 
     def test_async_same_attempt_and_leader(self) -> None:
         leader = self.serve(lambda n, b: error("outcome_unknown", 503) if n == 1 else (200, {}, EXECUTE))

@@ -201,16 +201,20 @@ class Client:
                     raise
                 last = e
                 only_refused = False
+                unreached = False
             except _TRANSPORT_ERRORS as e:
                 if _callers(e, start, timeout):
                     raise
                 last = _core.lost_answer(call, base, e, sent)
                 only_refused = only_refused and _core.refused(e)
+                unreached = True
             if last.code == "outcome_unknown" and call.method != "GET":
                 unknown = last
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
-            self._router.demote(base)
+            # An answer (idemkv's error, a proxy's page) says the address is
+            # reachable; only one that gave none is not followed again for a while.
+            self._router.demote(base, unreached)
             if once:
                 raise last
             left = wait_for - used
