@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -185,6 +186,51 @@ class Retries(unittest.TestCase):
         for k in ("k1", "k2", "k3"):
             c2.reserve("t", k, "tool", fingerprint="sha256:" + "a" * 64)
         self.assertEqual((len(f2.bodies), len(leader.bodies), c2.leader), (2, 2, "http://" + leader.addr))
+
+    def test_an_endless_answer_is_not_read_to_the_end(self) -> None:
+        # A node (or anything posing as one) that answers without end does not make the
+        # client read until it runs out of memory: past MAX_ANSWER_BYTES the answer is
+        # one cut short, unavailable for a read.
+        endless = 3 * idemkv._core.MAX_ANSWER_BYTES
+        written: list[int] = []
+
+        class Endless(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                chunk = b"a" * (1 << 20)
+                n = 0
+                try:
+                    self.wfile.write(b'{"tenant":"')
+                    while n < endless:
+                        self.wfile.write(chunk)
+                        n += len(chunk)
+                except OSError:
+                    pass
+                written.append(n)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        c = idemkv.Client(["127.0.0.1:%d" % srv.server_address[1]], store_wait=0.1)
+        self.addCleanup(c.close)
+        with self.assertRaises(idemkv.StoreUnavailableError) as cm:
+            c.get("t", "k")
+        self.assertIn("larger than", str(cm.exception))
+        for _ in range(500):
+            if written:
+                break
+            time.sleep(0.01)
+        self.assertTrue(written)
+        self.assertLess(max(written), idemkv._core.MAX_ANSWER_BYTES + (16 << 20),
+                        "the client read %d MiB of one answer" % (max(written) >> 20))
 
     def test_async_same_attempt_and_leader(self) -> None:
         leader = self.serve(lambda n, b: error("outcome_unknown", 503) if n == 1 else (200, {}, EXECUTE))

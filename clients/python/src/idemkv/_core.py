@@ -204,6 +204,11 @@ class Call:
         return json.dumps(self.body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
+# Bounds what a node may send back: idemkv answers are small (a record with its result,
+# a page of 1000 records); this only stops a confused or hostile peer from making a
+# client read until it runs out of memory. A longer answer is an answer cut short.
+MAX_ANSWER_BYTES = 64 << 20
+
 # Seconds a leader that gave no answer at all is not followed again (Go's leaderShun).
 LEADER_SHUN = 10.0
 

@@ -24,10 +24,10 @@ T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Bounds on what a node may send back: idemkv answers are small (a record with a
-# 64 KiB result, a page of 1000 records); this only stops a confused peer.
+# Bounds on what a node may send back (_core.MAX_ANSWER_BYTES for the body); this only
+# stops a confused peer.
 _MAX_LINE = 64 << 10
-_MAX_BODY = 64 << 20
+_MAX_BODY = _core.MAX_ANSWER_BYTES
 
 
 class _ProtocolError(Exception):

@@ -46,7 +46,11 @@ def _exchange(
     # reused connection too: the server may have taken it before closing.)
     sent.written = True
     resp = conn.getresponse()
-    return resp, resp.read()
+    data = resp.read(_core.MAX_ANSWER_BYTES + 1)
+    if len(data) > _core.MAX_ANSWER_BYTES:
+        # An answer cut short, as far as the caller can tell (the async client's bound).
+        raise http.client.HTTPException(f"the answer is larger than {_core.MAX_ANSWER_BYTES} bytes")
+    return resp, data
 
 
 class _Pool:
