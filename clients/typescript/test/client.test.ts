@@ -73,6 +73,30 @@ describe("client", () => {
     assert.equal(c.leader, "");
   });
 
+  it("does not read an endless answer to its end", async () => {
+    // A node (or anything posing as one) that answers without end does not make the
+    // client read until it runs out of memory: past the bound the answer is one cut short.
+    const bound = 64 << 20;
+    let pulled = 0;
+    const chunk = new Uint8Array(1 << 20).fill(0x61);
+    const endless: typeof fetch = async () => new Response(new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new TextEncoder().encode('{"tenant":"'));
+      },
+      pull(controller) {
+        if (pulled >= 3 * bound) {
+          controller.close();
+          return;
+        }
+        pulled += chunk.length;
+        controller.enqueue(chunk);
+      },
+    }), { status: 200, headers: { "Content-Type": "application/json" } });
+    const c = new Client({ endpoints: ["a:1"], fetch: endless, maxAttempts: 1 });
+    await assert.rejects(c.get("t", "k"), (e: unknown) => e instanceof ApiError && e.code === "unavailable" && /larger than/.test(e.message));
+    assert.ok(pulled < bound + (4 << 20), `the client read ${pulled >> 20} MiB of one answer`);
+  });
+
   it("does not follow again, for a while, a leader that gave no answer at all", async () => {
     // A node behind a load balancer names its in-cluster address, which this client
     // cannot reach: followed on every answer, every call paid a failed attempt first.
