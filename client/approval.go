@@ -168,8 +168,17 @@ func (x *run) awaitApproval(ctx context.Context, res *idemkv.ReserveResult, dead
 	if wait <= 0 {
 		return pending
 	}
+	left := x.cfg.StoreWait - x.waited
+	if left <= 0 {
+		return &storeWaitError{what: "get", waited: x.waited, last: idemkv.Errorf(idemkv.ErrUnavailable, "no answer yet")}
+	}
+	// The long-poll may take its whole wait; only the time past it is the store's
+	// (a store that hangs would otherwise hold each of the client's attempts for the
+	// whole wait again).
+	gctx, cancel := context.WithTimeoutCause(ctx, wait+left, errStoreWait)
+	defer cancel()
 	start := time.Now()
-	rec, err := x.store.Get(ctx, &idemkv.GetRequest{Tenant: x.op.Tenant, Key: x.op.Key, Wait: wait})
+	rec, err := x.store.Get(gctx, &idemkv.GetRequest{Tenant: x.op.Tenant, Key: x.op.Key, Wait: wait})
 	pause := func(d time.Duration) error {
 		if sleep(ctx, d) != nil {
 			pending.Cause = context.Cause(ctx)
@@ -186,7 +195,7 @@ func (x *run) awaitApproval(ctx context.Context, res *idemkv.ReserveResult, dead
 		return pause(x.cfg.BackoffMax)
 	case err == nil, errors.Is(err, idemkv.ErrNotFound):
 		return nil
-	case retryable(err):
+	case retryable(err) || gctx.Err() != nil:
 		// A store that does not answer (or sheds long-polls: resource_exhausted) is
 		// waited for as the in_progress wait waits for it: backing off, within
 		// StoreWait, not reserving again at once.
@@ -245,7 +254,7 @@ func (c *Client) Approvals(ctx context.Context, req *idemkv.ApprovalsRequest) (*
 	pageQuery(q, req.Limit, req.After, req.Consistency)
 	var out idemkv.ApprovalsResult
 	cl := call{method: http.MethodGet, route: "/v1/approvals", path: "/v1/approvals", query: q,
-		attrs: []attribute.KeyValue{semconv.Tenant.String(req.Tenant)}}
+		attrs: []attribute.KeyValue{semconv.Tenant.String(req.Tenant)}, listing: true}
 	if _, err := c.do(ctx, cl, &out); err != nil {
 		return nil, err
 	}

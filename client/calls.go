@@ -167,11 +167,12 @@ func (c *Client) List(ctx context.Context, req *idemkv.ListRequest) (*idemkv.Lis
 	pageQuery(q, req.Limit, req.After, req.Consistency)
 	var out idemkv.ListResult
 	cl := call{
-		method: http.MethodGet,
-		route:  "/v1/records/{tenant}",
-		path:   "/v1/records/" + escapeSegment(req.Tenant),
-		query:  q,
-		attrs:  []attribute.KeyValue{semconv.Tenant.String(req.Tenant)},
+		method:  http.MethodGet,
+		route:   "/v1/records/{tenant}",
+		path:    "/v1/records/" + escapeSegment(req.Tenant),
+		query:   q,
+		attrs:   []attribute.KeyValue{semconv.Tenant.String(req.Tenant)},
+		listing: true,
 	}
 	if _, err := c.do(ctx, cl, &out); err != nil {
 		return nil, err
@@ -185,7 +186,7 @@ func (c *Client) ListInDoubt(ctx context.Context, req *idemkv.InDoubtRequest) (*
 	q := url.Values{}
 	pageQuery(q, req.Limit, req.After, req.Consistency)
 	var out idemkv.ListResult
-	if _, err := c.do(ctx, call{method: http.MethodGet, route: "/v1/in-doubt", path: "/v1/in-doubt", query: q}, &out); err != nil {
+	if _, err := c.do(ctx, call{method: http.MethodGet, route: "/v1/in-doubt", path: "/v1/in-doubt", query: q, listing: true}, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -84,6 +84,14 @@ import (
 // (idemkv.HeaderLeader, the one definition server and client share).
 const HeaderLeader = idemkv.HeaderLeader
 
+// maxAnswerBytes bounds what the client reads of one JSON answer that holds at most
+// one record: a record is at most its effect and its result or error (each within the
+// payload limit, at most idemkv.MaxRequestBytes), a summary and a short history, so
+// 16 MiB leaves room for any escaping while a node, or anything posing as one, that
+// answers without end cannot make the client read until it runs out of memory.
+// Listings, which hold up to idemkv.MaxListLimit records, are not bounded by it.
+const maxAnswerBytes = 16 << 20
+
 // ScopeName is the instrumentation scope of the client's spans.
 const ScopeName = "github.com/idemkv/idemkv/client"
 
@@ -237,10 +245,13 @@ type Client struct {
 	preferred atomic.Uint32
 	leaderMu  sync.Mutex
 	leader    string // base URL of the leader, "" if unknown
-	tracer    trace.Tracer
-	prop      propagation.TextMapPropagator
-	log       *slog.Logger
-	runner    *Runner
+	// failed holds leaders that failed an attempt, until when they are not followed
+	// again (leaderShun).
+	failed map[string]time.Time
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	log    *slog.Logger
+	runner *Runner
 }
 
 var _ Store = (*Client)(nil)
@@ -300,7 +311,9 @@ func (c *Client) Leader() string {
 
 func (c *Client) setLeader(apiAddr string) {
 	u, err := baseURL(apiAddr, c.scheme == "https")
-	if err != nil {
+	if err != nil || !strings.HasPrefix(u, c.scheme+"://") {
+		// Another scheme than the endpoints' is not followed: from https to http it
+		// would send the token and every request in plain text.
 		return
 	}
 	// A node bound to a wildcard address advertises nothing a client can dial;
@@ -313,13 +326,35 @@ func (c *Client) setLeader(apiAddr string) {
 		u = c.scheme + "://" + apiAddr
 	}
 	c.leaderMu.Lock()
-	c.leader = u
+	if until, ok := c.failed[u]; !ok || !time.Now().Before(until) {
+		c.leader = u
+	}
 	c.leaderMu.Unlock()
 }
 
-// demote forgets base as leader and as preferred endpoint after it failed.
-func (c *Client) demote(base string) {
+// leaderShun is how long a leader address that failed an attempt is not followed
+// again. A node names the leader's advertised address, which a client outside the
+// cluster's network (behind a load balancer) may never reach: followed on every
+// answer, it cost every call a failed attempt, up to the whole Timeout, and every
+// heartbeat too. Meanwhile the endpoints serve, a follower forwarding to the leader.
+const leaderShun = 10 * time.Second
+
+// demote forgets base as leader and as preferred endpoint after it failed; a leader
+// that did not answer at all (unreached) is not followed again for leaderShun.
+func (c *Client) demote(base string, unreached bool) {
 	c.leaderMu.Lock()
+	if c.leader == base && unreached {
+		now := time.Now()
+		for u, until := range c.failed {
+			if !now.Before(until) {
+				delete(c.failed, u)
+			}
+		}
+		if c.failed == nil {
+			c.failed = map[string]time.Time{}
+		}
+		c.failed[base] = now.Add(leaderShun)
+	}
 	if c.leader == base {
 		c.leader = ""
 	}
@@ -350,6 +385,8 @@ type call struct {
 	attrs  []attribute.KeyValue
 	// stream, when set, takes a 2xx answer's body instead of JSON decoding (Backup).
 	stream *stream
+	// listing: the answer is a page of records, not bounded by maxAnswerBytes.
+	listing bool
 }
 
 // do sends cl, retrying on another endpoint after failures that leave the request
@@ -399,7 +436,10 @@ func (c *Client) do(ctx context.Context, cl call, out any) (retried bool, err er
 		if errors.Is(err, idemkv.ErrOutcomeUnknown) {
 			unknown = err
 		}
-		c.demote(base)
+		// An answer (idemkv's error, a proxy's page) says the address is reachable;
+		// only one that gave none is not followed again for a while.
+		var answer *idemkv.Error
+		c.demote(base, !errors.As(err, &answer))
 		c.log.LogAttrs(ctx, slog.LevelDebug, "idemkv call failed, retrying",
 			slog.String("route", cl.route), slog.String("endpoint", base),
 			slog.Int("attempt", attempt+1), slog.Any("err", err))
@@ -492,7 +532,11 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		if cl.stream != nil {
 			return cl.stream.read(base, resp)
 		}
-		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		var body io.Reader = resp.Body
+		if !cl.listing {
+			body = &boundedReader{r: resp.Body, left: maxAnswerBytes}
+		}
+		if err := json.NewDecoder(body).Decode(out); err != nil {
 			// A body cut short is a transport failure like any other, after the server
 			// answered: a write it answered 2xx took effect.
 			if cl.method != http.MethodGet {
@@ -503,6 +547,25 @@ func (c *Client) attempt(ctx context.Context, base string, cl call, body []byte,
 		return nil
 	}
 	return decodeError(resp, cl.method != http.MethodGet)
+}
+
+// boundedReader reads at most left bytes of r, and then fails rather than end the
+// answer early as if it were whole.
+type boundedReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, fmt.Errorf("the answer is larger than the %d bytes any record takes", maxAnswerBytes)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
 }
 
 // decodeError turns an error answer back into the *idemkv.Error the server sent, so

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -642,5 +643,142 @@ func TestProxyGatewayErrorsOnWrites(t *testing.T) {
 		if !errors.Is(err, tc.want) || (tc.want == idemkv.ErrUnavailable && errors.Is(err, idemkv.ErrOutcomeUnknown)) {
 			t.Errorf("HTTP %d to a write (%v): %v, want %v", tc.status, tc.write, err, tc.want)
 		}
+	}
+}
+
+// A leader address that names another scheme than the client's own is not followed:
+// a client that reaches its cluster over TLS with a token must not send the next
+// request, token and all, in plain text because an answer named an http:// leader.
+func TestClientKeepsItsSchemeWhenFollowingTheLeader(t *testing.T) {
+	mem := newMemStore()
+	plain := startNode(t, mem)
+	store := &apiStore{memStore: mem}
+	srv := httptest.NewTLSServer(api.New(api.Config{Store: store, Logger: testlog.New(t)}).Handler())
+	t.Cleanup(srv.Close)
+	store.self = strings.TrimPrefix(srv.URL, "https://")
+	store.leaderAddr = plain.srv.URL // "http://127.0.0.1:…"
+	c := newClient(t, Config{Endpoints: []string{srv.URL}, Token: "s3cret", HTTPClient: srv.Client()})
+	ctx := ctxT(t)
+	for range 3 {
+		if _, err := c.Get(ctx, &idemkv.GetRequest{Tenant: "t1", Key: "k", Consistency: idemkv.Stale}); !errors.Is(err, idemkv.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range plain.requests() {
+		if r.Header.Get(api.HeaderForwarded) == "" {
+			t.Fatalf("the client followed an http:// leader from a TLS endpoint: %s %s with authorization %q in plain text",
+				r.Method, r.URL, r.Header.Get("Authorization"))
+		}
+	}
+	if l := c.Leader(); strings.HasPrefix(l, "http://") {
+		t.Fatalf("leader %q adopted", l)
+	}
+}
+
+// A node (or anything posing as one) that answers a record read with an endless body
+// does not make the client read it all: an answer past what any record can be is
+// refused, as a transport failure, once that much is read.
+func TestClientBoundsWhatItReadsOfAnAnswer(t *testing.T) {
+	n := startNode(t, newMemStore())
+	const endless = 96 << 20
+	var written atomic.Int64
+	n.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		chunk := bytes.Repeat([]byte("a"), 64<<10)
+		if _, err := w.Write([]byte(`{"tenant":"`)); err != nil {
+			return true
+		}
+		for written.Load() < endless {
+			m, err := w.Write(chunk)
+			written.Add(int64(m))
+			if err != nil {
+				return true
+			}
+		}
+		return true
+	})
+	c := newClient(t, Config{Endpoints: []string{n.addr()}, MaxAttempts: 1})
+	_, err := c.Get(ctxT(t), &idemkv.GetRequest{Tenant: "t1", Key: "k"})
+	if !errors.Is(err, idemkv.ErrUnavailable) {
+		t.Fatalf("Get: %v, want unavailable", err)
+	}
+	waitFor(t, func() bool { return n.count.Load() == 1 })
+	// The server stops writing once the client has closed the connection; what the
+	// socket buffers took on top of the bound is a few MiB.
+	if w := written.Load(); w > maxAnswerBytes+16<<20 {
+		t.Fatalf("the client read %d MiB of one answer (bound %d MiB)", w>>20, maxAnswerBytes>>20)
+	}
+}
+
+// A node that names a leader this client cannot reach (an address inside a cluster's
+// network, behind the load balancer the client uses) is not followed again and again:
+// once that leader failed, the client keeps to its endpoints for a while instead of
+// paying a timeout on every call, and on every heartbeat, which a short lease cannot
+// afford.
+func TestClientDoesNotChaseAnUnreachableLeader(t *testing.T) {
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns atomic.Int32
+	var held sync.WaitGroup
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); hole.Close(); held.Wait() })
+	go func() {
+		for {
+			conn, err := hole.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			held.Add(1)
+			go func() { defer held.Done(); <-done; conn.Close() }()
+		}
+	}()
+	n := startNode(t, newMemStore())
+	n.store.leaderAddr = hole.Addr().String()
+	c := newClient(t, Config{Endpoints: []string{n.addr()}, Timeout: 300 * time.Millisecond})
+	ctx := ctxT(t)
+	start := time.Now()
+	for range 5 {
+		if _, err := c.Get(ctx, &idemkv.GetRequest{Tenant: "t1", Key: "k", Consistency: idemkv.Stale}); !errors.Is(err, idemkv.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	if got := conns.Load(); got > 1 {
+		t.Fatalf("the unreachable leader was tried %d times in 5 calls (%s)", got, time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// A leader that answered, even 503 unavailable (an election), is reachable: it is
+// followed again as soon as a node names it, not kept away as one that never answers.
+func TestClientFollowsALeaderThatAnsweredAnError(t *testing.T) {
+	mem := newMemStore()
+	leader := startNode(t, mem)
+	follower := startNode(t, mem)
+	follower.store.leaderAddr = leader.addr()
+	var direct atomic.Int32
+	leader.setHook(func(w http.ResponseWriter, r *http.Request, next http.Handler) bool {
+		if r.Header.Get(api.HeaderForwarded) != "" {
+			return false
+		}
+		if direct.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"error":{"code":"unavailable","message":"electing"}}`))
+			return true
+		}
+		return false
+	})
+	c := newClient(t, Config{Endpoints: []string{follower.addr()}})
+	ctx := ctxT(t)
+	for i := range 3 {
+		if _, err := c.Reserve(ctx, &idemkv.ReserveRequest{Tenant: "t1", Key: fmt.Sprintf("k%d", i), Tool: "x", Fingerprint: "sha256:aa"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := direct.Load(); n != 2 || c.Leader() != leader.srv.URL {
+		t.Fatalf("the leader saw %d direct requests (want 2: the 503, then the third call), leader %q", n, c.Leader())
 	}
 }

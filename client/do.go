@@ -60,12 +60,23 @@ type Result struct {
 }
 
 // Func runs the tool. Its context is cancelled when the lease is lost to a newer
-// attempt; the tool should then stop as soon as it can.
+// attempt, or runs out by the worker's clock because no heartbeat could renew it
+// (cause ErrLeaseExpired: another worker may take the key over from then on); the
+// tool should then stop as soon as it can, before any step it cannot undo.
 //
 // Its error decides the record's fate: Permanent(err) stores the failure, which every
 // retry gets back; NotExecuted(err) releases the key; any other error leaves the
 // record pending, and the attempt after the lease runs out recovers.
 type Func func(ctx context.Context) (*Result, error)
+
+// ErrLeaseExpired is the cause of a tool's (or probe's) context cancelled because its
+// lease is running out by the worker's own clock without a renewal (heartbeats failed,
+// say, with idemkv unreachable): a sixth of the lease before it ends, so that the tool
+// hears it before another worker may recover the key and run the tool itself. The
+// tool should stop before any step it cannot undo. Do still tries to commit what the
+// tool returns: if nobody took the key over, the fence is current and the commit
+// lands.
+var ErrLeaseExpired = errors.New("idemkv: lease running out without a renewal")
 
 // ProbeFunc looks the effect up downstream (by an external id derived from the key,
 // say) after an attempt died with an unknown outcome. It returns the receipt when the
@@ -262,6 +273,10 @@ type run struct {
 	// waited is the time this Do has spent waiting for a store that did not answer;
 	// StoreWait bounds it.
 	waited time.Duration
+	// leaseFrom is when the store call that last granted or renewed this attempt's
+	// lease was started: the lease runs at least LeaseTTL from then, and, without a
+	// renewal, may be gone LeaseTTL after it.
+	leaseFrom time.Time
 }
 
 // Do runs fn at most once for op's key, across retries, workers and crashes (docs/protocol.md
@@ -456,6 +471,7 @@ func (x *run) loop(ctx context.Context, fn Func) (*Outcome, error) {
 	settles := 0
 	for waits := 0; ; waits++ {
 		res, err := retry(ctx, x, "reserve", func(ctx context.Context) (*idemkv.ReserveResult, error) {
+			x.leaseFrom = time.Now()
 			return x.store.Reserve(ctx, req)
 		})
 		var sw *storeWaitError
@@ -643,6 +659,19 @@ func (x *run) execute(ctx context.Context, g grant, fn Func) (*Outcome, error) {
 // being released (a release means the effect certainly did not happen, and frees the
 // key for other arguments).
 func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) (*Outcome, error) {
+	if ctx.Err() != nil && !approved(g.record) {
+		// The caller gave up after the grant and before the tool ran: this call did
+		// nothing, so the key is released (it would otherwise wait out the lease and
+		// then be in doubt), unless an earlier attempt may have had the effect. A grant
+		// that consumed an approval is not released (that would delete the record and
+		// the person's approval with it, docs/protocol.md section 7): the tool gets the
+		// ended context and decides.
+		cause := fmt.Errorf("the context ended before the tool ran: %w", context.Cause(ctx))
+		if earlier {
+			return nil, x.outcomeUnknown(g, cause)
+		}
+		return nil, x.release(ctx, g, cause)
+	}
 	res, ferr, lost := x.underLease(ctx, g.fence, fn)
 	if lost != nil {
 		// A newer attempt owns the key; it decides the outcome (and probes for ours).
@@ -668,6 +697,12 @@ func (x *run) executeAfter(ctx context.Context, g grant, fn Func, earlier bool) 
 	}
 }
 
+// approved reports whether rec carries an approval that was given, which the grant
+// consumed.
+func approved(rec *idemkv.Record) bool {
+	return rec != nil && rec.Approval != nil && rec.Approval.State == idemkv.ApprovalApproved
+}
+
 // underLease runs f while a heartbeat keeps the lease alive. lost is set when the
 // lease went to a newer attempt, in which case f's context was cancelled.
 //
@@ -683,7 +718,7 @@ func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		lost = x.heartbeat(hctx, fence, cancel)
+		x.leaseFrom, lost = x.heartbeat(hctx, fence, x.leaseFrom, cancel)
 	}()
 	defer func() {
 		stop()
@@ -698,30 +733,66 @@ func (x *run) underLease(ctx context.Context, fence uint64, f Func) (res *Result
 	return res, err, lost
 }
 
-func (x *run) heartbeat(ctx context.Context, fence uint64, cancel context.CancelCauseFunc) error {
+// heartbeat renews the lease every third of it until ctx ends, and returns when the
+// last renewal was sent (renewed). A lease lost to a newer attempt (fenced, or the record gone
+// or settled) cancels the tool with that cause and is returned. A lease that runs out
+// by this worker's clock, counted from the start of the call that last granted or
+// renewed it (earlier than the leader's stamp, so never later than the lease itself),
+// cancels the tool with ErrLeaseExpired a sixth of the lease before its end (a margin
+// for the tool to hear it and stop) once a heartbeat has failed to renew it: another
+// worker may recover the key from the end on, and a tool that went on would run beside
+// it. The heartbeat goes on trying, and what the tool returns is still committed: if
+// nobody took the key over, the commit lands.
+func (x *run) heartbeat(ctx context.Context, fence uint64, from time.Time, cancel context.CancelCauseFunc) (renewed time.Time, lost error) {
 	every := x.op.LeaseTTL / 3
+	tell := x.op.LeaseTTL - x.op.LeaseTTL/6 // after from, when the tool is told
 	next := every
+	if time.Until(from.Add(tell)) < every {
+		// The grant took long to arrive (retries inside the reserve call): renew at
+		// once rather than judge the lease by that call's start.
+		next = 0
+	}
+	expired, tried := false, false
 	req := &idemkv.HeartbeatRequest{Tenant: x.op.Tenant, Key: x.op.Key, Fence: fence, LeaseTTLMs: x.op.LeaseTTL.Milliseconds()}
 	for {
-		if sleep(ctx, next) != nil {
-			return nil
+		wait := next
+		if !expired && tried {
+			wait = max(min(wait, time.Until(from.Add(tell))), 0)
 		}
-		hctx, hcancel := context.WithTimeout(ctx, every)
+		if sleep(ctx, wait) != nil {
+			return from, nil
+		}
+		left := time.Until(from.Add(tell))
+		if !expired && tried && left <= 0 {
+			expired = true
+			x.span.AddEvent("lease_expired")
+			x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv lease running out without a renewal, the tool was told to stop",
+				slog.String(logKeyKey, x.op.Key), slog.Uint64(logKeyFence, fence))
+			cancel(fmt.Errorf("%w: no heartbeat of %q renewed it within %s of its %s", ErrLeaseExpired, x.op.Key, tell, x.op.LeaseTTL))
+		}
+		// A renewal still in flight when the tool is to be told is cut short there.
+		d := every
+		if !expired && left > 0 && left < d {
+			d = left
+		}
+		sent := time.Now()
+		hctx, hcancel := context.WithTimeout(ctx, d)
 		_, err := x.store.Heartbeat(hctx, req)
 		hcancel()
+		tried = true
 		switch {
 		case err == nil:
-			next = every
+			from, next = sent, every
 		case errors.Is(err, idemkv.ErrFenced), errors.Is(err, idemkv.ErrNotPending), errors.Is(err, idemkv.ErrNotFound):
 			lost := fmt.Errorf("idemkv: lease on %q lost, the tool was stopped: %w", x.op.Key, err)
 			x.span.AddEvent("lease_lost")
 			cancel(lost)
-			return lost
+			return from, lost
 		default:
 			if ctx.Err() != nil {
-				return nil
+				return from, nil
 			}
-			// The lease still has two thirds to run: try again soon.
+			// Try again soon: the lease may still have time to run.
 			x.log.LogAttrs(ctx, slog.LevelWarn, "idemkv heartbeat failed", slog.String(logKeyKey, x.op.Key), slog.Any(logKeyErr, err))
 			next = max(every/6, 50*time.Millisecond)
 		}

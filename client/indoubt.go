@@ -70,6 +70,26 @@ func (x *run) settleInDoubt(ctx context.Context, rec *idemkv.Record) (out *Outco
 	}
 	gctx, cancel := x.graceContext(ctx)
 	defer cancel()
+	if rec != nil {
+		// The probe answers for the doubt it looked at. Should the key have been
+		// settled and marked in doubt anew while it looked (another caller released
+		// it, ran the tool and died), its "not found" says nothing of that run, and a
+		// resolve by key would release the key after an effect: reserve and look
+		// again. (What remains is the time from this read to the resolve, not the
+		// probe's; a new doubt takes at least a whole lease to form.)
+		cur, err := retry(gctx, x, "get", func(ctx context.Context) (*idemkv.Record, error) {
+			return x.store.Get(ctx, &idemkv.GetRequest{Tenant: x.op.Tenant, Key: x.op.Key})
+		})
+		switch {
+		case errors.Is(err, idemkv.ErrNotFound):
+			return nil, true, nil
+		case err != nil:
+			return nil, false, inDoubt(fmt.Errorf("reading it again after the probe: %w", err))
+		case cur.Status != idemkv.StatusPending || !cur.InDoubt || cur.Fence != rec.Fence:
+			x.span.AddEvent("doubt_changed")
+			return nil, true, nil
+		}
+	}
 	resolve := func(ctx context.Context) (*idemkv.ResolveResult, error) { return x.store.Resolve(ctx, req) }
 	res, err := retry(gctx, x, "resolve", resolve)
 	if tooLarge(err) && len(req.Result) > 0 && !ResultOmitted(req.Result) {

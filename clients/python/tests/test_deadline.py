@@ -283,10 +283,12 @@ class InDoubtDeadline(Base):
     def test_a_sync_probe_past_the_deadline_settles_what_it_found(self) -> None:
         # Found: the receipt is stored (commit_grace past the deadline), as Go's resolve.
         # Not found: the key is released, and the reserve after it is not sent (Go's
-        # StoreUnavailableError for a context that has ended): nothing runs.
+        # StoreUnavailableError for a context that has ended): nothing runs. Either way
+        # the record is read again first: the probe settles only the doubt it looked at.
         for found in (True, False):
-            s = self.serve(lambda kind, body: (200, {}, IN_DOUBT) if kind == "reserve" else (
-                (200, {}, RECEIPT) if body.get("outcome") == "committed" else (200, {}, {"released": True})))
+            s = self.serve(lambda kind, body: (200, {}, IN_DOUBT) if kind == "reserve" else
+                           (200, {}, IN_DOUBT["record"]) if kind == "get" else
+                           (200, {}, RECEIPT) if body.get("outcome") == "committed" else (200, {}, {"released": True}))
             c = idemkv.Client(s.addr, tenant=TENANT)
             self.addCleanup(c.close)
             ran: list[int] = []
@@ -304,8 +306,8 @@ class InDoubtDeadline(Base):
                 self.assertFalse(found)
                 self.assertEqual(e.attempt_id, s.bodies[0]["attempt_id"])
             self.assertEqual(ran, [])
-            self.assertEqual(self.settles(s), ["reserve", "resolve"])
-            self.assertEqual(s.bodies[1]["outcome"], "committed" if found else "not_executed")
+            self.assertEqual(self.settles(s), ["reserve", "get", "resolve"])
+            self.assertEqual(s.bodies[2]["outcome"], "committed" if found else "not_executed")
 
     def test_the_resolve_is_bounded_by_commit_grace_past_the_deadline(self) -> None:
         # The probe answers at once, and the resolve meets a store that cannot serve: it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import threading
 import time
 import unittest
 from typing import Any
@@ -93,6 +94,59 @@ class InDoubt(unittest.TestCase):
         self.assertEqual(self.ran, [])
         again = self.c.do(self.tool, key=self.key, tool="create_ticket", effect=EFFECT)
         self.assertEqual((again.decision, again.receipt["remote_id"]), ("replay", "LIN-downstream"))
+
+    def test_a_stale_probe_settles_only_the_doubt_it_looked_at(self) -> None:
+        # B probes (nothing yet) and its answer takes a while; meanwhile A settles the
+        # same doubt, creates the ticket and dies, and C marks the key in doubt again.
+        # B's "not found" is about the old doubt: released on it, the key ran twice.
+        self.make_in_doubt()
+        created: list[str] = []
+        probing, proceed = threading.Event(), threading.Event()
+        probes: list[int] = []
+
+        def look() -> Any:
+            return {"id": created[0]} if created else None
+
+        def slow_probe() -> Any:
+            seen = look()
+            probes.append(1)
+            if len(probes) == 1:
+                probing.set()
+                proceed.wait(20)
+            return seen
+
+        def b_tool() -> dict[str, str]:
+            created.append("LIN-B")
+            return {"id": "LIN-B"}
+
+        out: list[Any] = []
+
+        def b() -> None:
+            try:
+                out.append(self.c.do(b_tool, key=self.key, tool="create_ticket", effect=EFFECT, probe=slow_probe))
+            except Exception as e:  # reported below
+                out.append(e)
+
+        tb = threading.Thread(target=b)
+        tb.start()
+        self.assertTrue(probing.wait(20))
+
+        def a_tool() -> Any:
+            created.append("LIN-A")
+            raise TimeoutError("POST /tickets: timed out")
+
+        with self.assertRaises(idemkv.OutcomeUnknownError):
+            self.c.do(a_tool, key=self.key, tool="create_ticket", effect=EFFECT, probe=look, lease_ttl=1)
+        with self.assertRaises(idemkv.InDoubtError):
+            self.c.do(self.tool, key=self.key, tool="create_ticket", effect=EFFECT)
+        proceed.set()
+        tb.join(20)
+        self.assertEqual(created, ["LIN-A"], f"tickets for one operation (B: {out})")
+        self.assertEqual(len(out), 1, out)
+        o = out[0]
+        self.assertIsInstance(o, idemkv.Outcome, o)
+        self.assertTrue(o.probed, o)
+        self.assertEqual(o.value, {"id": "LIN-A"}, o)
 
     def test_a_probe_settles_it_not_found(self) -> None:
         self.make_in_doubt()

@@ -155,6 +155,139 @@ class _Holding(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _NoHeartbeats(http.server.BaseHTTPRequestHandler):
+    """Forwards to the node, but answers every heartbeat 503 unavailable: the worker
+    behind it cannot renew its lease, and the cluster never hears from it."""
+
+    target = ""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/heartbeat":
+            data, status = json.dumps({"error": {"code": "unavailable", "message": "partitioned"}}).encode(), 503
+        else:
+            req = urllib.request.Request(f"http://{self.target}{self.path}", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    data, status = r.read(), r.status
+            except urllib.error.HTTPError as e:
+                data, status = e.read(), e.code
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+class HeartbeatsFailingForAWholeLease(unittest.TestCase):
+    """A worker whose heartbeats fail (unavailable, not fenced) for most of its lease
+    tells its tool to stop (current_lease().lost, expiring; an async tool is cancelled)
+    before another worker may recover the key, probe (nothing yet) and run the tool: a
+    tool that heeds it does not create a second ticket (the Go client's
+    TestHeartbeatsFailingPastTheLeaseStopTheTool)."""
+
+    def setUp(self) -> None:
+        self.node = harness.shared_node()
+        self.client = idemkv.Client(self.node.http, tenant=TENANT)
+        self.addCleanup(self.client.close)
+        handler: Any = type("H", (_NoHeartbeats,), {"target": self.node.http})
+        srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        self.proxy = f"127.0.0.1:{srv.server_address[1]}"
+        self.tickets: list[str] = []
+        self.proceed = threading.Event()
+        self.addCleanup(self.proceed.set)
+
+    def probe(self) -> Any:
+        return {"id": self.tickets[0]} if self.tickets else None
+
+    def create(self, who: str) -> dict[str, str]:
+        self.tickets.append(who)
+        return {"id": who}
+
+    def second_worker(self, key: str) -> None:
+        out = self.client.do(lambda: self.create("LIN-second"), key=key, tool="create_ticket",
+                             effect={"title": "x"}, probe=self.probe, lease_ttl=1)
+        self.assertEqual(out.decision, "recover")
+
+    def test_sync(self) -> None:
+        key = harness.unique("no-heartbeats-sync")
+        running = threading.Event()
+        told: list[bool] = []
+
+        def tool() -> Any:
+            running.set()
+            lease = idemkv.current_lease()
+            assert lease is not None
+            while not self.proceed.is_set() and not lease.lost.is_set():
+                time.sleep(0.01)
+            if lease.lost.is_set():
+                told.append(lease.expiring)
+                raise TimeoutError("stopped: the lease is running out")
+            return self.create("LIN-first")
+
+        first = idemkv.Client(self.proxy, tenant=TENANT, backoff_min=0.005, backoff_max=0.05)
+        self.addCleanup(first.close)
+        errs: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                first.do(tool, key=key, tool="create_ticket", effect={"title": "x"}, probe=self.probe, lease_ttl=1)
+            except BaseException as e:  # reported below
+                errs.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        self.assertTrue(running.wait(10))
+        self.second_worker(key)
+        self.proceed.set()
+        t.join(20)
+        self.assertEqual(self.tickets, ["LIN-second"], "the first worker's tool ran on after its lease ran out")
+        self.assertEqual(told, [True])
+        self.assertEqual(len(errs), 1, errs)
+        self.assertIsInstance(errs[0], idemkv.OutcomeUnknownError)
+
+    def test_async(self) -> None:
+        key = harness.unique("no-heartbeats-async")
+        cancelled: list[bool] = []
+
+        async def tool() -> Any:
+            try:
+                while not self.proceed.is_set():
+                    await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                lease = idemkv.current_lease()
+                cancelled.append(lease is not None and lease.expiring)
+                raise
+            return self.create("LIN-first")
+
+        async def main() -> Any:
+            async with idemkv.AsyncClient(self.proxy, tenant=TENANT, backoff_min=0.005, backoff_max=0.05) as a:
+                first = asyncio.ensure_future(a.do(tool, key=key, tool="create_ticket", effect={"title": "x"},
+                                                   probe=self.probe, lease_ttl=1))
+                await asyncio.sleep(0.2)
+                await asyncio.get_running_loop().run_in_executor(None, self.second_worker, key)
+                self.proceed.set()
+                try:
+                    await first
+                except BaseException as e:  # reported below
+                    return e
+                return None
+
+        err = asyncio.run(main())
+        self.assertEqual(self.tickets, ["LIN-second"], "the first worker's tool ran on after its lease ran out")
+        self.assertEqual(cancelled, [True])
+        self.assertIsInstance(err, idemkv.OutcomeUnknownError)
+        self.assertIsInstance(err.__cause__ or getattr(err, "cause", None), idemkv.LeaseExpired)
+
+
 class GivingUpDuringTheFirstReserve(unittest.TestCase):
     """A reserve that lands while the caller gives up leaves this attempt holding the
     key. The cancellation (or interrupt) goes on, caused by a StoreUnavailableError that

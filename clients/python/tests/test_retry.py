@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
+import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -150,6 +152,85 @@ class Retries(unittest.TestCase):
         self.addCleanup(c2.close)
         c2.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)
         self.assertEqual(c2.leader, "")
+
+        # Nor is another scheme than the endpoints': from https to http it would send
+        # the token and every request in plain text.
+        other = self.serve(lambda n, b: (200, {"Idemkv-Leader": "https://" + leader.addr}, EXECUTE))
+        c3 = idemkv.Client([other.addr])
+        self.addCleanup(c3.close)
+        c3.reserve("t", "k", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(c3.leader, "")
+
+    def test_a_leader_that_gave_no_answer_is_not_followed_again_for_a_while(self) -> None:
+        # A node behind a load balancer names its in-cluster address, which this client
+        # cannot reach: followed on every answer, every call paid a failed attempt first.
+        dead = socket.socket()
+        dead.bind(("127.0.0.1", 0))
+        dead_addr = "127.0.0.1:%d" % dead.getsockname()[1]
+        dead.close()
+        follower = self.serve(lambda n, b: (200, {"Idemkv-Leader": dead_addr}, EXECUTE))
+        c = idemkv.Client([follower.addr], backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c.close)
+        c.reserve("t", "k1", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(c.leader, "http://" + dead_addr)
+        c.reserve("t", "k2", "tool", fingerprint="sha256:" + "a" * 64)  # refused, then the follower
+        self.assertEqual(c.leader, "")
+        c.reserve("t", "k3", "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual(len(follower.bodies), 3)
+
+        # A leader that answered, even 503 during an election, is followed again.
+        leader = self.serve(lambda n, b: error("unavailable", 503) if n == 1 else (200, {}, EXECUTE))
+        f2 = self.serve(lambda n, b: (200, {"Idemkv-Leader": leader.addr}, EXECUTE))
+        c2 = idemkv.Client([f2.addr], backoff_min=0.001, backoff_max=0.01)
+        self.addCleanup(c2.close)
+        for k in ("k1", "k2", "k3"):
+            c2.reserve("t", k, "tool", fingerprint="sha256:" + "a" * 64)
+        self.assertEqual((len(f2.bodies), len(leader.bodies), c2.leader), (2, 2, "http://" + leader.addr))
+
+    def test_an_endless_answer_is_not_read_to_the_end(self) -> None:
+        # A node (or anything posing as one) that answers without end does not make the
+        # client read until it runs out of memory: past MAX_ANSWER_BYTES the answer is
+        # one cut short, unavailable for a read.
+        endless = 3 * idemkv._core.MAX_ANSWER_BYTES
+        written: list[int] = []
+
+        class Endless(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                chunk = b"a" * (1 << 20)
+                n = 0
+                try:
+                    self.wfile.write(b'{"tenant":"')
+                    while n < endless:
+                        self.wfile.write(chunk)
+                        n += len(chunk)
+                except OSError:
+                    pass
+                written.append(n)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        c = idemkv.Client(["127.0.0.1:%d" % srv.server_address[1]], store_wait=0.1)
+        self.addCleanup(c.close)
+        with self.assertRaises(idemkv.StoreUnavailableError) as cm:
+            c.get("t", "k")
+        self.assertIn("larger than", str(cm.exception))
+        for _ in range(500):
+            if written:
+                break
+            time.sleep(0.01)
+        self.assertTrue(written)
+        self.assertLess(max(written), idemkv._core.MAX_ANSWER_BYTES + (16 << 20),
+                        "the client read %d MiB of one answer" % (max(written) >> 20))
 
     def test_async_same_attempt_and_leader(self) -> None:
         leader = self.serve(lambda n, b: error("outcome_unknown", 503) if n == 1 else (200, {}, EXECUTE))

@@ -17,6 +17,11 @@ export interface Grant {
   decision: Decision;
   fence: number;
   record: IdemkvRecord | undefined;
+  /**
+   * When the store call that last granted or renewed the lease was started (Date.now()):
+   * the lease runs at least leaseTtl from then and, without a renewal, may be gone then.
+   */
+  leaseFrom?: number;
 }
 
 export class Attempt {

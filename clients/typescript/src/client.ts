@@ -105,6 +105,9 @@ const DEFAULTS = {
   pollWait: 30_000,
 };
 
+/** How long a leader that gave no answer at all is not followed again (Go's leaderShun). */
+const LEADER_SHUN_MS = 10_000;
+
 /** The longest long-poll the server takes (5 minutes). */
 export const MAX_WAIT_MS = 300_000;
 
@@ -172,6 +175,13 @@ export class Client {
   /** For paths fetch would rewrite (dot segments), made when first needed. */
   private raw: { send: Send; close: () => void } | undefined;
   private leaderURL = "";
+  /**
+   * Leaders that gave no answer at all to an attempt, and until when (Date.now()) they
+   * are not followed again (Go's leaderShun): a node names the leader's advertised
+   * address, which a client outside the cluster's network may never reach; followed on
+   * every answer, it cost every call a failed attempt, up to the whole timeout.
+   */
+  private readonly unreached = new Map<string, number>();
   /** The endpoint tried first while no leader is known; moves on when it fails. */
   private preferred = 0;
 
@@ -236,14 +246,23 @@ export class Client {
     } catch {
       return;
     }
+    // Another scheme than the endpoints' is not followed: from https to http it would
+    // send the token and every request in plain text.
+    if (!u.startsWith(`${this.scheme}://`)) return;
     // A node bound to a wildcard address advertises nothing a client can dial.
     const host = new URL(u).hostname;
     if (host === "" || host === "0.0.0.0" || host === "[::]") return;
     if (!addr.includes("://")) u = `${this.scheme}://${new URL(u).host}`;
+    if ((this.unreached.get(u) ?? 0) > Date.now()) return;
     this.leaderURL = u;
   }
 
-  private demote(base: string): void {
+  private demote(base: string, unreached: boolean): void {
+    if (this.leaderURL === base && unreached) {
+      const now = Date.now();
+      for (const [u, until] of this.unreached) if (until <= now) this.unreached.delete(u);
+      this.unreached.set(base, now + LEADER_SHUN_MS);
+    }
     if (this.leaderURL === base) this.leaderURL = "";
     if (this.endpoints[this.preferred % this.endpoints.length] === base) this.preferred++;
   }
@@ -288,7 +307,9 @@ export class Client {
         if (!isRetryable(err)) throw err;
         state.retried = true;
         if (err instanceof ApiError && err.code === "outcome_unknown") unknown = err;
-        this.demote(base);
+        // An answer (idemkv's error, a proxy's page) says the address is reachable;
+        // only one that gave none (status 0) is not followed again for a while.
+        this.demote(base, err instanceof ApiError && err.status === 0);
         let exhausted: boolean;
         if (budget !== undefined) {
           // A long-poll may take its whole wait; only the time past it is the store's.

@@ -8,6 +8,7 @@ import { messageOf, NotExecutedError, NotExecutedMark, PermanentError, type Idem
 import { underLease } from "./lease.js";
 import { commit, fail, release } from "./outcome.js";
 import { withToolContext, type Outcome, type ToolContext, type ToolFn, type ToolResult } from "./tool.js";
+import { abortReason } from "./util.js";
 
 /**
  * What a tool or probe threw, as the cause to report: a thrown undefined or null carries
@@ -48,6 +49,19 @@ export async function unrecorded(a: Attempt, fn: ToolFn, unguarded = false): Pro
  * key for other arguments.
  */
 export async function execute(a: Attempt, g: Grant, fn: ToolFn, earlier = false): Promise<Outcome> {
+  if (a.signal?.aborted && g.record?.approval?.state !== "approved") {
+    // The caller gave up after the grant and before the tool ran (Go's executeAfter):
+    // this call did nothing, so the key is released (it would otherwise wait out the
+    // lease and then be in doubt), unless an earlier attempt may have had the effect. A
+    // grant that consumed an approval is not released (that would delete the record and
+    // the person's approval with it): the tool gets the aborted signal and decides.
+    const cause = abortReason(a.signal);
+    if (earlier) {
+      throw a.unknown(`idemkv: outcome of ${a.q} unknown, the record stays pending: the caller gave up before the tool ` +
+        `ran again, and an earlier attempt may have run it: ${messageOf(cause)}`, { decision: g.decision, record: g.record, cause });
+    }
+    return release(a, g, new NotExecutedMark(cause));
+  }
   const ran = await underLease(a, g, fn);
   const { value, threw, lost } = ran;
   const d = (cause: unknown): IdemkvErrorDetails => ({ decision: g.decision, record: g.record, cause });

@@ -18,6 +18,7 @@ export { MemoryStore } from "./memory.js";
 export type { MemoryStoreOptions } from "./memory.js";
 export type { Operation } from "./context.js";
 export { run } from "./run.js";
+export { LeaseExpired } from "./lease.js";
 export { OMITTED_RESULT_KEY, resultOmitted } from "./outcome.js";
 export { toolContext } from "./tool.js";
 export type { Op, Outcome, ProbeFn, RunOptions, SideEffect, Store, ToolContext, ToolFn, ToolResult } from "./tool.js";

@@ -9,7 +9,7 @@ import { execute, thrownCause } from "./execute.js";
 import { underLease } from "./lease.js";
 import { commit, fitted, resultOmitted } from "./outcome.js";
 import { withToolContext, type Outcome, type ToolFn, type ToolResult } from "./tool.js";
-import type { Receipt, ReserveResult } from "./types.js";
+import type { Receipt, Record, ReserveResult } from "./types.js";
 
 /** Recovers the key under g, a grant with a fence (the record is not in doubt yet). */
 export async function recover(a: Attempt, g: Grant, fn: ToolFn): Promise<Outcome> {
@@ -75,6 +75,26 @@ export async function settleInDoubt(a: Attempt, res: ReserveResult): Promise<Out
   }
   a.event("probe", { found: found !== null && found !== undefined });
   a.storeAfresh();
+  const seen = res.record;
+  if (seen !== undefined) {
+    // The probe answers for the doubt it looked at (Go's settleInDoubt). Should the key
+    // have been settled and marked in doubt anew while it looked (another caller
+    // released it, ran the tool and died), its "not found" says nothing of that run, and
+    // a resolve by key would release the key after an effect: reserve and look again.
+    let cur: Record;
+    try {
+      cur = await a.client.get(a.op.tenant, a.op.key, a.after());
+    } catch (err) {
+      if (err instanceof ApiError && err.code === "not_found") return undefined;
+      a.event("in_doubt");
+      throw new InDoubtError(`${inDoubtMessage(a.q)}; reading it again after the probe failed: ${messageOf(err)}`,
+        { decision: "recover", record: seen, cause: err });
+    }
+    if (cur.status !== "pending" || cur.in_doubt !== true || cur.fence !== seen.fence) {
+      a.event("doubt_changed");
+      return undefined;
+    }
+  }
   const base = { tenant: a.op.tenant, idempotency_key: a.op.key, effect_fingerprint: a.fp };
   try {
     if (found === null || found === undefined) {

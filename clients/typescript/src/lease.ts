@@ -26,6 +26,21 @@ export class LeaseLost extends Error {
 }
 
 /**
+ * The reason a tool's signal is aborted when its lease is running out by this worker's
+ * clock because no heartbeat could renew it (idemkv unreachable, say): a sixth of the
+ * lease before its end, from which a newer attempt may own the key and run the tool
+ * itself, so this one should stop before any step it cannot undo (Go's
+ * client.ErrLeaseExpired). What the tool returns is still committed: if nobody took the
+ * key over, the commit lands.
+ */
+export class LeaseExpired extends Error {
+  constructor(key: string, tellMs: number, ttlMs: number) {
+    super(`idemkv: lease on ${JSON.stringify(key)} running out without a renewal: no heartbeat renewed it within ${tellMs} ms of its ${ttlMs} ms`);
+    this.name = "LeaseExpired";
+  }
+}
+
+/**
  * Runs f while a heartbeat keeps the lease alive. lost is set when the lease went to
  * a newer attempt; f's signal was then aborted.
  *
@@ -39,19 +54,43 @@ export async function underLease<T>(a: Attempt, g: Grant, f: (ctx: ToolContext) 
   const tool = linkedController([a.signal]);
   const stop = new AbortController();
   let lost: LeaseLost | undefined;
-  const every = a.leaseTtl / 3;
+  const ttl = a.leaseTtl;
+  const every = ttl / 3;
+  // The lease runs out by this worker's clock leaseTtl after the start of the call that
+  // last granted or renewed it (earlier than the leader's stamp, so never later than the
+  // lease itself); once a heartbeat has failed to renew it, the tool is told a sixth of
+  // the lease before that (tell), so that it hears it in time to stop (Go's heartbeat).
+  const tell = ttl - ttl / 6;
+  let from = g.leaseFrom ?? Date.now();
   const beat = (async () => {
-    let next = every;
+    // A grant that took long to arrive (retries inside the reserve) is renewed at once.
+    let next = from + tell - Date.now() < every ? 0 : every;
+    let expired = false;
+    let tried = false;
     for (;;) {
+      let wait = next;
+      if (!expired && tried) wait = Math.max(Math.min(wait, from + tell - Date.now()), 0);
       try {
-        await sleep(next, stop.signal);
+        await sleep(wait, stop.signal);
       } catch {
         return;
       }
+      const left = from + tell - Date.now();
+      if (!expired && tried && left <= 0) {
+        expired = true;
+        a.event("lease_expired");
+        tool.controller.abort(new LeaseExpired(a.op.key, tell, ttl));
+      }
+      // A renewal still in flight when the tool is to be told is cut short there.
+      const limitMs = !expired && left > 0 && left < every ? left : every;
+      const sent = Date.now();
+      tried = true;
       try {
         await a.client.heartbeat(
-          { tenant: a.op.tenant, idempotency_key: a.op.key, fence: g.fence, lease_ttl_ms: a.leaseTtl },
-          { signal: stop.signal, budget: { limitMs: every, spentMs: 0 } });
+          { tenant: a.op.tenant, idempotency_key: a.op.key, fence: g.fence, lease_ttl_ms: ttl },
+          { signal: stop.signal, budget: { limitMs, spentMs: 0 } });
+        from = sent;
+        g.leaseFrom = sent;
         next = every;
       } catch (err) {
         if (stop.signal.aborted) return;
@@ -61,7 +100,7 @@ export async function underLease<T>(a: Attempt, g: Grant, f: (ctx: ToolContext) 
           tool.controller.abort(lost);
           return;
         }
-        // The lease still has two thirds to run: try again soon.
+        // Try again soon: the lease may still have time to run.
         next = Math.max(every / 6, 50);
       }
     }

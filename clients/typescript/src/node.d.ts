@@ -27,6 +27,7 @@ declare module "node:http" {
     on(event: "data", listener: (chunk: Uint8Array) => void): this;
     on(event: "end", listener: () => void): this;
     on(event: "error", listener: (err: Error) => void): this;
+    destroy(error?: Error): this;
   }
   export interface ClientRequest {
     on(event: "error", listener: (err: Error) => void): this;

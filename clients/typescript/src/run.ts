@@ -142,6 +142,7 @@ async function loop(a: Attempt, fn: ToolFn): Promise<Outcome> {
     let res: ReserveResult;
     // A reserve the signal had ended before it was sent holds nothing: not_executed.
     const sentAborted = a.signal?.aborted === true;
+    const leaseFrom = Date.now();
     try {
       res = await a.client.reserve(req, a.before());
     } catch (err) {
@@ -171,7 +172,7 @@ async function loop(a: Attempt, fn: ToolFn): Promise<Outcome> {
         await waitForApproval(a, res, seen);
         continue;
       case "execute":
-        return execute(a, { decision: "execute", fence: res.fence ?? 0, record: res.record }, fn);
+        return execute(a, { decision: "execute", fence: res.fence ?? 0, record: res.record, leaseFrom }, fn);
       case "recover":
         if (res.fence === undefined || res.fence === 0 || res.record?.in_doubt) {
           // Bounded, should other callers keep marking the key in doubt in between.
@@ -180,7 +181,7 @@ async function loop(a: Attempt, fn: ToolFn): Promise<Outcome> {
           if (settled !== undefined) return settled;
           continue; // released, or settled by someone else: reserve again
         }
-        return recover(a, { decision: "recover", fence: res.fence, record: res.record }, fn);
+        return recover(a, { decision: "recover", fence: res.fence, record: res.record, leaseFrom }, fn);
       default:
         throw new NotExecutedError(`idemkv: ${a.q} not executed: unknown reserve decision ${JSON.stringify(res.decision)}`,
           { record: res.record });

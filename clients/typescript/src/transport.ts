@@ -46,12 +46,43 @@ export interface TlsOptions {
 
 export const HEADER_LEADER = "Idemkv-Leader";
 
+/**
+ * Bounds what a node may send back (the Python client's MAX_ANSWER_BYTES): idemkv answers
+ * are small (a record with its result, a page of 1000 records); this only stops a
+ * confused or hostile peer from making the client read until it runs out of memory. A
+ * longer answer fails as one cut short.
+ */
+export const MAX_ANSWER_BYTES = 64 << 20;
+
+function tooLarge(): Error {
+  return new Error(`the answer is larger than ${MAX_ANSWER_BYTES} bytes`);
+}
+
+/** The text of res's body, failing past MAX_ANSWER_BYTES. */
+async function boundedText(res: Response): Promise<string> {
+  if (res.body === null) return "";
+  const reader = res.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let n = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    n += value.length;
+    if (n > MAX_ANSWER_BYTES) {
+      await reader.cancel().catch(() => undefined);
+      throw tooLarge();
+    }
+    chunks.push(value);
+  }
+  return new TextDecoder().decode(concat(chunks));
+}
+
 export function fetchSend(f: typeof fetch): Send {
   return async (req) => {
     const init: RequestInit = { method: req.method, headers: req.headers, signal: req.signal };
     if (req.body !== undefined) init.body = req.body;
     const res = await f(req.base + req.path, init);
-    const body = await res.text();
+    const body = await boundedText(res);
     return { status: res.status, leader: res.headers.get(HEADER_LEADER), body };
   };
 }
@@ -79,7 +110,17 @@ export function nodeSend(tls: TlsOptions = {}): { send: Send; close: () => void 
       };
       const onResponse = (res: http.IncomingMessage) => {
         const chunks: Uint8Array[] = [];
-        res.on("data", (c) => chunks.push(c));
+        let n = 0;
+        res.on("data", (c: Uint8Array) => {
+          n += c.length;
+          if (n > MAX_ANSWER_BYTES) {
+            const err = tooLarge();
+            res.destroy(err);
+            reject(err);
+            return;
+          }
+          chunks.push(c);
+        });
         res.on("error", reject);
         res.on("end", () => {
           const h = res.headers[HEADER_LEADER.toLowerCase()];

@@ -73,6 +73,76 @@ describe("client", () => {
     assert.equal(c.leader, "");
   });
 
+  it("does not read an endless answer to its end", async () => {
+    // A node (or anything posing as one) that answers without end does not make the
+    // client read until it runs out of memory: past the bound the answer is one cut short.
+    const bound = 64 << 20;
+    let pulled = 0;
+    const chunk = new Uint8Array(1 << 20).fill(0x61);
+    const endless: typeof fetch = async () => new Response(new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new TextEncoder().encode('{"tenant":"'));
+      },
+      pull(controller) {
+        if (pulled >= 3 * bound) {
+          controller.close();
+          return;
+        }
+        pulled += chunk.length;
+        controller.enqueue(chunk);
+      },
+    }), { status: 200, headers: { "Content-Type": "application/json" } });
+    const c = new Client({ endpoints: ["a:1"], fetch: endless, maxAttempts: 1 });
+    await assert.rejects(c.get("t", "k"), (e: unknown) => e instanceof ApiError && e.code === "unavailable" && /larger than/.test(e.message));
+    assert.ok(pulled < bound + (4 << 20), `the client read ${pulled >> 20} MiB of one answer`);
+  });
+
+  it("does not follow again, for a while, a leader that gave no answer at all", async () => {
+    // A node behind a load balancer names its in-cluster address, which this client
+    // cannot reach: followed on every answer, every call paid a failed attempt first.
+    const { fetch, sent } = scripted([
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      "refused",
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      { status: 200, body: { records: [] } },
+    ]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    await c.list("t");
+    await c.list("t"); // c:3 refuses; a:1 answers, naming c:3 again
+    await c.list("t");
+    await c.list("t");
+    assert.deepEqual(sent.map((s) => new URL(s.url).host), ["a:1", "c:3", "a:1", "a:1", "a:1"]);
+    assert.equal(c.leader, "");
+  });
+
+  it("follows again a leader that answered an error (a 503 during an election)", async () => {
+    const { fetch, sent } = scripted([
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      err("unavailable", 503),
+      { status: 200, body: { records: [] }, leader: "c:3" },
+      { status: 200, body: { records: [] } },
+    ]);
+    const c = new Client({ endpoints: ["a:1"], fetch, backoffMinMs: 1, backoffMaxMs: 2 });
+    await c.list("t");
+    await c.list("t"); // c:3 answers 503; a:1 answers, naming c:3 again
+    await c.list("t");
+    assert.deepEqual(sent.map((s) => new URL(s.url).host), ["a:1", "c:3", "a:1", "c:3"]);
+  });
+
+  it("does not follow a leader of another scheme than the endpoints'", async () => {
+    // From https to http it would send the token and every request in plain text.
+    const { fetch, sent } = scripted([
+      { status: 200, body: { records: [] }, leader: "http://c:3" },
+      { status: 200, body: { records: [] } },
+    ]);
+    const c = new Client({ endpoints: ["https://a:1"], fetch, token: "tok", backoffMinMs: 1, backoffMaxMs: 2 });
+    await c.list("t");
+    await c.list("t");
+    assert.equal(c.leader, "");
+    assert.deepEqual(sent.map((s) => new URL(s.url).origin), ["https://a:1", "https://a:1"]);
+  });
+
   it("does not retry an answer that is not about availability", async () => {
     const { fetch, sent } = scripted([err("fenced", 409)]);
     const c = new Client({ endpoints: ["a:1"], fetch });

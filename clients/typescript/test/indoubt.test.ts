@@ -5,7 +5,7 @@
 
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
-import { Client, InDoubtError, run, type Outcome } from "../src/index.js";
+import { Client, InDoubtError, OutcomeUnknownError, run, type Outcome } from "../src/index.js";
 import { killAll, startNode, type IdemkvNode } from "./harness.js";
 import { crashWorker, logOutcome, Tickets, wrapTickets } from "./tickets.js";
 
@@ -22,6 +22,57 @@ before(async () => {
 after(killAll);
 
 describe("in doubt", () => {
+  it("a probe's answer settles only the doubt it looked at, not one that formed anew meanwhile", async () => {
+    // B probes (nothing yet) and its answer takes a while; meanwhile A settles the same
+    // doubt, creates the ticket and dies, and C marks the key in doubt again. B's "not
+    // found" is about the old doubt: released on it, the key ran the tool twice.
+    const key = newKey("stale-probe");
+    const op = { tenant: TENANT, key, tool: "create_ticket", fingerprint: "sha256:" + "d".repeat(64) };
+    let tickets = 0;
+    let created = false;
+    const lookUp = () => (created ? { remoteSystem: "tickets", remoteId: "TCK-A" } : null);
+    const died = (create: boolean) => async () => {
+      if (create) {
+        tickets++;
+        created = true;
+      }
+      throw new Error("POST /tickets: timeout");
+    };
+    const mustNotRun = async () => {
+      throw new Error("the tool ran");
+    };
+    assert.ok((await run(client, op, died(false)).catch((e: unknown) => e)) instanceof OutcomeUnknownError);
+    assert.ok((await run(client, op, mustNotRun).catch((e: unknown) => e)) instanceof InDoubtError);
+
+    let probes = 0;
+    let probing!: () => void;
+    const looked = new Promise<void>((r) => (probing = r));
+    let proceed!: () => void;
+    const answer = new Promise<void>((r) => (proceed = r));
+    const b = run(client, {
+      ...op, probe: async () => {
+        const seen = lookUp();
+        if (++probes === 1) {
+          probing();
+          await answer;
+        }
+        return seen;
+      },
+    }, async () => {
+      tickets++;
+      return { remoteSystem: "tickets", remoteId: "TCK-B" };
+    }).catch((e: unknown) => e);
+    await looked;
+    assert.ok((await run(client, { ...op, probe: async () => lookUp() }, died(true)).catch((e: unknown) => e)) instanceof OutcomeUnknownError);
+    assert.ok((await run(client, op, mustNotRun).catch((e: unknown) => e)) instanceof InDoubtError);
+    proceed();
+    const out = await b;
+    assert.equal(tickets, 1, `${tickets} tickets for one operation (B: ${String(out instanceof Error ? out : JSON.stringify(out))})`);
+    assert.ok(!(out instanceof Error), String(out));
+    assert.equal((out as Outcome).probed, true);
+    assert.equal((out as Outcome).receipt.remote_id, "TCK-A");
+  });
+
   it("a crash without a probe is in doubt; retries answer at once; resolve settles it", async (t) => {
     const tk = new Tickets();
     const key = newKey("indoubt");

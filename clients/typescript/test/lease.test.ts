@@ -6,7 +6,7 @@
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import {
-  ApprovalPendingError, Client, IdemkvError, NotExecutedError, OutcomeUnknownError, run, StoreUnavailableError, type ToolFn,
+  ApiError, ApprovalPendingError, Client, IdemkvError, LeaseExpired, NotExecutedError, OutcomeUnknownError, run, StoreUnavailableError, type ToolFn,
 } from "../src/index.js";
 import { eventually, killAll, startNode, type IdemkvNode } from "./harness.js";
 import { logOutcome as log } from "./tickets.js";
@@ -121,7 +121,82 @@ describe("the lease lasts as long as the tool", () => {
   });
 });
 
+describe("heartbeats that fail for a whole lease", () => {
+  it("stop the tool: a worker that recovered the key meanwhile runs alone", async (t) => {
+    // The first worker's heartbeats all fail (unavailable, not fenced); past its lease a
+    // second worker recovers, probes (nothing yet) and creates the ticket. The first
+    // tool checks its signal before its step that cannot be undone.
+    const key = newKey("heartbeats-fail");
+    let tickets = 0;
+    const probe = async () => (tickets > 0 ? { remoteSystem: "tickets", remoteId: "TCK-1" } : null);
+    const cut = watched((path) => path === "/v1/heartbeat" ? Promise.resolve(errorAnswer(503, "unavailable", "partitioned")) : undefined);
+    const c = new Client({ endpoints: [node.httpAddr], fetch: cut.fetch, backoffMinMs: 5, backoffMaxMs: 50 });
+    const op = { tenant: TENANT, key, tool: "create_ticket", fingerprint: FP, leaseTtl: 1000, probe };
+    let started!: () => void;
+    const running = new Promise<void>((r) => (started = r));
+    let proceed!: () => void;
+    const go = new Promise<void>((r) => (proceed = r));
+    let reason: unknown;
+    const first = run(c, op, async (ctx) => {
+      started();
+      await Promise.race([go, new Promise<void>((r) => ctx.signal.addEventListener("abort", () => r(), { once: true }))]);
+      if (ctx.signal.aborted) {
+        reason = ctx.signal.reason;
+        throw ctx.signal.reason;
+      }
+      tickets++;
+      return { remoteSystem: "tickets", remoteId: `TCK-${tickets}` };
+    }).catch((e: unknown) => e);
+    await running;
+    const second = await run(client, op, async () => {
+      tickets++;
+      return { remoteSystem: "tickets", remoteId: `TCK-${tickets}` };
+    });
+    assert.equal(second.decision, "recover");
+    proceed();
+    const err = await first;
+    log(t, "the first worker", err);
+    assert.equal(tickets, 1, `${tickets} tickets for one operation: the first tool ran on after its lease ran out (${String(reason)})`);
+    assert.ok(err instanceof OutcomeUnknownError, String(err));
+    assert.ok(reason instanceof LeaseExpired, String(reason));
+    assert.ok(cut.count("/v1/heartbeat") > 0);
+  });
+});
+
 describe("a caller that gives up", () => {
+  it("after the grant and before the tool runs gets not_executed, and the key is released", async () => {
+    // Left pending, the key would wait out the lease and then be in doubt for a tool
+    // that never ran (the Go client's TestCallerGivingUpBeforeTheToolRunsReleasesTheKey).
+    const key = newKey("gave-up-granted");
+    const caller = new AbortController();
+    const store = new Proxy(client, {
+      get(target, prop) {
+        if (prop === "reserve") {
+          return async (...args: Parameters<Client["reserve"]>) => {
+            const res = await target.reserve(...args);
+            caller.abort(new Error("the user gave up"));
+            return res;
+          };
+        }
+        const v = Reflect.get(target, prop, target) as unknown;
+        return typeof v === "function" ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      },
+    });
+    let runs = 0;
+    const op = { tenant: TENANT, key, tool: "create_ticket", fingerprint: FP };
+    const err = await run(store, op, async (ctx) => {
+      if (ctx.signal.aborted) throw ctx.signal.reason;
+      runs++;
+      return { remoteSystem: "tickets", remoteId: "TCK-1" };
+    }, { signal: caller.signal }).catch((e: unknown) => e);
+    assert.equal(runs, 0);
+    assert.ok(err instanceof NotExecutedError, `want not_executed, got ${String(err)} (kind ${(err as IdemkvError).kind})`);
+    const gone = await client.get(TENANT, key).then(() => undefined, (e: unknown) => e);
+    assert.ok(gone instanceof ApiError && gone.code === "not_found", `the key is still held: ${String(gone)}`);
+    const out = await run(client, op, async () => ({ remoteSystem: "tickets", remoteId: "TCK-1" }));
+    assert.equal(out.decision, "execute");
+  });
+
   it("during its first reserve gets store_unavailable naming the attempt, and the retry as that attempt runs at once", async (t) => {
     const key = newKey("first-reserve");
     const caller = new AbortController();

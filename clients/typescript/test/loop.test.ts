@@ -5,7 +5,7 @@
 import { after, before, describe, it } from "node:test";
 import assert from "node:assert/strict";
 import {
-  ApiError, Client, ConflictError, idempotent, notExecuted, NotExecutedError, OutcomeUnknownError,
+  ApiError, Client, ConflictError, idempotent, LeaseExpired, notExecuted, NotExecutedError, OutcomeUnknownError,
   permanent, run, StoredFailureError, StoreUnavailableError, toolContext, type Outcome,
 } from "../src/index.js";
 import { freePort, killAll, startNode, type IdemkvNode } from "./harness.js";
@@ -245,11 +245,14 @@ describe("single node", () => {
     log(t, "second caller", outs.find((o) => o.replayed));
   });
 
-  it("a lost lease aborts the tool's signal; the newer attempt owns the outcome", async (t) => {
-    // The first worker's heartbeats do not get through (a partition), its lease runs
-    // out, a second worker recovers the key through the probe; when the first worker's
-    // heartbeats get through again they are fenced, and its tool is told to stop.
+  it("a lease that runs out aborts the tool's signal; the newer attempt owns the outcome", async (t) => {
+    // The first worker's heartbeats do not get through (a partition): its lease runs
+    // out, and its tool is told to stop then (LeaseExpired), before a second worker
+    // recovers the key through the probe. A tool that returns a result anyway after the
+    // second worker committed is refused (fenced): the outcome is the newer attempt's.
     let partitioned = false;
+    let secondDone!: () => void;
+    const done = new Promise<void>((r) => (secondDone = r));
     const cut: typeof fetch = async (input, init) => {
       if (partitioned && String(input).endsWith("/v1/heartbeat")) throw new TypeError("fetch failed (partition)");
       return fetch(input, init);
@@ -263,16 +266,18 @@ describe("single node", () => {
       partitioned = true;
       await new Promise<void>((resolve) => ctx.signal.addEventListener("abort", () => resolve(), { once: true }));
       aborted = ctx.signal.reason;
+      await done;
       return { remoteSystem: "tickets", remoteId: "TCK-first" };
     }).catch((e: unknown) => e);
     await new Promise((r) => setTimeout(r, 1500)); // past the lease
     const second = await run(client, { tenant: TENANT, key, tool: "create_ticket", fingerprint: fp, probe: async () => null },
       async () => ({ remoteSystem: "tickets", remoteId: "TCK-second" }));
     assert.equal(second.decision, "recover");
+    assert.ok(aborted instanceof LeaseExpired, `the tool was not told before the key was recovered: ${String(aborted)}`);
     partitioned = false;
+    secondDone();
     const err = await slow;
     assert.ok(err instanceof OutcomeUnknownError, String(err));
-    assert.match(String(aborted), /lease .* lost/);
     assert.equal((await client.get(TENANT, key)).receipt?.remote_id, "TCK-second");
     log(t, `first worker, after ${Date.now() - started} ms`, err);
   });

@@ -38,7 +38,7 @@ from .errors import (
     find_cause,
 )
 from .jcs import FingerprintError, RawJSON, canonicalize, fingerprint
-from .loop import OMITTED_RESULT_KEY, Lease, Op, Outcome, Result, current_lease, result_omitted
+from .loop import OMITTED_RESULT_KEY, Lease, LeaseExpired, Op, Outcome, Result, current_lease, result_omitted
 
 __all__ = [
     "APPROVAL_DENIED",
@@ -59,6 +59,7 @@ __all__ = [
     "InDoubtError",
     "KINDS",
     "Lease",
+    "LeaseExpired",
     "NotExecuted",
     "NotExecutedError",
     "OMITTED_RESULT_KEY",

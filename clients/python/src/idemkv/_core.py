@@ -11,6 +11,7 @@ import random
 import secrets
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 from urllib.parse import quote, urlencode, urlsplit
@@ -203,6 +204,15 @@ class Call:
         return json.dumps(self.body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
+# Bounds what a node may send back: idemkv answers are small (a record with its result,
+# a page of 1000 records); this only stops a confused or hostile peer from making a
+# client read until it runs out of memory. A longer answer is an answer cut short.
+MAX_ANSWER_BYTES = 64 << 20
+
+# Seconds a leader that gave no answer at all is not followed again (Go's leaderShun).
+LEADER_SHUN = 10.0
+
+
 class Router:
     """Where the next attempt goes: the leader when one is known, else the preferred
     endpoint. A failed target is demoted, so that retries move on."""
@@ -213,6 +223,11 @@ class Router:
         self._lock = threading.Lock()
         self._leader = ""
         self._preferred = 0
+        # Leaders that gave no answer at all to an attempt, and until when (monotonic)
+        # they are not followed again (the Go client's leaderShun): a node names the
+        # leader's advertised address, which a client outside the cluster's network may
+        # never reach; followed on every answer, it cost every call a failed attempt.
+        self._unreached: dict[str, float] = {}
 
     @property
     def leader(self) -> str:
@@ -223,8 +238,13 @@ class Router:
         with self._lock:
             return self._leader or self.endpoints[self._preferred % len(self.endpoints)]
 
-    def demote(self, base: str) -> None:
+    def demote(self, base: str, unreached: bool = False) -> None:
         with self._lock:
+            if self._leader == base and unreached:
+                now = time.monotonic()
+                for u in [u for u, until in self._unreached.items() if until <= now]:
+                    del self._unreached[u]
+                self._unreached[base] = now + LEADER_SHUN
             if self._leader == base:
                 self._leader = ""
             if self.endpoints[self._preferred % len(self.endpoints)] == base:
@@ -237,6 +257,10 @@ class Router:
             u = base_url(api_addr if "://" in api_addr else f"{self.scheme}://{api_addr}", self.scheme == "https")
         except ValueError:
             return
+        if not u.startswith(self.scheme + "://"):
+            # Another scheme than the endpoints' is not followed: from https to http it
+            # would send the token and every request in plain text.
+            return
         host = urlsplit(u).hostname or ""
         # A node bound to a wildcard address advertises nothing a client can dial.
         try:
@@ -245,6 +269,8 @@ class Router:
         except ValueError:
             pass  # a name, not an address
         with self._lock:
+            if self._unreached.get(u, 0.0) > time.monotonic():
+                return
             self._leader = u
 
 

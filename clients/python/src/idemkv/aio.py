@@ -24,10 +24,10 @@ T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Bounds on what a node may send back: idemkv answers are small (a record with a
-# 64 KiB result, a page of 1000 records); this only stops a confused peer.
+# Bounds on what a node may send back (_core.MAX_ANSWER_BYTES for the body); this only
+# stops a confused peer.
 _MAX_LINE = 64 << 10
-_MAX_BODY = 64 << 20
+_MAX_BODY = _core.MAX_ANSWER_BYTES
 
 
 class _ProtocolError(Exception):
@@ -286,17 +286,21 @@ class AsyncClient:
                     raise
                 last = e
                 only_refused = False
+                unreached = False
             except _TRANSPORT_ERRORS as e:
                 # A timeout too: _within cancelled the attempt, which may have sent.
                 last = _core.lost_answer(call, base, e, sent)
                 only_refused = only_refused and _core.refused(e)
+                unreached = True
             if last.code == "outcome_unknown" and call.method != "GET":
                 unknown = last
             if _cancelling(task) > cancels:
                 raise asyncio.CancelledError() from last
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
-            self._router.demote(base)
+            # An answer (idemkv's error, a proxy's page) says the address is
+            # reachable; only one that gave none is not followed again for a while.
+            self._router.demote(base, unreached)
             if once:
                 raise last
             left = wait_for - used

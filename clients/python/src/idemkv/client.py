@@ -46,7 +46,11 @@ def _exchange(
     # reused connection too: the server may have taken it before closing.)
     sent.written = True
     resp = conn.getresponse()
-    return resp, resp.read()
+    data = resp.read(_core.MAX_ANSWER_BYTES + 1)
+    if len(data) > _core.MAX_ANSWER_BYTES:
+        # An answer cut short, as far as the caller can tell (the async client's bound).
+        raise http.client.HTTPException(f"the answer is larger than {_core.MAX_ANSWER_BYTES} bytes")
+    return resp, data
 
 
 class _Pool:
@@ -201,16 +205,20 @@ class Client:
                     raise
                 last = e
                 only_refused = False
+                unreached = False
             except _TRANSPORT_ERRORS as e:
                 if _callers(e, start, timeout):
                     raise
                 last = _core.lost_answer(call, base, e, sent)
                 only_refused = only_refused and _core.refused(e)
+                unreached = True
             if last.code == "outcome_unknown" and call.method != "GET":
                 unknown = last
             used += max(time.monotonic() - start - call.wait, 0.0)
             retried = True
-            self._router.demote(base)
+            # An answer (idemkv's error, a proxy's page) says the address is
+            # reachable; only one that gave none is not followed again for a while.
+            self._router.demote(base, unreached)
             if once:
                 raise last
             left = wait_for - used

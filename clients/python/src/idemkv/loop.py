@@ -271,13 +271,24 @@ def default_result(op: Op, value: Any) -> Result:
 class Lease:
     """The lease the running tool holds; ``current_lease()`` inside the tool.
 
-    ``lost`` is set when a newer attempt took the key over: a sync tool should stop as
-    soon as it can (an async tool is cancelled instead)."""
+    ``lost`` is set when a newer attempt took the key over, or when the lease is running
+    out with no heartbeat getting through (``expiring`` then, a sixth of the lease before
+    its end: another worker may recover the key from its end on): a sync tool should
+    stop as soon as it can (an async tool is cancelled instead). What the tool returns
+    after ``expiring`` is still stored, and is, if nobody took the key over."""
 
     def __init__(self, fence: int) -> None:
         self.fence = fence
         self.lost = threading.Event()
         self.error: Optional[APIError] = None
+        self.expiring = False
+        # When the store call that last renewed the lease was started (monotonic).
+        self.renewed: Optional[float] = None
+
+
+class LeaseExpired(Exception):
+    """What an async tool cancelled because its lease was running out unrenewed reports
+    (the Go client's ErrLeaseExpired); the record stays pending, as for any error."""
 
 
 _lease: contextvars.ContextVar[Optional[Lease]] = contextvars.ContextVar("idemkv_lease", default=None)
@@ -326,6 +337,9 @@ class _Run:
     # then and hands back a _DeadlinePassed error; a sync function cannot be stopped
     # from outside, so the sync driver lets it finish and the loop looks at the clock.
     until: Optional[float] = None
+    # When the store call that granted or last renewed the lease was started
+    # (monotonic): the lease runs out lease_ttl after it at the earliest.
+    lease_from: Optional[float] = None
 
 
 @dataclass
@@ -333,6 +347,7 @@ class _Ran:
     value: Any = None
     error: Optional[BaseException] = None
     lost: Optional[APIError] = None
+    renewed: Optional[float] = None  # when the last renewal under the run was sent
 
 
 @dataclass
@@ -358,6 +373,8 @@ class _Loop:
     # Set by the async driver when the caller was cancelled and the loop goes on to
     # store what the tool did.
     gave_up: bool = False
+    # When the reserve that granted the lease, or its last renewal, was sent.
+    lease_from: Optional[float] = None
 
     def __post_init__(self) -> None:
         if not self.attempt_id:
@@ -463,6 +480,7 @@ class _Loop:
         approval = ApprovalWait()
         waits = settles = 0
         while True:
+            self.lease_from = time.monotonic()
             try:
                 res = yield from self.budgeted(reserve)
             except StoreUnavailableError as e:
@@ -584,13 +602,15 @@ class _Loop:
             # The Go client's probe given a context that has ended: still unknown.
             raise self.left_pending(g, "before the probe could run")
         try:
-            ran = yield _Run("probe", g.fence, until=self.left())
+            ran = yield _Run("probe", g.fence, until=self.left(), lease_from=self.lease_from)
         except BaseException as e:
             if not _gave_up(e):
                 raise
             raise _given_up(e, OutcomeUnknownError(
                 f"idemkv: interrupted while the probe for {op.key!r} ran; the record stays pending and the "
                 "next attempt after its lease recovers it", decision=g.decision, record=g.record))
+        if ran.renewed is not None:
+            self.lease_from = ran.renewed
         if ran.lost is not None:
             raise _lost(op.key, ran)
         if ran.error is not None:
@@ -643,6 +663,18 @@ class _Loop:
             found = self.as_result(ran.value)
             value = ran.value if not isinstance(ran.value, Result) else found.result
         try:
+            seen = g.record
+            if seen is not None:
+                # The probe answers for the doubt it looked at (the Go client's
+                # settleInDoubt). Should the key have been settled and marked in doubt
+                # anew while it looked (another caller released it, ran the tool and
+                # died), its "not found" says nothing of that run, and a resolve by key
+                # would release the key after an effect: reserve and look again.
+                cur = yield self.stored(_core.get_call(op.tenant, op.key))
+                if (cur.get("status") != "pending" or not cur.get("in_doubt")
+                        or cur.get("fence") != seen.get("fence")):
+                    self.span.add_event("doubt_changed")
+                    return None
             if found is not None:
                 self.span.add_event("probe", {"found": True})
                 res = found
@@ -675,7 +707,7 @@ class _Loop:
         since a release frees the key for other arguments."""
         op = self.op
         try:
-            ran = yield _Run("tool", g.fence)
+            ran = yield _Run("tool", g.fence, lease_from=self.lease_from)
         except BaseException as e:
             # An interrupt (a KeyboardInterrupt in a sync tool, a second cancellation
             # of an async one): it goes on, and says that the tool may have had its

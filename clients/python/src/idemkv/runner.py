@@ -19,6 +19,7 @@ from .loop import (
     _LOST,
     READ_ONLY,
     Lease,
+    LeaseExpired,
     Op,
     Outcome,
     _lease,
@@ -63,23 +64,76 @@ def _finish_span(span: Any, out: Optional[Outcome], exc: Optional[BaseException]
 # The sync driver.
 
 
-def _heartbeat_thread(client: Any, op: Op, lease: Lease, stop: threading.Event) -> None:
-    every = op.lease_ttl / 3
-    nxt = every
+class _Renewals:
+    """When the heartbeat renews and when it tells the tool (the Go client's heartbeat):
+    the lease runs out by this worker's clock lease_ttl after the start of the call that
+    last granted or renewed it (earlier than the leader's stamp, so never later than the
+    lease itself); once a renewal has failed, the tool is told a sixth of the lease
+    before that, so that it hears it in time to stop before another worker may recover
+    the key and run the tool beside it."""
+
+    def __init__(self, op: Op, lease: Lease, lease_from: Optional[float]) -> None:
+        self.lease = lease
+        self.every = op.lease_ttl / 3
+        self.tell = op.lease_ttl - op.lease_ttl / 6
+        self.start = lease_from if lease_from is not None else time.monotonic()
+        self.tried = False
+        # A grant that took long to arrive (retries inside the reserve) is renewed at once.
+        self.nxt = 0.0 if self.left() < self.every else self.every
+
+    def left(self) -> float:
+        return self.start + self.tell - time.monotonic()
+
+    def wait(self) -> float:
+        if self.lease.expiring or not self.tried:
+            return self.nxt
+        return max(min(self.nxt, self.left()), 0.0)
+
+    def due(self) -> bool:
+        """Whether the tool is to be told now; then marks the lease expiring."""
+        if self.lease.expiring or not self.tried or self.left() > 0:
+            return False
+        self.lease.expiring = True
+        self.lease.lost.set()
+        return True
+
+    def bound(self) -> float:
+        """The next renewal's bound: cut short when the tool is to be told."""
+        left = self.left()
+        if not self.lease.expiring and 0 < left < self.every:
+            return left
+        return self.every
+
+    def sent(self, at: float) -> None:
+        self.start = at
+        self.lease.renewed = at
+        self.nxt = self.every
+
+    def failed(self) -> None:
+        self.tried = True
+        self.nxt = max(self.every / 6, 0.05)
+
+
+def _heartbeat_thread(client: Any, op: Op, lease: Lease, stop: threading.Event,
+                      lease_from: Optional[float] = None) -> None:
+    r = _Renewals(op, lease, lease_from)
     call = _core.heartbeat_call(op.tenant, op.key, lease.fence, op.lease_ttl)
-    while not stop.wait(nxt):
+    while not stop.wait(r.wait()):
+        r.due()
+        sent = time.monotonic()
         try:
-            client._send(call, bound=every)
-            nxt = every
+            client._send(call, bound=r.bound())
+            r.tried = True
+            r.sent(sent)
         except APIError as e:
             if e.code in _LOST:
                 lease.error = e
                 lease.lost.set()
                 return
-            nxt = max(every / 6, 0.05)
+            r.failed()
         except Exception:
-            # The lease still has two thirds to run: try again soon.
-            nxt = max(every / 6, 0.05)
+            # Try again soon: the lease may still have time to run.
+            r.failed()
 
 
 def _signal_timeout(e: BaseException) -> bool:
@@ -120,8 +174,8 @@ def _run_sync(client: Any, op: Op, fn: Callable[[], Any], eff: _Run) -> _Ran:
             return _Ran(error=e)
     lease = Lease(eff.fence)
     stop = threading.Event()
-    hb = threading.Thread(target=_heartbeat_thread, args=(client, op, lease, stop), name="idemkv-heartbeat",
-                          daemon=True)
+    hb = threading.Thread(target=_heartbeat_thread, args=(client, op, lease, stop, eff.lease_from),
+                          name="idemkv-heartbeat", daemon=True)
     hb.start()
     token = _lease.set(lease)
     try:
@@ -136,6 +190,7 @@ def _run_sync(client: Any, op: Op, fn: Callable[[], Any], eff: _Run) -> _Ran:
         stop.set()
         hb.join()
     ran.lost = lease.error
+    ran.renewed = lease.renewed
     return ran
 
 
@@ -185,24 +240,28 @@ def run_sync(client: Any, op: Op, fn: Callable[[], Any]) -> Outcome:
 # The asyncio driver.
 
 
-async def _heartbeat_task(client: Any, op: Op, lease: Lease, tool: "asyncio.Task[Any]") -> None:
-    every = op.lease_ttl / 3
-    nxt = every
+async def _heartbeat_task(client: Any, op: Op, lease: Lease, tool: "asyncio.Task[Any]",
+                          lease_from: Optional[float] = None) -> None:
+    r = _Renewals(op, lease, lease_from)
     call = _core.heartbeat_call(op.tenant, op.key, lease.fence, op.lease_ttl)
     while True:
-        await asyncio.sleep(nxt)
+        await asyncio.sleep(r.wait())
+        if r.due():
+            tool.cancel()
+        sent = time.monotonic()
         try:
-            await client._send(call, bound=every)
-            nxt = every
+            await client._send(call, bound=r.bound())
+            r.tried = True
+            r.sent(sent)
         except APIError as e:
             if e.code in _LOST:
                 lease.error = e
                 lease.lost.set()
                 tool.cancel()
                 return
-            nxt = max(every / 6, 0.05)
+            r.failed()
         except Exception:
-            nxt = max(every / 6, 0.05)
+            r.failed()
 
 
 async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
@@ -249,7 +308,7 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
         tool = asyncio.get_running_loop().create_task(call(), context=ctx)
     else:  # 3.10: a task copies the context it is created in
         tool = ctx.run(lambda: asyncio.ensure_future(call()))
-    hb = asyncio.ensure_future(_heartbeat_task(client, op, lease, tool))
+    hb = asyncio.ensure_future(_heartbeat_task(client, op, lease, tool, eff.lease_from))
     # The heartbeat lasts exactly as long as the tool's task, whoever still awaits it:
     # not less when the caller gives up (a tool that goes on when cancelled would lose
     # the key to a worker that recovers it and runs it again), not more when it raises.
@@ -277,6 +336,7 @@ async def _run_async(client: Any, op: Op, fn: Callable[[], Awaitable[Any]],
             await asyncio.wait((hb,))
     ran = _ended(tool, lease, eff, op, cancelled)
     ran.lost = lease.error
+    ran.renewed = lease.renewed
     return ran, cancelled
 
 
@@ -287,6 +347,10 @@ def _ended(task: "asyncio.Task[Any]", lease: Optional[Lease], eff: _Run, op: Op,
         if lease is not None and lease.error is not None:
             # Stopped by the heartbeat: the lease went to a newer attempt.
             return _Ran()
+        if lease is not None and lease.expiring and cancelled is None:
+            # Stopped by the heartbeat: the lease was running out unrenewed.
+            return _Ran(error=LeaseExpired(
+                f"idemkv: lease on {op.key!r} running out without a renewal; the {eff.which} was cancelled"))
         if eff.until is not None and cancelled is None:
             # Stopped at the deadline (a probe's): it could not tell.
             return _Ran(error=_DeadlinePassed(
