@@ -48,10 +48,14 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 			span.End()
 		}()
 		ctx = withCaller(ctx, req)
+		progress := g.progressFor(ctx, req)
+		// The progress that came before the answer goes before it (the go-sdk
+		// sends the answer once the handler returned).
+		defer progress.close()
 		if r.class == client.ReadOnly {
-			res, err = g.passThrough(ctx, r, req)
+			res, err = g.passThrough(ctx, r, req, progress)
 		} else {
-			res, err = g.mutate(ctx, r, req)
+			res, err = g.mutate(ctx, r, req, progress)
 		}
 		return sendRaw(ctx, res), err
 	}
@@ -125,37 +129,84 @@ func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage
 // them (a progressToken), the gateway's own while the call waits for idemkv and the
 // upstream's while the tool runs, keeping the values increasing as MCP requires: one
 // that would not is dropped.
+//
+// The upstream's progress is handed over on the read of the connection that carries
+// every agent's answers (a stdio upstream's, tap.progress), so send never waits for
+// the agent: it queues the notification for a goroutine of the call's own, which
+// writes to the agent in order, and drops it when progressQueue notifications already
+// wait. (Written from the read, to an agent that stopped reading its answer, one
+// call's progress stopped the gateway from reading any other agent's answer until
+// each call's tool timeout.) close, before the call answers, sends what waits.
 type progressTo struct {
 	g     *Gateway
 	ctx   context.Context
 	sess  *mcp.ServerSession
 	token any
 
-	mu   sync.Mutex
-	sent bool
-	last float64
+	mu     sync.Mutex
+	sent   bool
+	last   float64
+	closed bool
+	queue  chan mcp.ProgressNotificationParams
+	done   chan struct{} // closed when the writer has sent what was queued
 }
 
-// progressFor returns where the call's progress goes; nil when the agent asked for none.
+// progressQueue is how many progress notifications of one call wait for its agent
+// before more are dropped: enough for a burst, while an agent that reads nothing holds
+// at most this many of them.
+const progressQueue = 32
+
+// progressFor returns where the call's progress goes, with its writer started; nil
+// when the agent asked for none. The caller closes it before the call answers.
 func (g *Gateway) progressFor(ctx context.Context, req *mcp.CallToolRequest) *progressTo {
 	token := req.Params.GetProgressToken()
 	if token == nil || req.Session == nil {
 		return nil
 	}
-	return &progressTo{g: g, ctx: ctx, sess: req.Session, token: token}
+	p := &progressTo{g: g, ctx: ctx, sess: req.Session, token: token,
+		queue: make(chan mcp.ProgressNotificationParams, progressQueue), done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		for q := range p.queue {
+			if err := p.sess.NotifyProgress(p.ctx, &q); err != nil {
+				p.g.log.LogAttrs(p.ctx, slog.LevelDebug, "could not send progress", slog.Any(logKeyErr, err))
+			}
+		}
+	}()
+	return p
 }
 
+// send queues q for the agent, without waiting.
 func (p *progressTo) send(q mcp.ProgressNotificationParams) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.sent && q.Progress <= p.last {
+	if p.closed || (p.sent && q.Progress <= p.last) {
 		return
 	}
-	p.sent, p.last = true, q.Progress
 	q.ProgressToken = p.token
-	if err := p.sess.NotifyProgress(p.ctx, &q); err != nil {
-		p.g.log.LogAttrs(p.ctx, slog.LevelDebug, "could not send progress", slog.Any(logKeyErr, err))
+	select {
+	case p.queue <- q:
+		p.sent, p.last = true, q.Progress
+	default:
+		p.g.log.LogAttrs(p.ctx, slog.LevelDebug, "dropped a progress notification: the agent does not read them as fast as they come",
+			slog.Int("waiting", progressQueue))
 	}
+}
+
+// close sends what is queued and stops the writer; later progress is dropped, as MCP
+// requires of progress after the answer. It waits for the agent to take what was
+// queued, which holds up no one but this call's agent, whose answer follows.
+func (p *progressTo) close() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.queue)
+	}
+	p.mu.Unlock()
+	<-p.done
 }
 
 // relay is what Upstream.call hands the upstream's progress for the call to.
@@ -330,8 +381,8 @@ func timeoutDetails(r *rule, d time.Duration) map[string]any {
 	return map[string]any{"reason": "upstream_timeout", "tool": r.tool.Name, "timeout": d.String()}
 }
 
-func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	res, raw, err := g.upCall(ctx, r, withInput(g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), req), g.progressFor(ctx, req).relay())
+func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest, progress *progressTo) (*mcp.CallToolResult, error) {
+	res, raw, err := g.upCall(ctx, r, withInput(g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), req), progress.relay())
 	if err == nil {
 		return withRaw(res, raw), nil
 	}
@@ -371,13 +422,13 @@ type call struct {
 	derived bool
 }
 
-func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest, progress *progressTo) (*mcp.CallToolResult, error) {
 	c, refusal := g.prepare(r, req)
 	if refusal != nil {
 		return refusal, nil
 	}
 	if c.key == "" {
-		return g.passThrough(ctx, r, req)
+		return g.passThrough(ctx, r, req, progress)
 	}
 	op := client.Op{
 		Tenant: c.tenant, Key: c.key, Tool: r.tool.Name, Actor: c.actor, Class: r.class,
@@ -395,7 +446,6 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	// The reserve of a derived key, or of a tool whose policy names an effect
 	// subset, carries the fingerprint alone: an admin's rule that asks approval of
 	// the tool then refuses it before anything is stored (heldUnasked).
-	progress := g.progressFor(ctx, req)
 	var w *waiter // of the Do in progress
 	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
 		probe := g.probe(r, c, req.Params.Meta)
