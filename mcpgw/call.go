@@ -275,24 +275,49 @@ func (w *waiter) stop() {
 // gets log messages on that request's stream, which its context carries; once a
 // request is answered its stream is gone, so a message the grace keeps for such a
 // request alone is not delivered.
+//
+// relayLog runs on the upstream client's queue of requests and notifications, which
+// also carries the upstream's pings and its requests for input: it hands the message
+// to the call's own writer (inFlight) and never waits for the agent. (Written from
+// here, one agent that stopped reading held up that queue: the upstream's pings went
+// unanswered, and other agents' calls that waited on them failed.) A message that
+// finds logQueue of the call's messages still waiting for its agent is dropped.
 func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
 	clean := *p
 	clean.Meta = withoutOwnMeta(p.Meta) // hostile.go
 	p = &clean
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	to := owner(g.calls)
-	g.mu.Unlock()
 	if to == nil || to.ss == nil {
 		g.log.LogAttrs(ctx, slog.LevelDebug, "an upstream log message no single agent's call can own was not relayed",
 			slog.String("level", string(p.Level)), slog.String("logger", p.Logger))
 		return
 	}
-	lctx := to.ctx
-	if !to.modern {
-		lctx = context.WithoutCancel(ctx)
+	select {
+	case to.logs <- p:
+	default:
+		g.log.LogAttrs(ctx, slog.LevelDebug, "dropped an upstream log message: its agent does not read them as fast as they come",
+			slog.Int("waiting", logQueue))
 	}
-	if err := to.ss.Log(lctx, p); err != nil {
-		g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
+}
+
+// logQueue is how many log messages one call holds for its agent before more are
+// dropped.
+const logQueue = 32
+
+// writeLogs sends c's log messages to its agent, in order, until c is forgotten.
+func (g *Gateway) writeLogs(c *inFlightCall) {
+	lctx := c.ctx
+	if !c.modern {
+		// A session's messages go to its standalone stream, which outlives the call:
+		// a context that names no request of the agent's.
+		lctx = context.Background()
+	}
+	for p := range c.logs {
+		if err := c.ss.Log(lctx, p); err != nil {
+			g.log.LogAttrs(lctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
+		}
 	}
 }
 
@@ -318,6 +343,8 @@ type inFlightCall struct {
 	ctx    context.Context
 	modern bool
 	ended  bool // answered less than logGrace ago (guarded by Gateway.mu)
+	// logs go to the agent through writeLogs; sent to and closed under Gateway.mu.
+	logs chan *mcp.LoggingMessageParams
 }
 
 // logGrace is how long a call to the upstream still owns the upstream's log messages
@@ -342,7 +369,10 @@ func (g *Gateway) inFlight(ctx context.Context) (done func()) {
 	if !ok {
 		return func() {}
 	}
-	c := &inFlightCall{ss: req.Session, ctx: ctx, modern: modernRequest(req)}
+	c := &inFlightCall{ss: req.Session, ctx: ctx, modern: modernRequest(req), logs: make(chan *mcp.LoggingMessageParams, logQueue)}
+	if c.ss != nil {
+		go g.writeLogs(c)
+	}
 	g.mu.Lock()
 	g.calls[c] = struct{}{}
 	g.mu.Unlock()
@@ -353,6 +383,7 @@ func (g *Gateway) inFlight(ctx context.Context) (done func()) {
 		time.AfterFunc(logGrace, func() {
 			g.mu.Lock()
 			delete(g.calls, c)
+			close(c.logs) // writeLogs sends what waits, then ends
 			g.mu.Unlock()
 		})
 	}
