@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -57,8 +58,37 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 		} else {
 			res, err = g.mutate(ctx, r, req, progress)
 		}
+		if modernRequest(req) {
+			res = withoutProtocolMeta(res)
+		}
 		return sendRaw(ctx, res), err
 	}
+}
+
+// withoutProtocolMeta is res without the _meta keys MCP 2026-07-28 puts on every
+// result (io.modelcontextprotocol/serverInfo): an upstream's, or a stored one's, name
+// the upstream, and the go-sdk adds the gateway's own, the agent's server, only where
+// a result names none (withProtocol then writes them over the upstream's bytes).
+func withoutProtocolMeta(res *mcp.CallToolResult) *mcp.CallToolResult {
+	if res == nil {
+		return nil
+	}
+	var out *mcp.CallToolResult
+	for k := range res.Meta {
+		if !strings.HasPrefix(k, protocolMetaPrefix) {
+			continue
+		}
+		if out == nil {
+			c := *res
+			c.Meta = maps.Clone(res.Meta)
+			out = &c
+		}
+		delete(out.Meta, k)
+	}
+	if out == nil {
+		return res
+	}
+	return out
 }
 
 // annotateSpan puts what the gateway decided on its span.
