@@ -697,16 +697,16 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	return c, nil
 }
 
-// actorOf names who runs the attempt: _meta's actor, or the MCP client's name.
+// actorOf names who runs the attempt: _meta's actor, or the MCP client's name: the
+// request's own clientInfo in 2026-07-28, which has no session (over stdio the go-sdk
+// keeps the first request's as the session's, whoever sends the next), else the
+// session's from initialize.
 func actorOf(req *mcp.CallToolRequest) string {
 	if s, ok := req.Params.Meta[MetaActor].(string); ok {
 		return idemkv.ClipText(s, idemkv.MaxActorLen)
 	}
-	if req.Session == nil {
-		return ""
-	}
-	if p := req.Session.InitializeParams(); p != nil && p.ClientInfo != nil {
-		return idemkv.ClipText(p.ClientInfo.Name, idemkv.MaxActorLen)
+	if info := req.ClientInfo(); info != nil {
+		return idemkv.ClipText(info.Name, idemkv.MaxActorLen)
 	}
 	return ""
 }
