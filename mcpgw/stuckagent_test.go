@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 MCP 2026-07-28 deprecates logging (SEP-2577) but keeps it working for at least a year; the gateway relays the upstream's log messages in both eras until it is gone.
+
 package mcpgw_test
 
 import (
