@@ -475,7 +475,10 @@ func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolReq
 type call struct {
 	tenant string
 	key    string
-	actor  string
+	actor  string // as the record keeps it: at most idemkv.MaxActorLen bytes
+	// caller is the actor whole, which a derived key is a digest of: two actors
+	// alike in their first MaxActorLen bytes are still two callers.
+	caller string
 	raw    json.RawMessage // the arguments as sent
 	args   any             // the arguments, decoded with json.Number
 	// derived: the key was derived (key: derive), not sent or templated; no
@@ -653,7 +656,15 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	if err := idemkv.ValidTenant(c.tenant); err != nil {
 		return nil, errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil)
 	}
-	c.actor = actorOf(req)
+	if v, ok := meta[MetaActor]; ok {
+		if s, isStr := v.(string); !isStr || s == "" {
+			// Read as no actor, it would be the client's name, shared by every end
+			// user the agent names this way: their derived keys would be one.
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaActor+" must be a non-empty string", nil)
+		}
+	}
+	c.caller = actorOf(req)
+	c.actor = idemkv.ClipText(c.caller, idemkv.MaxActorLen)
 
 	// Where the key comes from: keys.go.
 	var why string
@@ -681,7 +692,7 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	case r.policy.derive != 0:
 		effect, err := effectOf(r, c)
 		if err == nil {
-			c.key, err = deriveKey(c.tenant, c.actor, r.tool.Name, effect, r.policy.Volatile, r.policy.derive, g.cfg.Now())
+			c.key, err = deriveKey(c.tenant, c.caller, r.tool.Name, effect, r.policy.Volatile, r.policy.derive, g.cfg.Now())
 			c.derived = err == nil
 		}
 		if err != nil {
@@ -703,10 +714,10 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 // session's from initialize.
 func actorOf(req *mcp.CallToolRequest) string {
 	if s, ok := req.Params.Meta[MetaActor].(string); ok {
-		return idemkv.ClipText(s, idemkv.MaxActorLen)
+		return s
 	}
 	if info := req.ClientInfo(); info != nil {
-		return idemkv.ClipText(info.Name, idemkv.MaxActorLen)
+		return info.Name
 	}
 	return ""
 }
