@@ -25,7 +25,7 @@ func TestStalledReadersDoNotHoldTheListen(t *testing.T) {
 	cluster := testcluster.Start(t, 1)
 	srv := mcp.NewServer(&mcp.Implementation{Name: "big", Version: "1"}, nil)
 	var bigRuns atomic.Int64
-	big := strings.Repeat("b", 12<<20)
+	big := strings.Repeat("b", 6<<20)
 	mcp.AddTool(srv, &mcp.Tool{Name: "big", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			bigRuns.Add(1)
@@ -73,7 +73,7 @@ func TestStalledReadersDoNotHoldTheListen(t *testing.T) {
 	// once the writes give up.
 	other := dial("127.0.0.3")
 	fmt.Fprintf(other, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-	_ = other.SetReadDeadline(time.Now().Add(6 * time.Second))
+	_ = other.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(other), nil)
 	if err != nil {
 		t.Fatalf("another host while two clients read none of their answers: %v", err)
