@@ -23,13 +23,18 @@ import (
 // none held --max-conns for good, and every other agent waited to be accepted.
 func TestStalledReadersDoNotHoldTheListen(t *testing.T) {
 	cluster := testcluster.Start(t, 1)
-	srv := mcp.NewServer(&mcp.Implementation{Name: "big", Version: "1"}, nil)
-	var bigRuns atomic.Int64
-	big := strings.Repeat("b", 6<<20)
-	mcp.AddTool(srv, &mcp.Tool{Name: "big", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
-		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-			bigRuns.Add(1)
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: big}}}, nil, nil
+	srv := mcp.NewServer(&mcp.Implementation{Name: "chatty", Version: "1"}, nil)
+	var done atomic.Int64
+	note := strings.Repeat("p", 64<<10)
+	mcp.AddTool(srv, &mcp.Tool{Name: "chatty", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			// 9.6 MiB of progress, more than loopback holds for a client that reads
+			// nothing.
+			for i := 1; i <= 150 && ctx.Err() == nil; i++ {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: req.Params.GetProgressToken(), Progress: float64(i), Message: note})
+			}
+			done.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 		})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -53,27 +58,27 @@ func TestStalledReadersDoNotHoldTheListen(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"big","arguments":{},` +
-		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",` +
-		`"io.modelcontextprotocol/clientInfo":{"name":"stalled","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`
-	for range 2 {
+	for i := range 2 {
+		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"chatty","arguments":{},`+
+			`"_meta":{"progressToken":"p-%d","io.modelcontextprotocol/protocolVersion":"2026-07-28",`+
+			`"io.modelcontextprotocol/clientInfo":{"name":"stalled","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`, i)
 		c := dial("127.0.0.2")
 		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"+
-			"Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: big\r\nContent-Length: %d\r\n\r\n%s", addr, len(body), body)
+			"Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: chatty\r\nContent-Length: %d\r\n\r\n%s", addr, len(body), body)
 	}
 	if err := testcluster.Eventually(10*time.Second, func() error {
-		if n := bigRuns.Load(); n < 2 {
-			return fmt.Errorf("big ran %d times", n)
+		if n := done.Load(); n < 2 {
+			return fmt.Errorf("chatty answered %d of 2 calls", n)
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// Both connections are busy writing answers nobody reads; another host is served
+	// Both connections are busy writing what nobody reads; another host is served
 	// once the writes give up.
 	other := dial("127.0.0.3")
 	fmt.Fprintf(other, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-	_ = other.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = other.SetReadDeadline(time.Now().Add(6 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(other), nil)
 	if err != nil {
 		t.Fatalf("another host while two clients read none of their answers: %v", err)
