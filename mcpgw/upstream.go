@@ -351,21 +351,36 @@ func (u *Upstream) drop(sess *mcp.ClientSession) {
 	}()
 }
 
-// Tools lists every tool the upstream offers, page by page.
+// Tools lists every tool the upstream offers, page by page. A cursor the upstream
+// hands back a second time is an error: the go-sdk's iterator would follow it
+// forever, holding up New (which nothing else bounds) and piling up every page's
+// tools.
 func (u *Upstream) Tools(ctx context.Context) ([]*mcp.Tool, error) {
 	sess, err := u.Session(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var tools []*mcp.Tool
-	for t, err := range sess.Tools(ctx, nil) {
+	seen := map[string]bool{}
+	params := &mcp.ListToolsParams{}
+	for {
+		page, err := sess.ListTools(ctx, params)
 		if err != nil {
 			return nil, fmt.Errorf("%w: listing tools: %w", ErrUpstream, err)
 		}
-		t.Meta = withoutOwnMeta(t.Meta) // hostile.go
-		tools = append(tools, t)
+		for _, t := range page.Tools {
+			t.Meta = withoutOwnMeta(t.Meta) // hostile.go
+			tools = append(tools, t)
+		}
+		if page.NextCursor == "" {
+			return tools, nil
+		}
+		if seen[page.NextCursor] {
+			return nil, fmt.Errorf("%w: listing tools: the upstream hands back cursor %q again after %d pages", ErrUpstream, page.NextCursor, len(seen)+1)
+		}
+		seen[page.NextCursor] = true
+		params = &mcp.ListToolsParams{Cursor: page.NextCursor}
 	}
-	return tools, nil
 }
 
 // Info returns the upstream's initialize answer, or nil before the first connection.
