@@ -510,13 +510,15 @@ func (g *Gateway) receipt(r *rule, key string, res *mcp.CallToolResult, raw json
 // before the tool's own code runs (SEP-1303 made input validation a tool error so
 // the model can correct itself): mcp-go's schema validation ("input schema
 // validation failed: ", "invalid arguments: ") and typed handlers ("failed to bind
-// arguments: "), the TypeScript and Python SDKs ("Input validation error: ", or
-// the TypeScript SDK's wrapped "MCP error -32602: "). Nothing ran, so the key must
-// not be consumed by a stored failure.
+// arguments: "), the go-sdk's typed handlers ("validating \"arguments\": "), the
+// TypeScript and Python SDKs ("Input validation error: ", or the TypeScript SDK's
+// wrapped "MCP error -32602: "). Nothing ran, so the key must not be consumed by a
+// stored failure.
 var validationPrefixes = []string{
 	"input schema validation failed:",
 	"invalid arguments:",
 	"failed to bind arguments:",
+	`validating "arguments":`,
 	"input validation error:",
 	"mcp error -32602:",
 }
