@@ -9,8 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -48,13 +48,46 @@ func (g *Gateway) handler(r *rule) mcp.ToolHandler {
 			span.End()
 		}()
 		ctx = withCaller(ctx, req)
+		progress := g.progressFor(ctx, req)
+		// The progress that came before the answer goes before it (the go-sdk
+		// sends the answer once the handler returned).
+		defer progress.close()
 		if r.class == client.ReadOnly {
-			res, err = g.passThrough(ctx, r, req)
+			res, err = g.passThrough(ctx, r, req, progress)
 		} else {
-			res, err = g.mutate(ctx, r, req)
+			res, err = g.mutate(ctx, r, req, progress)
+		}
+		if modernRequest(req) {
+			res = withoutProtocolMeta(res)
 		}
 		return sendRaw(ctx, res), err
 	}
+}
+
+// withoutProtocolMeta is res without the _meta keys MCP 2026-07-28 puts on every
+// result (io.modelcontextprotocol/serverInfo): an upstream's, or a stored one's, name
+// the upstream, and the go-sdk adds the gateway's own, the agent's server, only where
+// a result names none (withProtocol then writes them over the upstream's bytes).
+func withoutProtocolMeta(res *mcp.CallToolResult) *mcp.CallToolResult {
+	if res == nil {
+		return nil
+	}
+	var out *mcp.CallToolResult
+	for k := range res.Meta {
+		if !strings.HasPrefix(k, protocolMetaPrefix) {
+			continue
+		}
+		if out == nil {
+			c := *res
+			c.Meta = maps.Clone(res.Meta)
+			out = &c
+		}
+		delete(out.Meta, k)
+	}
+	if out == nil {
+		return res
+	}
+	return out
 }
 
 // annotateSpan puts what the gateway decided on its span.
@@ -121,192 +154,6 @@ func (g *Gateway) forward(ctx context.Context, name string, args json.RawMessage
 	return p
 }
 
-// progressTo sends the progress notifications of one call to the agent that asked for
-// them (a progressToken), the gateway's own while the call waits for idemkv and the
-// upstream's while the tool runs, keeping the values increasing as MCP requires: one
-// that would not is dropped.
-type progressTo struct {
-	g     *Gateway
-	ctx   context.Context
-	sess  *mcp.ServerSession
-	token any
-
-	mu   sync.Mutex
-	sent bool
-	last float64
-}
-
-// progressFor returns where the call's progress goes; nil when the agent asked for none.
-func (g *Gateway) progressFor(ctx context.Context, req *mcp.CallToolRequest) *progressTo {
-	token := req.Params.GetProgressToken()
-	if token == nil || req.Session == nil {
-		return nil
-	}
-	return &progressTo{g: g, ctx: ctx, sess: req.Session, token: token}
-}
-
-func (p *progressTo) send(q mcp.ProgressNotificationParams) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.sent && q.Progress <= p.last {
-		return
-	}
-	p.sent, p.last = true, q.Progress
-	q.ProgressToken = p.token
-	if err := p.sess.NotifyProgress(p.ctx, &q); err != nil {
-		p.g.log.LogAttrs(p.ctx, slog.LevelDebug, "could not send progress", slog.Any(logKeyErr, err))
-	}
-}
-
-// relay is what Upstream.call hands the upstream's progress for the call to.
-func (p *progressTo) relay() func(*mcp.ProgressNotificationParams) {
-	if p == nil {
-		return nil
-	}
-	return func(q *mcp.ProgressNotificationParams) { p.send(*q) }
-}
-
-// waiter tells an agent that asked for progress that its call is still waiting for
-// idemkv, until idemkv grants the call its key (the tool or its probe runs) or the
-// call ends.
-type waiter struct {
-	once    sync.Once
-	started chan struct{}
-	done    chan struct{}
-	wg      sync.WaitGroup
-}
-
-func (g *Gateway) waiting(p *progressTo, key string) *waiter {
-	w := &waiter{started: make(chan struct{}), done: make(chan struct{})}
-	if p == nil {
-		return w
-	}
-	w.wg.Go(func() {
-		tick := time.NewTicker(g.cfg.WaitProgress)
-		defer tick.Stop()
-		for n := 1; ; n++ {
-			select {
-			case <-w.started:
-				return
-			case <-w.done:
-				return
-			case <-tick.C:
-			}
-			// n/(n+1) grows and stays below 1, below where most tools' own
-			// progress starts, so less of theirs is dropped.
-			p.send(mcp.ProgressNotificationParams{Progress: float64(n) / float64(n+1),
-				Message: fmt.Sprintf("waiting for idemkv to grant key %q: another attempt holds it, or idemkv is not answering", key)})
-		}
-	})
-	return w
-}
-
-// granted: the tool or its probe runs; the upstream's own progress follows.
-func (w *waiter) granted() { w.once.Do(func() { close(w.started) }) }
-
-// stop ends the notifications before the call answers.
-func (w *waiter) stop() {
-	w.granted()
-	close(w.done)
-	w.wg.Wait()
-}
-
-// relayLog sends an upstream log message to the agent whose calls to the upstream are
-// the only ones in flight (or ended less than logGrace ago) when it arrives, if that
-// agent's logging level admits it, through its call still in flight if it has one.
-// The upstream has one session for all agents, so a message says nothing of whose
-// call it is about: sent to every agent, one agent's order ids or customer data in an
-// upstream's log reached every other agent of the gateway, of other tenants too. A
-// message that arrives while no call is in flight, or while calls of two agents are,
-// goes to the gateway's own log at debug level only.
-//
-// A 2026-07-28 agent has no session: it names a level in each request's _meta, and
-// gets log messages on that request's stream, which its context carries; once a
-// request is answered its stream is gone, so a message the grace keeps for such a
-// request alone is not delivered.
-func (g *Gateway) relayLog(ctx context.Context, p *mcp.LoggingMessageParams) {
-	clean := *p
-	clean.Meta = withoutOwnMeta(p.Meta) // hostile.go
-	p = &clean
-	g.mu.Lock()
-	to := owner(g.calls)
-	g.mu.Unlock()
-	if to == nil || to.ss == nil {
-		g.log.LogAttrs(ctx, slog.LevelDebug, "an upstream log message no single agent's call can own was not relayed",
-			slog.String("level", string(p.Level)), slog.String("logger", p.Logger))
-		return
-	}
-	lctx := to.ctx
-	if !to.modern {
-		lctx = context.WithoutCancel(ctx)
-	}
-	if err := to.ss.Log(lctx, p); err != nil {
-		g.log.LogAttrs(ctx, slog.LevelDebug, "could not relay a log message", slog.Any(logKeyErr, err))
-	}
-}
-
-// owner is the call through which relayLog sends a message while calls are in flight:
-// nil unless they are all one agent's, and then one still in flight if there is one.
-func owner(calls map[*inFlightCall]struct{}) *inFlightCall {
-	var to *inFlightCall
-	for c := range calls {
-		if to != nil && to.ss != c.ss {
-			return nil
-		}
-		if to == nil || to.ended {
-			to = c
-		}
-	}
-	return to
-}
-
-// inFlightCall is a call to the upstream in flight for an agent: the agent's session
-// and the call's context (a 2026-07-28 request's carries its log level).
-type inFlightCall struct {
-	ss     *mcp.ServerSession
-	ctx    context.Context
-	modern bool
-	ended  bool // answered less than logGrace ago (guarded by Gateway.mu)
-}
-
-// logGrace is how long a call to the upstream still owns the upstream's log messages
-// after its answer came: the upstream's client hands notifications over on a
-// goroutine of their own, so a message sent just before the answer may come after it,
-// and must not go to the agent whose call is the only one in flight by then.
-const logGrace = time.Second
-
-type callerKey struct{}
-
-// withCaller notes in ctx the agent whose tools/call ctx serves, for the calls to the
-// upstream made on its behalf (the tool, its probe).
-func withCaller(ctx context.Context, req *mcp.CallToolRequest) context.Context {
-	return context.WithValue(ctx, callerKey{}, req)
-}
-
-// inFlight notes a call to the upstream made on behalf of ctx's agent for relayLog,
-// until logGrace after done: only then, not while the agent waits for idemkv or for an
-// approval, is the upstream doing something of that agent's.
-func (g *Gateway) inFlight(ctx context.Context) (done func()) {
-	req, ok := ctx.Value(callerKey{}).(*mcp.CallToolRequest)
-	if !ok {
-		return func() {}
-	}
-	c := &inFlightCall{ss: req.Session, ctx: ctx, modern: modernRequest(req)}
-	g.mu.Lock()
-	g.calls[c] = struct{}{}
-	g.mu.Unlock()
-	return func() {
-		g.mu.Lock()
-		c.ended = true
-		g.mu.Unlock()
-		time.AfterFunc(logGrace, func() {
-			g.mu.Lock()
-			delete(g.calls, c)
-			g.mu.Unlock()
-		})
-	}
-}
-
 // errToolTimeout is the cause of a call's context cut at its tool's timeout.
 var errToolTimeout = errors.New("mcpgw: the tool's timeout passed")
 
@@ -330,8 +177,8 @@ func timeoutDetails(r *rule, d time.Duration) map[string]any {
 	return map[string]any{"reason": "upstream_timeout", "tool": r.tool.Name, "timeout": d.String()}
 }
 
-func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-	res, raw, err := g.upCall(ctx, r, withInput(g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), req), g.progressFor(ctx, req).relay())
+func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolRequest, progress *progressTo) (*mcp.CallToolResult, error) {
+	res, raw, err := g.upCall(ctx, r, withInput(g.forward(ctx, req.Params.Name, req.Params.Arguments, req.Params.Meta), req), progress.relay())
 	if err == nil {
 		return withRaw(res, raw), nil
 	}
@@ -363,7 +210,10 @@ func (g *Gateway) passThrough(ctx context.Context, r *rule, req *mcp.CallToolReq
 type call struct {
 	tenant string
 	key    string
-	actor  string
+	actor  string // as the record keeps it: at most idemkv.MaxActorLen bytes
+	// caller is the actor whole, which a derived key is a digest of: two actors
+	// alike in their first MaxActorLen bytes are still two callers.
+	caller string
 	raw    json.RawMessage // the arguments as sent
 	args   any             // the arguments, decoded with json.Number
 	// derived: the key was derived (key: derive), not sent or templated; no
@@ -371,13 +221,13 @@ type call struct {
 	derived bool
 }
 
-func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest, progress *progressTo) (*mcp.CallToolResult, error) {
 	c, refusal := g.prepare(r, req)
 	if refusal != nil {
 		return refusal, nil
 	}
 	if c.key == "" {
-		return g.passThrough(ctx, r, req)
+		return g.passThrough(ctx, r, req, progress)
 	}
 	op := client.Op{
 		Tenant: c.tenant, Key: c.key, Tool: r.tool.Name, Actor: c.actor, Class: r.class,
@@ -395,7 +245,6 @@ func (g *Gateway) mutate(ctx context.Context, r *rule, req *mcp.CallToolRequest)
 	// The reserve of a derived key, or of a tool whose policy names an effect
 	// subset, carries the fingerprint alone: an admin's rule that asks approval of
 	// the tool then refuses it before anything is stored (heldUnasked).
-	progress := g.progressFor(ctx, req)
 	var w *waiter // of the Do in progress
 	if r.class == client.NonIdempotentMutation && r.policy.Probe != nil {
 		probe := g.probe(r, c, req.Params.Meta)
@@ -542,7 +391,15 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	if err := idemkv.ValidTenant(c.tenant); err != nil {
 		return nil, errorResult(CodeInvalidArgument, "idemkv gateway: "+err.Error(), nil)
 	}
-	c.actor = actorOf(req)
+	if v, ok := meta[MetaActor]; ok {
+		if s, isStr := v.(string); !isStr || s == "" {
+			// Read as no actor, it would be the client's name, shared by every end
+			// user the agent names this way: their derived keys would be one.
+			return nil, errorResult(CodeInvalidArgument, "idemkv gateway: _meta."+MetaActor+" must be a non-empty string", nil)
+		}
+	}
+	c.caller = actorOf(req)
+	c.actor = idemkv.ClipText(c.caller, idemkv.MaxActorLen)
 
 	// Where the key comes from: keys.go.
 	var why string
@@ -570,7 +427,7 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	case r.policy.derive != 0:
 		effect, err := effectOf(r, c)
 		if err == nil {
-			c.key, err = deriveKey(c.tenant, c.actor, r.tool.Name, effect, r.policy.Volatile, r.policy.derive, g.cfg.Now())
+			c.key, err = deriveKey(c.tenant, c.caller, r.tool.Name, effect, r.policy.Volatile, r.policy.derive, g.cfg.Now())
 			c.derived = err == nil
 		}
 		if err != nil {
@@ -586,16 +443,16 @@ func (g *Gateway) prepare(r *rule, req *mcp.CallToolRequest) (*call, *mcp.CallTo
 	return c, nil
 }
 
-// actorOf names who runs the attempt: _meta's actor, or the MCP client's name.
+// actorOf names who runs the attempt: _meta's actor, or the MCP client's name: the
+// request's own clientInfo in 2026-07-28, which has no session (over stdio the go-sdk
+// keeps the first request's as the session's, whoever sends the next), else the
+// session's from initialize.
 func actorOf(req *mcp.CallToolRequest) string {
 	if s, ok := req.Params.Meta[MetaActor].(string); ok {
-		return idemkv.ClipText(s, idemkv.MaxActorLen)
+		return s
 	}
-	if req.Session == nil {
-		return ""
-	}
-	if p := req.Session.InitializeParams(); p != nil && p.ClientInfo != nil {
-		return idemkv.ClipText(p.ClientInfo.Name, idemkv.MaxActorLen)
+	if info := req.ClientInfo(); info != nil {
+		return info.Name
 	}
 	return ""
 }
@@ -653,13 +510,15 @@ func (g *Gateway) receipt(r *rule, key string, res *mcp.CallToolResult, raw json
 // before the tool's own code runs (SEP-1303 made input validation a tool error so
 // the model can correct itself): mcp-go's schema validation ("input schema
 // validation failed: ", "invalid arguments: ") and typed handlers ("failed to bind
-// arguments: "), the TypeScript and Python SDKs ("Input validation error: ", or
-// the TypeScript SDK's wrapped "MCP error -32602: "). Nothing ran, so the key must
-// not be consumed by a stored failure.
+// arguments: "), the go-sdk's typed handlers ("validating \"arguments\": "), the
+// TypeScript and Python SDKs ("Input validation error: ", or the TypeScript SDK's
+// wrapped "MCP error -32602: "). Nothing ran, so the key must not be consumed by a
+// stored failure.
 var validationPrefixes = []string{
 	"input schema validation failed:",
 	"invalid arguments:",
 	"failed to bind arguments:",
+	`validating "arguments":`,
 	"input validation error:",
 	"mcp error -32602:",
 }

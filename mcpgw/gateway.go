@@ -208,7 +208,12 @@ func New(ctx context.Context, cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("mcpgw: a key for request state: %w", err)
 		}
 	}
-	tools, err := g.up.Tools(ctx)
+	// Bounded as a call is: nothing else bounds ctx when the gateway starts, and an
+	// upstream that never answers tools/list would hold New, and the session's
+	// Close after it, for good.
+	lctx, cancel := context.WithTimeout(ctx, g.listTimeout())
+	tools, err := g.up.Tools(lctx)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -304,7 +309,7 @@ func (g *Gateway) watch(ctx context.Context) {
 		}
 		// Bounded as a call is: an upstream that never answers must not stop the list
 		// from being followed for good.
-		lctx, cancel := context.WithTimeout(ctx, DefaultToolTimeout)
+		lctx, cancel := context.WithTimeout(ctx, g.listTimeout())
 		tools, err := g.up.Tools(lctx)
 		cancel()
 		if err == nil {
@@ -314,6 +319,15 @@ func (g *Gateway) watch(ctx context.Context) {
 			g.log.LogAttrs(ctx, slog.LevelWarn, "could not refresh the upstream's tools", slog.Any(logKeyErr, err))
 		}
 	}
+}
+
+// listTimeout bounds one listing of the upstream's tools: the policy's timeout of
+// tools that set none.
+func (g *Gateway) listTimeout() time.Duration {
+	if d := g.cfg.Policy.Timeout; d != 0 {
+		return d
+	}
+	return DefaultToolTimeout
 }
 
 // Close stops following the upstream's tool list. The Upstream is the caller's to

@@ -32,6 +32,7 @@ const (
 	DefaultMaxConns          = 128
 	DefaultMaxConnsPerSource = 32
 	DefaultShutdownGrace     = 5 * time.Second
+	DefaultWriteStall        = 30 * time.Second
 )
 
 // HTTPConfig configures the gateway's streamable HTTP server (Gateway.Serve,
@@ -67,6 +68,12 @@ type HTTPConfig struct {
 	// ShutdownGrace is how long Serve waits for calls in flight once its context
 	// ends; past it connections are cut.
 	ShutdownGrace time.Duration
+	// WriteStallTimeout bounds how long one write of an answer (a result, a
+	// progress notification, a log message) waits for its client to read, after
+	// which the write fails and the connection is closed. A connection with a
+	// request in flight is never closed to make room, so without it clients that
+	// read none of their answers would hold MaxConns for good.
+	WriteStallTimeout time.Duration
 	// Logger gets the server's own errors; default: the gateway's logger.
 	Logger *slog.Logger
 }
@@ -76,7 +83,7 @@ func DefaultHTTPConfig() HTTPConfig {
 	return HTTPConfig{MaxBodyBytes: DefaultMaxBodyBytes, ReadHeaderTimeout: DefaultReadHeaderTimeout,
 		ReadBodyTimeout: DefaultReadBodyTimeout, IdleTimeout: DefaultIdleTimeout, MaxConns: DefaultMaxConns,
 		MaxConnsPerSource: DefaultMaxConnsPerSource, SessionIdle: DefaultSessionIdle,
-		ShutdownGrace: DefaultShutdownGrace}
+		ShutdownGrace: DefaultShutdownGrace, WriteStallTimeout: DefaultWriteStall}
 }
 
 // EnsureDefaults fills the zero fields.
@@ -106,6 +113,9 @@ func (c *HTTPConfig) EnsureDefaults() {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = d.ShutdownGrace
 	}
+	if c.WriteStallTimeout == 0 {
+		c.WriteStallTimeout = d.WriteStallTimeout
+	}
 }
 
 // Validate reports a configuration that cannot work; it fills nothing.
@@ -113,7 +123,8 @@ func (c HTTPConfig) Validate() error {
 	switch {
 	case c.MaxBodyBytes < 0 || (c.MaxBodyBytes > 0 && c.MaxBodyBytes < 4<<10):
 		return errors.New("mcpgw: MaxBodyBytes must be at least 4 KiB")
-	case c.ReadHeaderTimeout < 0 || c.ReadBodyTimeout < 0 || c.IdleTimeout < 0 || c.ShutdownGrace < 0 || c.SessionIdle < 0:
+	case c.ReadHeaderTimeout < 0 || c.ReadBodyTimeout < 0 || c.IdleTimeout < 0 || c.ShutdownGrace < 0 || c.SessionIdle < 0 ||
+		c.WriteStallTimeout < 0:
 		return errors.New("mcpgw: HTTP timeouts must not be negative")
 	case c.MaxConns < 0 || c.MaxConnsPerSource < 0:
 		return errors.New("mcpgw: MaxConns and MaxConnsPerSource must not be negative")
@@ -133,7 +144,11 @@ func (g *Gateway) Handler(cfg HTTPConfig) http.Handler {
 func (g *Gateway) httpHandler(cfg HTTPConfig, opts *mcp.StreamableHTTPOptions) http.Handler {
 	cfg.EnsureDefaults()
 	inner := g.eras(opts)
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		w := &stallBound{ResponseWriter: rw, rc: http.NewResponseController(rw), stall: cfg.WriteStallTimeout}
+		// What the server writes after the handler returned (the rest of its
+		// buffer) gets the same bound.
+		defer w.bound()
 		if cfg.Token != "" && !bearerIs(r, cfg.Token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemkv-mcp-gateway"`)
 			httpError(w, http.StatusUnauthorized, "this gateway requires its bearer token (Authorization: Bearer …)")
@@ -151,6 +166,48 @@ func (g *Gateway) httpHandler(cfg HTTPConfig, opts *mcp.StreamableHTTPOptions) h
 		inner.ServeHTTP(w, r)
 	})
 }
+
+// stallBound gives the client WriteStallTimeout to take each stallChunk of an answer:
+// an answer may stream for as long as its call runs, and a slow client may read a
+// large one slowly, but a client that takes nothing for that long is cut off.
+type stallBound struct {
+	http.ResponseWriter
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+// stallChunk is how much of a write must be taken within the stall bound.
+const stallChunk = 64 << 10
+
+func (w *stallBound) bound() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.stall)) }
+
+func (w *stallBound) Write(b []byte) (int, error) {
+	n := 0
+	for len(b) > 0 {
+		chunk := b[:min(len(b), stallChunk)]
+		w.bound()
+		m, err := w.ResponseWriter.Write(chunk)
+		n += m
+		if err != nil {
+			return n, err
+		}
+		b = b[m:]
+	}
+	return n, nil
+}
+
+// Flush and FlushError are what the go-sdk and http.ResponseController call to push
+// server-sent events out.
+func (w *stallBound) Flush() { _ = w.FlushError() }
+
+func (w *stallBound) FlushError() error {
+	w.bound()
+	return w.rc.Flush()
+}
+
+// Unwrap lets http.ResponseController reach the server's own writer (read
+// deadlines, hijacking).
+func (w *stallBound) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // readBody reads r's body whole within cfg's bounds, then lifts the read deadline: an
 // answer that streams for a long call must not be cut by it.

@@ -24,11 +24,17 @@ const sealedPrefix = "idemkv1."
 
 // relayInput is the answer that relays an upstream's input request to the agent, or
 // nil when its client cannot take it: it did not declare the capability a request
-// needs, the upstream named a request in the gateway's namespace, or, in 2025-11-25, it was asked once in this call already (the go-sdk asks a
-// client of that era one round) or the upstream is shedding load (no requests).
+// needs, the upstream named a request in the gateway's namespace, the upstream asks
+// nothing (no requests: it is shedding load), or, in 2025-11-25, it was asked once in
+// this call already (the go-sdk asks a client of that era one round).
+//
+// An input_required with no request cannot be relayed in either era: the go-sdk
+// sends a result without input requests as resultType "complete", and a 2026-07-28
+// agent got an empty result, no error, for a call that did not complete (its key
+// released, nothing done).
 func relayInput(req *mcp.CallToolRequest, in *inputNeeded) *mcp.CallToolResult {
 	modern := modernRequest(req)
-	if !modern && (len(in.requests) == 0 || len(req.Params.InputResponses) > 0) {
+	if len(in.requests) == 0 || (!modern && len(req.Params.InputResponses) > 0) {
 		return nil
 	}
 	caps := req.ClientCapabilities()

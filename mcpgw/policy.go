@@ -360,6 +360,13 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 			}
 		}
 	}
+	if c.key != nil {
+		if name, v, ok := readsVolatile(c.key, tp.Volatile); ok {
+			// A retry that changes it would get another key, and run again.
+			return nil, fmt.Errorf("key: {%s} reads what volatile drops (%s), which may differ between retries of one operation: "+
+				"a retry that changed it would get another key and run again; name only arguments that stay the same", name, v)
+		}
+	}
 	if pr := tp.Probe; pr != nil {
 		if pr.Tool == "" {
 			return nil, errors.New("probe.tool is required")
@@ -376,6 +383,13 @@ func compile(tp *ToolPolicy) (*compiled, error) {
 			t, err := ParseTemplate(src)
 			if err != nil {
 				return nil, fmt.Errorf("probe.arguments.%s: %w", arg, err)
+			}
+			if name, v, ok := readsVolatile(t, tp.Volatile); ok {
+				// The probe would look for the effect of the retry's value, not of the
+				// dead attempt's, find nothing and let the tool run again.
+				return nil, fmt.Errorf("probe.arguments.%s: {%s} reads what volatile drops (%s), which may differ between retries of one "+
+					"operation: the probe of a retry that changed it would look for another effect than the dead attempt's, find none, "+
+					"and run the tool again; name only arguments that stay the same", arg, name, v)
 			}
 			c.probeArgs[arg] = t
 		}
@@ -515,4 +529,20 @@ func (r *rule) String() string {
 	}
 	fmt.Fprintf(&b, ", without a key: %s", r.missingKey)
 	return b.String()
+}
+
+// readsVolatile reports a placeholder of t that reads an argument at, under or above a
+// volatile path (overlaps), and that path.
+func readsVolatile(t *Template, volatile []string) (name, path string, ok bool) {
+	for _, p := range t.parts {
+		if p.name == "" || p.name == "tenant" || p.name == "tool" {
+			continue
+		}
+		for _, v := range volatile {
+			if overlaps(strings.TrimPrefix(p.name, "arguments."), v) {
+				return p.name, v, true
+			}
+		}
+	}
+	return "", "", false
 }

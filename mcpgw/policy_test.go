@@ -171,6 +171,14 @@ func TestParsePolicyRejects(t *testing.T) {
 		"ttl too long":       "tools:\n  t:\n    ttl: 9000h\n",
 		"bad effect path":    "tools:\n  t:\n    effect: ['a..b']\n",
 		"not yaml":           "tenant: [\n",
+		// A retry that changes a volatile argument is the same operation: it must
+		// neither get another key nor probe for another effect.
+		"key reads volatile":              "tools:\n  t:\n    key: '{order_id}:{trace_id}'\n    volatile: [trace_id]\n",
+		"key reads under volatile":        "tools:\n  t:\n    key: '{ctx.session}'\n    volatile: [ctx]\n",
+		"key reads volatile wildcard":     "tools:\n  t:\n    key: '{items.0.note}'\n    volatile: ['items.*.note']\n",
+		"key reads volatile by arguments": "tools:\n  t:\n    key: '{arguments.trace_id}'\n    volatile: [trace_id]\n",
+		"probe reads volatile":            "tools:\n  t:\n    volatile: [title]\n    probe: {tool: p, arguments: {title: '{title}'}}\n",
+		"probe reads above volatile":      "tools:\n  t:\n    volatile: [customer.session]\n    probe: {tool: p, arguments: {c: '{customer}'}}\n",
 	} {
 		if _, err := ParsePolicy([]byte(src)); !errors.Is(err, ErrPolicy) {
 			t.Errorf("%s: %v, want ErrPolicy", name, err)

@@ -36,12 +36,15 @@ type tap struct {
 	mu      sync.Mutex
 	results map[string]json.RawMessage // progress token -> the answer's result
 	waiting map[string]bool            // progress tokens whose call still waits
-	relay   map[string]func(*mcp.ProgressNotificationParams)
-	tools   map[string]json.RawMessage // tool name -> the tool as last listed
+	// gone are the progress tokens of calls whose HTTP request the upstream answered
+	// with 404 Not Found: it holds no such session (or endpoint), and ran nothing.
+	gone  map[string]bool
+	relay map[string]func(*mcp.ProgressNotificationParams)
+	tools map[string]json.RawMessage // tool name -> the tool as last listed
 }
 
 func newTap() *tap {
-	return &tap{results: map[string]json.RawMessage{}, waiting: map[string]bool{}, tools: map[string]json.RawMessage{},
+	return &tap{results: map[string]json.RawMessage{}, waiting: map[string]bool{}, gone: map[string]bool{}, tools: map[string]json.RawMessage{},
 		relay: map[string]func(*mcp.ProgressNotificationParams){}}
 }
 
@@ -72,15 +75,36 @@ func (t *tap) expect(token string, progress func(*mcp.ProgressNotificationParams
 	t.mu.Unlock()
 }
 
-// take returns the raw result of the call with token, if it came, and forgets it.
-func (t *tap) take(token string) json.RawMessage {
+// take returns the raw result of the call with token, if it came, and whether the
+// upstream refused its HTTP request as one for a session it does not hold (gone), and
+// forgets it.
+func (t *tap) take(token string) (raw json.RawMessage, gone bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	raw := t.results[token]
+	raw, gone = t.results[token], t.gone[token]
 	delete(t.results, token)
 	delete(t.waiting, token)
 	delete(t.relay, token)
-	return raw
+	delete(t.gone, token)
+	return raw, gone
+}
+
+// callToken is the progress token of a tools/call request, "" for any other message.
+func callToken(msg jsonrpc.Message) string {
+	req, ok := msg.(*jsonrpc.Request)
+	if !ok || !req.IsCall() || req.Method != "tools/call" {
+		return ""
+	}
+	var p struct {
+		Meta struct {
+			ProgressToken any `json:"progressToken"`
+		} `json:"_meta"`
+	}
+	if json.Unmarshal(req.Params, &p) != nil {
+		return ""
+	}
+	token, _ := p.Meta.ProgressToken.(string)
+	return token
 }
 
 func (t *tap) progress(params json.RawMessage) {
@@ -121,15 +145,7 @@ func (t *tap) sent(ids *tapIDs, msg jsonrpc.Message) {
 		ids.lists[req.ID] = true
 		t.mu.Unlock()
 	case "tools/call":
-		var p struct {
-			Meta struct {
-				ProgressToken any `json:"progressToken"`
-			} `json:"_meta"`
-		}
-		if json.Unmarshal(req.Params, &p) != nil {
-			return
-		}
-		token, _ := p.Meta.ProgressToken.(string)
+		token := callToken(msg)
 		t.mu.Lock()
 		if t.waiting[token] {
 			ids.calls[req.ID] = token
@@ -251,6 +267,7 @@ type tapRoundTripper struct {
 }
 
 func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	token := ""
 	if req.Method == http.MethodPost && req.Body != nil {
 		body, err := io.ReadAll(req.Body)
 		req.Body.Close()
@@ -259,6 +276,7 @@ func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) 
 		}
 		if msg, err := jsonrpc.DecodeMessage(body); err == nil {
 			rt.tap.sent(rt.ids, msg)
+			token = callToken(msg)
 		}
 		req = req.Clone(req.Context())
 		req.Body = io.NopCloser(bytes.NewReader(body))
@@ -268,6 +286,18 @@ func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) 
 	resp, err := rt.next.RoundTrip(req)
 	if err != nil || resp.Body == nil {
 		return resp, err
+	}
+	if token != "" && resp.StatusCode == http.StatusNotFound {
+		// The streamable HTTP transport answers 404 to a request for a session
+		// the server no longer holds (it restarted, or timed the session out),
+		// before it reads the request: the tool did not run. (A JSON-RPC error in
+		// the body, such as 2026-07-28's -32601 for an unknown method, says so on
+		// its own.)
+		rt.tap.mu.Lock()
+		if rt.tap.waiting[token] {
+			rt.tap.gone[token] = true
+		}
+		rt.tap.mu.Unlock()
 	}
 	ct := resp.Header.Get("Content-Type")
 	switch {

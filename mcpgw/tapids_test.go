@@ -87,7 +87,7 @@ func TestTapKeepsEachSessionsIDsApart(t *testing.T) {
 	if _, err := newC.Read(ctx); err != nil {
 		t.Fatal(err)
 	}
-	raw := tp.take(progressTokenPrefix + "charge")
+	raw, _ := tp.take(progressTokenPrefix + "charge")
 	var got struct {
 		Content []struct {
 			Text string `json:"text"`

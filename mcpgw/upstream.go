@@ -141,8 +141,15 @@ func (u *Upstream) Session(ctx context.Context) (*mcp.ClientSession, error) {
 	if reconnect {
 		u.log.LogAttrs(ctx, slog.LevelWarn, "upstream session ended, reconnecting")
 	}
-	cctx, cancel := context.WithTimeout(ctx, ConnectTimeout)
+	// The session is made under a context of its own, which ends when ctx does but
+	// carries none of its values: ctx is often an agent's request, in which the
+	// go-sdk keeps the agent's protocol version, and would send it to the upstream
+	// as the gateway's (an HTTP upstream of 2025-11-25 then refused the initialize of
+	// every reconnection made for a 2026-07-28 agent: 400, protocol version not
+	// supported), and the session outlives the request.
+	cctx, cancel := context.WithTimeout(context.Background(), ConnectTimeout)
 	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
 	sess, err := u.client.Connect(cctx, u.tap.wrap(u.transport()), nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connecting: %w", ErrUpstream, err)
@@ -222,6 +229,9 @@ type callError struct {
 	sent bool
 	// timeout, when not zero, is the tool's timeout that cut the call.
 	timeout time.Duration
+	// gone: the upstream answered the call's HTTP request with 404, holding no such
+	// session; it did not read the call (sent is false).
+	gone bool
 }
 
 func (e *callError) Error() string { return e.err.Error() }
@@ -253,6 +263,20 @@ func (u *Upstream) CallTool(ctx context.Context, params *mcp.CallToolParams) (*m
 // tap find the answer: raw is the result as the upstream sent it (nil when the
 // transport could not be tapped).
 func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progress func(*mcp.ProgressNotificationParams)) (res *mcp.CallToolResult, raw json.RawMessage, err error) {
+	res, raw, err = u.callOnce(ctx, params, progress)
+	var ce *callError
+	if errors.As(err, &ce) && ce.gone && ctx.Err() == nil {
+		// The upstream holds no session of the gateway's any more (it restarted):
+		// nothing ran, and a new session takes the call.
+		u.log.LogAttrs(ctx, slog.LevelWarn, "the upstream no longer knows the gateway's session; calling again on a new one",
+			slog.String(logKeyTool, params.Name))
+		res, raw, err = u.callOnce(ctx, params, progress)
+	}
+	return res, raw, err
+}
+
+// callOnce is one attempt of call, on the session there is or a new one.
+func (u *Upstream) callOnce(ctx context.Context, params *mcp.CallToolParams, progress func(*mcp.ProgressNotificationParams)) (res *mcp.CallToolResult, raw json.RawMessage, err error) {
 	sess, err := u.Session(ctx)
 	if err != nil {
 		return nil, nil, &callError{err: err}
@@ -271,15 +295,15 @@ func (u *Upstream) call(ctx context.Context, params *mcp.CallToolParams, progres
 	}
 	u.tap.expect(token, progress)
 	res, err = sess.CallTool(ctx, &p)
-	raw = u.tap.take(token)
+	raw, gone := u.tap.take(token)
 	if err != nil {
 		we, refused := rejected(err)
-		if we == nil && ctx.Err() == nil {
-			// Not an answer but a broken connection: the next call must not find
-			// this session still looking alive.
+		if (we == nil || gone) && ctx.Err() == nil {
+			// Not an answer but a broken connection, or a session the upstream
+			// no longer holds: the next call must not find it still looking alive.
 			u.drop(sess)
 		}
-		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused}
+		return nil, nil, &callError{err: fmt.Errorf("%w: calling %s: %w", ErrUpstream, params.Name, err), sent: !refused && !gone, gone: gone}
 	}
 	if res, raw, err = scrubResult(res, raw); err != nil {
 		// The tool ran and answered something the gateway cannot use.
@@ -327,21 +351,36 @@ func (u *Upstream) drop(sess *mcp.ClientSession) {
 	}()
 }
 
-// Tools lists every tool the upstream offers, page by page.
+// Tools lists every tool the upstream offers, page by page. A cursor the upstream
+// hands back a second time is an error: the go-sdk's iterator would follow it
+// forever, holding up New (which nothing else bounds) and piling up every page's
+// tools.
 func (u *Upstream) Tools(ctx context.Context) ([]*mcp.Tool, error) {
 	sess, err := u.Session(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var tools []*mcp.Tool
-	for t, err := range sess.Tools(ctx, nil) {
+	seen := map[string]bool{}
+	params := &mcp.ListToolsParams{}
+	for {
+		page, err := sess.ListTools(ctx, params)
 		if err != nil {
 			return nil, fmt.Errorf("%w: listing tools: %w", ErrUpstream, err)
 		}
-		t.Meta = withoutOwnMeta(t.Meta) // hostile.go
-		tools = append(tools, t)
+		for _, t := range page.Tools {
+			t.Meta = withoutOwnMeta(t.Meta) // hostile.go
+			tools = append(tools, t)
+		}
+		if page.NextCursor == "" {
+			return tools, nil
+		}
+		if seen[page.NextCursor] {
+			return nil, fmt.Errorf("%w: listing tools: the upstream hands back cursor %q again after %d pages", ErrUpstream, page.NextCursor, len(seen)+1)
+		}
+		seen[page.NextCursor] = true
+		params = &mcp.ListToolsParams{Cursor: page.NextCursor}
 	}
-	return tools, nil
 }
 
 // Info returns the upstream's initialize answer, or nil before the first connection.

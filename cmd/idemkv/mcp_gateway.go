@@ -78,6 +78,8 @@ template from the --policy file. See docs/mcp-gateway.md.
 	f.DurationVar(&o.http.ReadHeaderTimeout, "read-header-timeout", o.http.ReadHeaderTimeout, "how long --listen waits for a request's headers")
 	f.DurationVar(&o.http.ReadBodyTimeout, "read-body-timeout", o.http.ReadBodyTimeout, "how long --listen waits for a request's body (larger: 408)")
 	f.DurationVar(&o.http.IdleTimeout, "idle-timeout", o.http.IdleTimeout, "how long --listen keeps an idle connection open")
+	f.DurationVar(&o.http.WriteStallTimeout, "write-stall-timeout", o.http.WriteStallTimeout,
+		"how long --listen waits for a client to take any of its answer before it closes the connection")
 	f.IntVar(&o.http.MaxConns, "max-conns", o.http.MaxConns, "most connections --listen serves at once (a new one takes an idle one's place, or waits)")
 	f.DurationVar(&o.http.SessionIdle, "session-idle-timeout", o.http.SessionIdle,
 		"close a session of MCP 2025-11-25 or earlier after this long without a request, a GET stream open or not (its client initializes anew)")
