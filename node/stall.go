@@ -80,7 +80,11 @@ func (w *appendWatch) held() bool {
 }
 
 // appendStallLimit is how long this node's own log append may be held before it stops
-// sending appends and heartbeats: five election timeouts (5 s by default), far past
-// any fsync of a disk that still works, and short of what a person notices as an
-// outage.
-func (n *Node) appendStallLimit() time.Duration { return 5 * n.cfg.ElectionTimeout }
+// sending appends and heartbeats: five election timeouts, and at least 5 s (the default),
+// far past any fsync of a disk that still works, even on a machine loaded as CI's, and
+// short of what a person notices as an outage.
+func (n *Node) appendStallLimit() time.Duration {
+	return max(5*n.cfg.ElectionTimeout, minAppendStallLimit)
+}
+
+const minAppendStallLimit = 5 * time.Second
