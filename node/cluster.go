@@ -374,13 +374,21 @@ func (n *Node) awaitStored(ctx context.Context, voters []raft.ServerID, asked ti
 // leader's loop could not take it, behind a change that cannot commit or in an append
 // its disk never completes (TestMembershipChangeWithAPassedDeadlineEnds). It is not
 // proposed then, so unavailable.
+//
+// Raft's enqueue ends a little before ctx does. Timed out together, the wait saw ctx
+// end first and answered outcome_unknown for a change Raft never took (unavailable
+// before waitMembership, and by the contract: certainly not applied).
 func (n *Node) changeMembership(ctx context.Context, what string, change func(timeout time.Duration) raft.Future) error {
 	timeout := n.timeout(ctx)
 	if timeout <= 0 {
 		return idemkv.Errorf(idemkv.ErrUnavailable, "deadline passed before %s was proposed: nothing was changed", what)
 	}
-	return n.waitMembership(ctx, what, change(timeout))
+	return n.waitMembership(ctx, what, change(timeout-min(timeout/4, enqueueMargin)))
 }
+
+// enqueueMargin is how long before the request's end at most Raft's enqueue of a
+// membership change gives up, so that its answer is heard before the request ends.
+const enqueueMargin = 100 * time.Millisecond
 
 // waitMembership waits for a membership change handed to Raft. Raft's timeout bounds
 // only its enqueueing: a change whose voters cannot commit it (a forced removal that

@@ -17,7 +17,9 @@ import (
 // ended request, or one that spent its time in the removal guard) waited to be
 // enqueued for good while the leader's loop could not take it: here a loop held in an
 // append, as behind a forced removal that cannot commit. Nothing was proposed, so it
-// is unavailable, at once.
+// is unavailable, at once. So is a change whose deadline is still ahead and whose
+// enqueue Raft gives up with it: the wait, ending at the same moment, answered
+// outcome_unknown for a change Raft never took.
 func TestMembershipChangeWithAPassedDeadlineEnds(t *testing.T) {
 	var log *stallingLog
 	c := testcluster.Start(t, 1, testcluster.WithConfig(func(_ int, cfg *node.Config) {
@@ -48,6 +50,16 @@ func TestMembershipChangeWithAPassedDeadlineEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A deadline still ahead: Raft's enqueue times out with it, and the change was
+	// never proposed.
+	t.Run("enqueue timed out", func(t *testing.T) {
+		dctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		_, err := n.Remove(dctx, &idemkv.RemoveRequest{ID: c.ID(0), Force: true})
+		if !errors.Is(err, idemkv.ErrUnavailable) {
+			t.Fatalf("a removal Raft never took (its enqueue timed out): %v, want unavailable", err)
+		}
+	})
 	for _, tc := range []struct {
 		name   string
 		change func(context.Context) error
