@@ -242,9 +242,9 @@ func checkRestoreDone(dataDir string, joining bool) (restored bool, err error) {
 // was restored for: the configuration in its Raft snapshot (writeRestoreSnapshot)
 // names that node's ID and Raft address, and the data dir has no other. Another ID
 // is not a voter there: it never elects itself, and the new cluster never has a
-// leader. Another address (a --raft-addr that differs, or a host name that the
-// transport, with no --advertise-raft-addr, advertises as the IP it listens on)
-// elects itself, but its registration names the address it advertises, and the
+// leader. Another address (a --raft-addr or --advertise-raft-addr written otherwise:
+// both are advertised as given, a host name staying a name, so a name and its IP
+// differ) elects itself, but its registration names the address it advertises, and the
 // nodes that join find no API address for the leader the configuration names: every
 // request through them is unavailable.
 func checkRestoredFor(snaps raft.SnapshotStore, id raft.ServerID, addr raft.ServerAddress, dataDir string) error {
@@ -265,7 +265,7 @@ func checkRestoredFor(snaps raft.SnapshotStore, id raft.ServerID, addr raft.Serv
 		names = append(names, fmt.Sprintf("%s at %s", s.ID, s.Address))
 	}
 	return fmt.Errorf("node: %s was restored for node %s, and this is node %s at %s: start it with the --id and Raft address "+
-		"given to idemkv restore (with a host name, give it as --advertise-raft-addr to both), or empty it and restore again "+
+		"given to idemkv restore, written the same way (a host name is not its IP), or empty it and restore again "+
 		"with this node's", dataDir, strings.Join(names, ", "), id, addr)
 }
 

@@ -218,7 +218,9 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 	id, addr := raft.ServerID(req.ID), raft.ServerAddress(req.RaftAddr)
 	switch {
 	case !member && req.Stage == idemkv.JoinLearner:
-		if err := n.waitMembership(ctx, "adding learner "+req.ID, n.raft.AddNonvoter(id, addr, 0, n.timeout(ctx))); err != nil {
+		if err := n.changeMembership(ctx, "adding learner "+req.ID, func(timeout time.Duration) raft.Future {
+			return n.raft.AddNonvoter(id, addr, 0, timeout)
+		}); err != nil {
 			return nil, err
 		}
 		n.log.Info("added nonvoter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr)
@@ -228,7 +230,9 @@ func (n *Node) Join(ctx context.Context, req *idemkv.JoinRequest) (*idemkv.Clust
 				return nil, err
 			}
 		}
-		if err := n.waitMembership(ctx, "adding voter "+req.ID, n.raft.AddVoter(id, addr, 0, n.timeout(ctx))); err != nil {
+		if err := n.changeMembership(ctx, "adding voter "+req.ID, func(timeout time.Duration) raft.Future {
+			return n.raft.AddVoter(id, addr, 0, timeout)
+		}); err != nil {
 			return nil, err
 		}
 		n.log.Info("added voter", "id", req.ID, "raft_addr", req.RaftAddr, "api_addr", req.APIAddr, "promoted", member)
@@ -305,7 +309,9 @@ func (n *Node) Remove(ctx context.Context, req *idemkv.RemoveRequest) (*idemkv.C
 		// leader a candidate for good.
 		return nil, idemkv.Invalid("id", "removing %s would leave %d voters, of which this leader reaches %d, short of their quorum of %d: the cluster could commit nothing, the removal included. Bring the others back first, or force it", req.ID, len(left), reach, quorum)
 	}
-	if err := n.waitMembership(ctx, "removing "+req.ID, n.raft.RemoveServer(raft.ServerID(req.ID), 0, n.timeout(ctx))); err != nil {
+	if err := n.changeMembership(ctx, "removing "+req.ID, func(timeout time.Duration) raft.Future {
+		return n.raft.RemoveServer(raft.ServerID(req.ID), 0, timeout)
+	}); err != nil {
 		return nil, err
 	}
 	n.log.Info("removed member", "id", req.ID)
@@ -360,6 +366,29 @@ func (n *Node) awaitStored(ctx context.Context, voters []raft.ServerID, asked ti
 		}
 	}
 }
+
+// changeMembership hands Raft a membership change (change, given the enqueue timeout)
+// and waits for it (waitMembership). Raft takes a timeout that is not positive for
+// none: a change whose request's deadline had passed by then (an ended request, or one
+// that spent its time in the removal guard) waited for good to be enqueued while the
+// leader's loop could not take it, behind a change that cannot commit or in an append
+// its disk never completes (TestMembershipChangeWithAPassedDeadlineEnds). It is not
+// proposed then, so unavailable.
+//
+// Raft's enqueue ends a little before ctx does. Timed out together, the wait saw ctx
+// end first and answered outcome_unknown for a change Raft never took (unavailable
+// before waitMembership, and by the contract: certainly not applied).
+func (n *Node) changeMembership(ctx context.Context, what string, change func(timeout time.Duration) raft.Future) error {
+	timeout := n.timeout(ctx)
+	if timeout <= 0 {
+		return idemkv.Errorf(idemkv.ErrUnavailable, "deadline passed before %s was proposed: nothing was changed", what)
+	}
+	return n.waitMembership(ctx, what, change(timeout-min(timeout/4, enqueueMargin)))
+}
+
+// enqueueMargin is how long before the request's end at most Raft's enqueue of a
+// membership change gives up, so that its answer is heard before the request ends.
+const enqueueMargin = 100 * time.Millisecond
 
 // waitMembership waits for a membership change handed to Raft. Raft's timeout bounds
 // only its enqueueing: a change whose voters cannot commit it (a forced removal that

@@ -131,6 +131,12 @@ func waitFor(ctx context.Context, call func() error) (err, ended error) {
 	case err := <-done:
 		return err, nil
 	case <-ctx.Done():
+		// An answer that is in as ctx ends is still the answer.
+		select {
+		case err := <-done:
+			return err, nil
+		default:
+		}
 		return nil, context.Cause(ctx)
 	}
 }

@@ -80,11 +80,17 @@ func (w *appendWatch) held() bool {
 }
 
 // appendStallLimit is how long this node's own log append may be held before it stops
-// sending appends and heartbeats: five election timeouts, and at least 5 s (the default),
-// far past any fsync of a disk that still works, even on a machine loaded as CI's, and
-// short of what a person notices as an outage.
+// sending appends and heartbeats: five election timeouts, and never under
+// minAppendStallLimit (5 s either way by default), far past any fsync of a disk that
+// still works, and short of what a person notices as an outage.
 func (n *Node) appendStallLimit() time.Duration {
 	return max(5*n.cfg.ElectionTimeout, minAppendStallLimit)
 }
 
+// minAppendStallLimit is the least stall limit. How long a disk that works may take
+// over one append does not shrink with the election timeout, which is tuned to the
+// network: at five election timeouts alone, a cluster tuned to 200 ms called a
+// 1.5 s append stalled, and its leader, whose disk was slow but worked, stopped sending
+// heartbeats during each one, and lost its leadership over and over
+// (TestLeaderWithASlowDiskKeepsLeading).
 const minAppendStallLimit = 5 * time.Second

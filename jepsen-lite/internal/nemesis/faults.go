@@ -353,8 +353,8 @@ func (n *Nemesis) clearFault(ctx context.Context, i int, fault string, cutShort 
 }
 
 // stallElectionLimit is how long after the leader's first held append another node
-// must lead: the node's stall limit (five election timeouts and at least 5 s: 5 s with jepsen-lite's
-// nodes) and an election, with room for a loaded machine.
+// must lead: the node's stall limit (five election timeouts and at least 5 s: 5 s with
+// jepsen-lite's nodes) and an election, with room for a loaded machine.
 const stallElectionLimit = 15 * time.Second
 
 // raftLogStall holds every Raft log append of the leader, as a disk that stopped
