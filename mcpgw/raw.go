@@ -260,6 +260,10 @@ func (c *tapConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 // tapRoundTripper reads the JSON-RPC messages of streamable HTTP: the request body
 // going out, and the JSON or server-sent-event body coming back, as the go-sdk reads
 // it, so that each answer reaches the tap before the go-sdk has decoded it.
+// sessionIDHeader names the session a streamable HTTP request belongs to (MCP
+// 2025-11-25 and earlier).
+const sessionIDHeader = "Mcp-Session-Id"
+
 type tapRoundTripper struct {
 	next http.RoundTripper
 	tap  *tap
@@ -287,12 +291,14 @@ func (rt *tapRoundTripper) RoundTrip(req *http.Request) (*http.Response, error) 
 	if err != nil || resp.Body == nil {
 		return resp, err
 	}
-	if token != "" && resp.StatusCode == http.StatusNotFound {
+	if token != "" && resp.StatusCode == http.StatusNotFound && req.Header.Get(sessionIDHeader) != "" {
 		// The streamable HTTP transport answers 404 to a request for a session
 		// the server no longer holds (it restarted, or timed the session out),
-		// before it reads the request: the tool did not run. (A JSON-RPC error in
-		// the body, such as 2026-07-28's -32601 for an unknown method, says so on
-		// its own.)
+		// before it reads the request: the tool did not run. Only a request that
+		// names a session can meet a session the server forgot: 2026-07-28 has no
+		// sessions, and answers a JSON-RPC -32601 with 404, which a tool's handler
+		// may send after it did its work (that error says on its own what it says;
+		// called again on a new session, the tool ran twice).
 		rt.tap.mu.Lock()
 		if rt.tap.waiting[token] {
 			rt.tap.gone[token] = true

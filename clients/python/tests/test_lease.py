@@ -288,6 +288,78 @@ class HeartbeatsFailingForAWholeLease(unittest.TestCase):
         self.assertIsInstance(err.__cause__ or getattr(err, "cause", None), idemkv.LeaseExpired)
 
 
+class _HangingHeartbeats(http.server.BaseHTTPRequestHandler):
+    """Forwards to the node over kept-alive connections, but never answers a heartbeat
+    (a partition that drops what the worker sends): each heartbeat waits out its
+    timeout."""
+
+    protocol_version = "HTTP/1.1"
+    target = ""
+    release = threading.Event()
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/heartbeat":
+            self.release.wait(30)
+            self.close_connection = True
+            return
+        req = urllib.request.Request(f"http://{self.target}{self.path}", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                data, status = r.read(), r.status
+        except urllib.error.HTTPError as e:
+            data, status = e.read(), e.code
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+class HeartbeatsHangingForAWholeLease(unittest.TestCase):
+    """A heartbeat that gets no answer is bounded by the time left before the tool is to
+    be told, on a kept-alive connection too: the sync client tried a timed-out reused
+    connection once more on a new one, a second whole bound, and told the tool to stop
+    only once its lease had run out (when another worker may already run the tool)
+    rather than a sixth of the lease before."""
+
+    def test_sync(self) -> None:
+        node = harness.shared_node()
+        handler: Any = type("H", (_HangingHeartbeats,), {"target": node.http, "release": threading.Event()})
+        self.addCleanup(handler.release.set)
+        srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.addCleanup(srv.server_close)
+        self.addCleanup(srv.shutdown)
+        first = idemkv.Client(f"127.0.0.1:{srv.server_address[1]}", tenant=TENANT, backoff_min=0.005, backoff_max=0.05)
+        self.addCleanup(first.close)
+        told: list[float] = []
+
+        def tool() -> Any:
+            lease = idemkv.current_lease()
+            assert lease is not None
+            while not lease.lost.wait(0.01):
+                if time.monotonic() - start > 10:
+                    break
+            told.append(time.monotonic() - start)
+            raise TimeoutError("stopped: the lease is running out")
+
+        ttl = 3.0
+        start = time.monotonic()
+        with self.assertRaises(idemkv.OutcomeUnknownError):
+            first.do(tool, key=harness.unique("hanging-heartbeats"), tool="create_ticket", effect={"title": "x"},
+                     lease_ttl=ttl)
+        self.assertEqual(len(told), 1)
+        # Told a sixth of the lease before it ends (2.5 s after the reserve was sent),
+        # with room for a slow machine; not at its end (3 s) or later.
+        self.assertLess(told[0], ttl - ttl / 6 + 0.3, f"the tool was told {told[0]:.2f}s after the call began")
+
+
 class GivingUpDuringTheFirstReserve(unittest.TestCase):
     """A reserve that lands while the caller gives up leaves this attempt holding the
     key. The cancellation (or interrupt) goes on, caused by a StoreUnavailableError that

@@ -150,7 +150,11 @@ class Client:
             resp, data = _exchange(conn, call, body, hdrs, sent)
         except _TRANSPORT_ERRORS as e:
             conn.close()
-            if not reused or _callers(e, start, timeout):
+            if not reused or _callers(e, start, timeout) or isinstance(e, TimeoutError):
+                # A timeout is no idle connection the server had closed (that fails at
+                # once): the attempt spent its whole timeout, and another one on a new
+                # connection would double the bound the caller set (a heartbeat's,
+                # which must end in time to tell the tool before its lease runs out).
                 raise
             # An idle connection the server had closed: try once on a new one before
             # counting this as a failed attempt.
