@@ -47,19 +47,20 @@ type Config struct {
 }
 
 // MaxBatchLimit bounds Config.BatchLimit: every write and linearizable read waits for a
-// sweep entry in flight, and one of this many records takes a few hundred ms. (A limit
-// near the largest int overflowed the state machine's look-ahead, and every sweep
-// deleted nothing.)
+// sweep entry in flight, and one of this many records takes a few hundred ms. A larger
+// limit is taken as this one (a limit near the largest int overflowed the state
+// machine's look-ahead, and every sweep deleted nothing), not refused: a setting that
+// an earlier release took must not stop an upgraded node from starting.
 const MaxBatchLimit = 4096
 
 // Validate refuses what withDefaults would not take for a default: a negative field, a
-// batch above MaxBatchLimit, a share above 1.
+// share above 1.
 func (c Config) Validate() error {
 	switch {
 	case c.Interval < 0:
 		return fmt.Errorf("expiry: the sweep interval must not be negative, not %s", c.Interval)
-	case c.BatchLimit < 0 || c.BatchLimit > MaxBatchLimit:
-		return fmt.Errorf("expiry: the sweep batch must be between 1 and %d (0: the default), not %d", MaxBatchLimit, c.BatchLimit)
+	case c.BatchLimit < 0:
+		return fmt.Errorf("expiry: the sweep batch must not be negative (0: the default), not %d", c.BatchLimit)
 	case c.Share < 0 || c.Share > 1:
 		return fmt.Errorf("expiry: the sweep share must be in (0, 1] (0: the default), not %g", c.Share)
 	}
@@ -77,6 +78,7 @@ func (c Config) withDefaults() Config {
 	if c.BatchLimit <= 0 {
 		c.BatchLimit = d.BatchLimit
 	}
+	c.BatchLimit = min(c.BatchLimit, MaxBatchLimit)
 	if c.Share <= 0 || c.Share > 1 {
 		c.Share = d.Share
 	}
@@ -93,7 +95,11 @@ type Sweeper struct {
 
 // New returns a sweeper; Run starts it.
 func New(cfg Config, p Proposer, m *metrics.Metrics, logger *slog.Logger) *Sweeper {
-	return &Sweeper{cfg: cfg.withDefaults(), p: p, metrics: m, log: logger.With("component", "sweeper")}
+	s := &Sweeper{cfg: cfg.withDefaults(), p: p, metrics: m, log: logger.With("component", "sweeper")}
+	if cfg.BatchLimit > MaxBatchLimit {
+		s.log.Warn("sweep batch above the most one entry may delete; taking the most", "asked", cfg.BatchLimit, "batch_limit", MaxBatchLimit)
+	}
+	return s
 }
 
 // Run sweeps every interval until ctx is done. The node calls it when it becomes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -417,5 +418,25 @@ func TestLongRoundRefreshesTheGauges(t *testing.T) {
 	}
 	if b := value(t, m.SweepBacklog); b <= 0 || b >= 200 {
 		t.Errorf("backlog gauge after the round = %v, want the count of a refresh during it", b)
+	}
+}
+
+// A batch above MaxBatchLimit, up to the largest int (which overflowed the state
+// machine's look-ahead: every sweep deleted nothing), is taken as the most, so that a
+// node upgraded with an earlier release's setting still starts and sweeps.
+func TestBatchLimitAboveTheMostIsTheMost(t *testing.T) {
+	for _, asked := range []int{MaxBatchLimit + 1, math.MaxInt} {
+		st := &store{}
+		st.set(MaxBatchLimit+10, t0, t0+5000)
+		s := New(Config{BatchLimit: asked}, st.proposer(), metrics.New(), testlog.New(t))
+		if err := s.Round(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if left, _, _ := st.counts(); left != 0 {
+			t.Fatalf("batch %d: %d records left after a round", asked, left)
+		}
+		if len(st.limits) == 0 || st.limits[0] != MaxBatchLimit {
+			t.Fatalf("batch %d: the proposals asked for %v, want %d first", asked, st.limits, MaxBatchLimit)
+		}
 	}
 }
