@@ -55,15 +55,7 @@ func TestToolListIsReadPageByPage(t *testing.T) {
 				return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: name}}}, nil, nil
 			})
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	g := newGW(t, cluster, func() mcp.Transport {
-		c, s := mcp.NewInMemoryTransports()
-		if _, err := srv.Connect(ctx, s, nil); err != nil {
-			t.Errorf("upstream connect: %v", err)
-		}
-		return c
-	}, gwOptions{policy: "tenant: paged\n"})
+	g := newGW(t, cluster, inMemory(t, srv), gwOptions{policy: "tenant: paged\n"})
 	for _, name := range []string{"a", "b", "c"} {
 		if _, ok := g.gw.Class(name); !ok {
 			t.Errorf("the gateway does not offer %s, listed on a page of its own", name)

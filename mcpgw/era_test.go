@@ -82,12 +82,16 @@ func (u *goUpstream) serveHTTP(t *testing.T, legacy bool) string {
 
 // inMemory connects the gateway to u over the go-sdk's in-memory transport, which
 // carries either era (as stdio does).
-func (u *goUpstream) inMemory(t *testing.T) func() mcp.Transport {
+func (u *goUpstream) inMemory(t *testing.T) func() mcp.Transport { return inMemory(t, u.srv) }
+
+// inMemory connects the gateway to srv over the go-sdk's in-memory transport, a new
+// session for each connection the gateway makes, until the test ends.
+func inMemory(t *testing.T, srv *mcp.Server) func() mcp.Transport {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	return func() mcp.Transport {
 		c, s := mcp.NewInMemoryTransports()
-		if _, err := u.srv.Connect(ctx, s, nil); err != nil {
+		if _, err := srv.Connect(ctx, s, nil); err != nil {
 			t.Errorf("upstream connect: %v", err)
 		}
 		return c

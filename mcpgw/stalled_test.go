@@ -36,16 +36,7 @@ func TestStalledReadersDoNotHoldTheListen(t *testing.T) {
 			done.Add(1)
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
 		})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	transport := func() mcp.Transport {
-		c, s := mcp.NewInMemoryTransports()
-		if _, err := srv.Connect(ctx, s, nil); err != nil {
-			t.Errorf("upstream connect: %v", err)
-		}
-		return c
-	}
-	g := newGW(t, cluster, transport, gwOptions{policy: "tenant: stalled\n"})
+	g := newGW(t, cluster, inMemory(t, srv), gwOptions{policy: "tenant: stalled\n"})
 	url, _ := g.serve(mcpgw.HTTPConfig{MaxConns: 2, WriteStallTimeout: time.Second})
 	addr := strings.TrimPrefix(strings.TrimSuffix(url, "/mcp"), "http://")
 	dial := func(src string) net.Conn {

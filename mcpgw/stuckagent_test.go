@@ -40,32 +40,10 @@ func TestStuckAgentHoldsUpOnlyItsOwnCall(t *testing.T) {
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "quick"}}}, nil, nil
 		})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	transport := func() mcp.Transport {
-		c, s := mcp.NewInMemoryTransports()
-		if _, err := srv.Connect(ctx, s, nil); err != nil {
-			t.Errorf("upstream connect: %v", err)
-		}
-		return c
-	}
-	g := newGW(t, cluster, transport, gwOptions{policy: "tenant: stuck\ntimeout: 8s\n"})
+	g := newGW(t, cluster, inMemory(t, srv), gwOptions{policy: "tenant: stuck\ntimeout: 8s\n"})
 
 	// The stuck agent: a 2026-07-28 call with a progress token, whose answer it never reads.
-	u, err := url.Parse(g.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.Dial("tcp", u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"chatty","arguments":{},` +
-		`"_meta":{"progressToken":"stuck-1","io.modelcontextprotocol/protocolVersion":"2026-07-28",` +
-		`"io.modelcontextprotocol/clientInfo":{"name":"stuck","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`
-	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"+
-		"Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: chatty\r\nContent-Length: %d\r\n\r\n%s", u.Host, len(body), body)
+	callAndNeverRead(t, g.url, `"progressToken":"stuck-1"`)
 	// The upstream sends all it has to send, unless what it sends stops being read.
 	sentAll := testcluster.Eventually(5*time.Second, func() error {
 		if n := chattySent.Load(); n < 400 {
@@ -122,31 +100,9 @@ func TestStuckAgentHoldsUpOnlyItsOwnLogs(t *testing.T) {
 			pings.Add(1)
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "acted"}}}, nil, nil
 		})
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	transport := func() mcp.Transport {
-		c, s := mcp.NewInMemoryTransports()
-		if _, err := srv.Connect(ctx, s, nil); err != nil {
-			t.Errorf("upstream connect: %v", err)
-		}
-		return c
-	}
-	g := newGW(t, cluster, transport, gwOptions{policy: "tenant: stucklogs\ntimeout: 10s\n"})
+	g := newGW(t, cluster, inMemory(t, srv), gwOptions{policy: "tenant: stucklogs\ntimeout: 10s\n"})
 
-	u, err := url.Parse(g.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.Dial("tcp", u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"chatty","arguments":{},` +
-		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/logLevel":"debug",` +
-		`"io.modelcontextprotocol/clientInfo":{"name":"stuck","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`
-	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"+
-		"Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: chatty\r\nContent-Length: %d\r\n\r\n%s", u.Host, len(body), body)
+	callAndNeverRead(t, g.url, `"io.modelcontextprotocol/logLevel":"debug"`)
 	if err := testcluster.Eventually(8*time.Second, func() error {
 		if n := logged.Load(); n < 150 {
 			return fmt.Errorf("the upstream has sent %d of 150 log messages", n)
@@ -164,4 +120,25 @@ func TestStuckAgentHoldsUpOnlyItsOwnLogs(t *testing.T) {
 	if err != nil || res.IsError || meta(res, "io.idemkv/decision") != "execute" || pings.Load() != 1 {
 		t.Fatalf("another agent's call while one agent is stuck: %v %s", err, show(res))
 	}
+}
+
+// callAndNeverRead sends the gateway at gwURL a 2026-07-28 call of the upstream's
+// "chatty" tool, with meta among its _meta members, from an agent that never reads a
+// byte of the answer; the connection stays open until the test ends.
+func callAndNeverRead(t *testing.T, gwURL, meta string) {
+	t.Helper()
+	u, err := url.Parse(gwURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"chatty","arguments":{},` +
+		`"_meta":{` + meta + `,"io.modelcontextprotocol/protocolVersion":"2026-07-28",` +
+		`"io.modelcontextprotocol/clientInfo":{"name":"stuck","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"+
+		"Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: chatty\r\nContent-Length: %d\r\n\r\n%s", u.Host, len(body), body)
 }

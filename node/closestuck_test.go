@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv/internal/testcluster"
-	"github.com/idemkv/idemkv/node"
 )
 
 var errNotYet = errors.New("not yet")
@@ -19,14 +18,7 @@ var errNotYet = errors.New("not yet")
 // guard on a stuck Raft never came into play. The takeover's waits now end with the
 // leader's work.
 func TestCloseGoesOnWhileATakeoverWaits(t *testing.T) {
-	var log *stallingLog
-	c := testcluster.Start(t, 1, testcluster.WithConfig(func(_ int, cfg *node.Config) {
-		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
-			log = newStallingLog(s.Log)
-			s.Log = log
-			return s
-		}
-	}))
+	c, logs := startStalling(t, 1)
 	ctx := ctxT(t)
 	if _, err := reserveAndCommit(ctx, c.Node(c.WaitLeader()), "before", true); err != nil {
 		t.Fatal(err)
@@ -35,9 +27,8 @@ func TestCloseGoesOnWhileATakeoverWaits(t *testing.T) {
 	c.Restart(0)
 	// Stalled once the node is open, before it (a single voter: it waits a heartbeat
 	// timeout) stands for election; its first entries as leader are then held.
-	l := log
+	l := logs[0] // the restarted node's
 	l.set(true)
-	t.Cleanup(func() { l.set(false) })
 	n := c.Node(0)
 	if err := testcluster.Eventually(10*time.Second, func() error {
 		if !n.IsLeader() || l.held() == 0 {

@@ -345,10 +345,11 @@ func (n *Node) reachQuorum(ctx context.Context, voters []raft.ServerID) (reach, 
 }
 
 // awaitStored counts this node and each of voters that, since asked, stored an entry
-// past index after, waiting up to a reach window for a quorum of them.
+// past index after, waiting up to a reach window from now for a quorum of them (the
+// barrier's enqueue before it may itself have waited, on a full queue).
 func (n *Node) awaitStored(ctx context.Context, voters []raft.ServerID, asked time.Time, after uint64) (reach, quorum int, err error) {
 	quorum = len(voters)/2 + 1
-	deadline := asked.Add(n.reachWindow())
+	deadline := time.Now().Add(n.reachWindow())
 	for {
 		reach = 0
 		for _, id := range voters {
@@ -395,11 +396,8 @@ const enqueueMargin = 100 * time.Millisecond
 // left no quorum) held the request for good. It waits for ctx, or ApplyTimeout when ctx
 // has no deadline; after that the change may still take effect.
 func (n *Node) waitMembership(ctx context.Context, what string, f raft.Future) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
-		defer cancel()
-	}
+	ctx, cancel := n.bounded(ctx)
+	defer cancel()
 	err, ended := waitFuture(ctx, f)
 	switch {
 	case ended != nil:
@@ -427,6 +425,16 @@ func (n *Node) Voter() bool {
 		}
 	}
 	return false
+}
+
+// bounded is ctx, ended after ApplyTimeout when it has no deadline of its own: how
+// long a wait for Raft may last that Raft's own timeouts, which bound only enqueueing,
+// leave open.
+func (n *Node) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, n.cfg.ApplyTimeout)
 }
 
 func (n *Node) timeout(ctx context.Context) time.Duration {

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/idemkv/idemkv"
-	"github.com/idemkv/idemkv/internal/testcluster"
-	"github.com/idemkv/idemkv/node"
 )
 
 // TestMembershipChangeWithAPassedDeadlineEnds: a membership change hands Raft the time
@@ -21,34 +19,13 @@ import (
 // enqueue Raft gives up with it: the wait, ending at the same moment, answered
 // outcome_unknown for a change Raft never took.
 func TestMembershipChangeWithAPassedDeadlineEnds(t *testing.T) {
-	var log *stallingLog
-	c := testcluster.Start(t, 1, testcluster.WithConfig(func(_ int, cfg *node.Config) {
-		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
-			log = newStallingLog(s.Log)
-			s.Log = log
-			return s
-		}
-	}))
-	t.Cleanup(func() { log.set(false) })
+	c, logs := startStalling(t, 1)
 	n := c.Node(c.WaitLeader())
 	ctx := ctxT(t)
 	if _, err := reserveAndCommit(ctx, n, "before", true); err != nil {
 		t.Fatal(err)
 	}
-	log.set(true)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		_, _ = reserveAndCommit(wctx, n, "held", true)
-	}()
-	if err := testcluster.Eventually(5*time.Second, func() error {
-		if log.held() == 0 {
-			return errors.New("no append held yet")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	holdAWrite(t, ctx, n, logs[0], "held")
 
 	// A deadline still ahead: Raft's enqueue times out with it, and the change was
 	// never proposed.

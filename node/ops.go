@@ -474,11 +474,8 @@ func (n *Node) readIndex(ctx context.Context) error {
 // for good, and every read waited with it; it waits for ctx, or ApplyTimeout without
 // a deadline. Nothing is written, so a wait that ends is unavailable.
 func (n *Node) verifyLeader(ctx context.Context) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, n.cfg.ApplyTimeout)
-		defer cancel()
-	}
+	ctx, cancel := n.bounded(ctx)
+	defer cancel()
 	err, ended := waitFor(ctx, func() error { return n.raft.VerifyLeader().Error() })
 	switch {
 	case ended != nil:

@@ -38,7 +38,8 @@ func (w *appendWatch) begin() { w.since.Store(int64(time.Since(contactBase)) + 1
 
 func (w *appendWatch) end() {
 	w.since.Store(0)
-	if w.warned.Swap(false) {
+	// A load first: every append ends here, and a swap would write the shared flag.
+	if w.warned.Load() && w.warned.Swap(false) {
 		w.log.Warn("the held log append completed; sending to peers again")
 	}
 }

@@ -65,17 +65,13 @@ func (l *stallingLog) StoreLogs(es []*raft.Log) error {
 	return l.LogStore.StoreLogs(es)
 }
 
-// TestRemovalGuardSeesAStuckDisk: a voter whose disk stopped completing writes still
-// answers the leader's heartbeats (Raft answers them beside its loop, which waits in
-// the append), so a guard that counted any answer counted it, and removing the one
-// healthy follower left {leader, stuck voter}: the removal itself could not commit, and
-// nothing after it. The guard now counts a voter only once it stored an entry appended
-// after the question, so the removal is refused and the cluster keeps committing; and
-// a removal forced anyway answers outcome_unknown when its wait ends, where it waited
-// for good.
-func TestRemovalGuardSeesAStuckDisk(t *testing.T) {
-	var logs [3]*stallingLog
-	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
+// startStalling starts a cluster of n nodes whose Raft logs the test can hold
+// (logs[i] is node i's, replaced when it restarts); every log is released when the
+// test ends, before the cluster stops.
+func startStalling(t *testing.T, n int) (*testcluster.Cluster, []*stallingLog) {
+	t.Helper()
+	logs := make([]*stallingLog, n)
+	c := testcluster.Start(t, n, testcluster.WithConfig(func(i int, cfg *node.Config) {
 		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
 			logs[i] = newStallingLog(s.Log)
 			s.Log = logs[i]
@@ -87,6 +83,39 @@ func TestRemovalGuardSeesAStuckDisk(t *testing.T) {
 			l.set(false)
 		}
 	})
+	return c, logs
+}
+
+// holdAWrite holds l's appends and starts a write of key on n, which l then holds,
+// returning once an append is held.
+func holdAWrite(t *testing.T, ctx context.Context, n *node.Node, l *stallingLog, key string) {
+	t.Helper()
+	l.set(true)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_, _ = reserveAndCommit(wctx, n, key, true)
+	}()
+	if err := testcluster.Eventually(5*time.Second, func() error {
+		if l.held() == 0 {
+			return errors.New("no append held yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRemovalGuardSeesAStuckDisk: a voter whose disk stopped completing writes still
+// answers the leader's heartbeats (Raft answers them beside its loop, which waits in
+// the append), so a guard that counted any answer counted it, and removing the one
+// healthy follower left {leader, stuck voter}: the removal itself could not commit, and
+// nothing after it. The guard now counts a voter only once it stored an entry appended
+// after the question, so the removal is refused and the cluster keeps committing; and
+// a removal forced anyway answers outcome_unknown when its wait ends, where it waited
+// for good.
+func TestRemovalGuardSeesAStuckDisk(t *testing.T) {
+	c, logs := startStalling(t, 3)
 	li := c.WaitLeader()
 	leader := c.Node(li)
 	healthy, stuck := (li+1)%3, (li+2)%3
@@ -172,40 +201,15 @@ func TestRemovalGuardSeesAStuckDisk(t *testing.T) {
 // limit, so the others elect a leader among themselves and commit; once the disk
 // completes the write, the old leader learns the newer term and follows.
 func TestLeaderWithAStuckDiskGivesWay(t *testing.T) {
-	var logs [3]*stallingLog
-	c := testcluster.Start(t, 3, testcluster.WithConfig(func(i int, cfg *node.Config) {
-		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
-			logs[i] = newStallingLog(s.Log)
-			s.Log = logs[i]
-			return s
-		}
-	}))
-	t.Cleanup(func() {
-		for _, l := range logs {
-			l.set(false)
-		}
-	})
+	c, logs := startStalling(t, 3)
 	li := c.WaitLeader()
 	ctx := ctxT(t)
 	if _, err := reserveAndCommit(ctx, c.Node(li), "before", true); err != nil {
 		t.Fatal(err)
 	}
 
-	logs[li].set(true)
 	// A write on the stuck leader: its append is held.
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		_, _ = reserveAndCommit(wctx, c.Node(li), "on-the-stuck-leader", true)
-	}()
-	if err := testcluster.Eventually(5*time.Second, func() error {
-		if logs[li].held() == 0 {
-			return errors.New("no append held yet")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	holdAWrite(t, ctx, c.Node(li), logs[li], "on-the-stuck-leader")
 	var other int
 	if err := testcluster.Eventually(20*time.Second, func() error {
 		for i := range 3 {
@@ -247,34 +251,13 @@ func TestLeaderWithAStuckDiskGivesWay(t *testing.T) {
 // node to take over (a single node), the read waited for good, and every read after
 // it. It now ends with its context, unavailable: nothing was read.
 func TestReadOnAStuckLeaderEnds(t *testing.T) {
-	var log *stallingLog
-	c := testcluster.Start(t, 1, testcluster.WithConfig(func(_ int, cfg *node.Config) {
-		cfg.WrapRaftStores = func(s node.RaftStores) node.RaftStores {
-			log = newStallingLog(s.Log)
-			s.Log = log
-			return s
-		}
-	}))
-	t.Cleanup(func() { log.set(false) })
+	c, logs := startStalling(t, 1)
 	n := c.Node(c.WaitLeader())
 	ctx := ctxT(t)
 	if _, err := reserveAndCommit(ctx, n, "before", true); err != nil {
 		t.Fatal(err)
 	}
-	log.set(true)
-	go func() {
-		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		_, _ = reserveAndCommit(wctx, n, "held", true)
-	}()
-	if err := testcluster.Eventually(5*time.Second, func() error {
-		if log.held() == 0 {
-			return errors.New("no append held yet")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	holdAWrite(t, ctx, n, logs[0], "held")
 	rctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	start := time.Now()
